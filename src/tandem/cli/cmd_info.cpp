@@ -1,0 +1,54 @@
+// tandem info: what a GGUF file holds (architecture, shapes, tensor types and sizes, vocabulary).
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "tandem/cli/commands.h"
+#include "tandem/gguf/reader.h"
+
+namespace tandem::cli {
+
+void add_info_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("info", "Describe a GGUF file: architecture, shapes, tensor types, vocabulary");
+  auto path = std::make_shared<std::string>();
+  auto all = std::make_shared<bool>(false);
+  cmd->add_option("-m,--model", *path, "GGUF file")->required();
+  cmd->add_flag("--tensors", *all, "List every tensor");
+  cmd->callback([path, all] {
+    gguf::File f = gguf::File::open(*path);
+    std::printf("file: %s (GGUF v%u, %.1f MiB)\n", path->c_str(), f.version(), f.file_size() / 1048576.0);
+    std::string arch(f.get_string("general.architecture").value_or("(none)"));
+    std::printf("architecture: %s\n", arch.c_str());
+    if (auto name = f.get_string("general.name")) std::printf("name: %.*s\n", int(name->size()), name->data());
+    for (const auto& [key, v] : f.metadata()) {
+      if (key.rfind(arch + ".", 0) != 0) continue;
+      if (v.type == gguf::ValueType::STRING)
+        std::printf("  %s = %.*s\n", key.c_str(), int(v.str.size()), v.str.data());
+      else if (v.type == gguf::ValueType::ARRAY)
+        std::printf("  %s = [%llu values]\n", key.c_str(), static_cast<unsigned long long>(v.count));
+      else
+        std::printf("  %s = %g\n", key.c_str(), v.f);
+    }
+    auto tokens = f.get_strings("tokenizer.ggml.tokens");
+    std::string tok_model(f.get_string("tokenizer.ggml.model").value_or("(none)"));
+    std::string pre(f.get_string("tokenizer.ggml.pre").value_or("default"));
+    std::printf("vocabulary: %zu tokens, model %s, pre-tokenizer %s\n", tokens.size(), tok_model.c_str(),
+                pre.c_str());
+    std::map<std::string, std::pair<int, size_t>> by_type;
+    size_t total = 0;
+    for (const auto& t : f.tensors()) {
+      auto& e = by_type[std::string(dtype_name(t.type))];
+      e.first++;
+      e.second += t.bytes;
+      total += t.bytes;
+      if (*all)
+        std::printf("  %-40s %-6s %-22s %10zu bytes\n", t.name.c_str(), std::string(dtype_name(t.type)).c_str(),
+                    t.shape_string().c_str(), t.bytes);
+    }
+    std::printf("tensors: %zu, %.2f MiB of weights\n", f.tensors().size(), total / 1048576.0);
+    for (const auto& [name, e] : by_type)
+      std::printf("  %-6s %4d tensors %10.2f MiB\n", name.c_str(), e.first, e.second / 1048576.0);
+  });
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,26 @@
+// tandem: command-line entry point. Each subcommand is registered from its own file (see commands.h).
+#include <cstdio>
+#include <exception>
+
+#include "tandem/cli/commands.h"
+#include "tandem/util/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Tandem: LLM inference on the CPU with lossless speculative decoding.\n"
+               "Loads GGUF checkpoints (llama, qwen2, qwen3, gemma2 families)."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "tandem 0.1.0");
+  tandem::cli::add_info_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const tandem::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
