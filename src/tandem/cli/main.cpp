@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "tandem 0.1.0");
   tandem::cli::add_info_command(app);
+  tandem::cli::add_logprobs_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -28,7 +28,10 @@ inline float fp16_to_f32(uint16_t h) {
     float v = static_cast<float>(mant) * 5.9604644775390625e-8f;
     return sign ? -v : v;
   }
-  if (exp == 31) return bits_to_f32(sign | 0x7F800000 | (mant << 13));
+  if (exp == 31) {
+    // Infinity, or NaN with its payload kept and the quiet bit set (as F16C and the reference convert it).
+    return bits_to_f32(sign | 0x7F800000 | (mant << 13) | (mant != 0 ? 0x00400000u : 0u));
+  }
   return bits_to_f32(sign | ((exp + 112) << 23) | (mant << 13));
 }
 

@@ -1,0 +1,38 @@
+// Options shared by the commands that load a model and run it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "tandem/cache/kv_cache.h"
+#include "tandem/model/model.h"
+
+namespace tandem::cli {
+
+struct ModelOptions {
+  std::string model_path;
+  int threads = 0;       // 0: physical cores
+  int64_t n_ctx = 0;     // 0: the model's, capped at 4096
+  std::string kv_type = "f16";
+  int64_t batch = 256;
+
+  int resolved_threads() const;
+  cache::KvType resolved_kv_type() const;
+};
+
+// Adds -m, -t, -c, --kv-type, -b. With model_required false, -m may be omitted (see default_model_path()).
+void add_model_options(CLI::App& cmd, ModelOptions& options, bool model_required = true);
+
+// The model `tandem run` uses when -m is absent: $TANDEM_MODEL, else ../shared/models/stories260K.gguf if it
+// exists; else throws tandem::Error saying how to pass -m.
+std::string default_model_path();
+
+// Parses "1,403,9" into ids; throws tandem::Error naming the bad item.
+std::vector<int32_t> parse_id_list(const std::string& text, const std::string& what);
+
+// Reads a whole file into a string; throws tandem::Error naming the path.
+std::string read_text_file(const std::string& path);
+
+}  // namespace tandem::cli

@@ -1,0 +1,41 @@
+#include "tandem/engine/session.h"
+
+#include <algorithm>
+
+#include "tandem/util/error.h"
+
+namespace tandem::engine {
+
+int64_t default_context(const model::Model& model, int64_t requested) {
+  if (requested < 0) throw Error("context size (-c) must be positive");
+  if (requested > 0) return requested;
+  return std::min<int64_t>(model.config().n_ctx_train > 0 ? model.config().n_ctx_train : 4096, 4096);
+}
+
+Session::Session(const model::Model& model, ThreadPool& pool, const SessionOptions& options)
+    : forward_(model, pool, std::max<int64_t>(1, options.batch)),
+      cache_(model.config(), default_context(model, options.n_ctx), options.kv_type) {}
+
+std::span<const float> Session::eval(std::span<const int32_t> tokens, bool all_logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t V = n_vocab();
+  if (n == 0) throw Error("nothing to evaluate");
+  if (length() + n > n_ctx())
+    throw Error("the sequence needs " + std::to_string(length() + n) + " positions but the context holds " +
+                std::to_string(n_ctx()) + "; pass a larger -c or a shorter prompt");
+  const size_t need = static_cast<size_t>((all_logits ? n : 1) * V);
+  if (logits_.size() < need) logits_.resize(need);
+  cache::KvCache* caches[] = {&cache_};
+  const int64_t chunk = forward_.max_rows();
+  for (int64_t b = 0; b < n; b += chunk) {
+    const int64_t e = std::min(n, b + chunk);
+    rows_.clear();
+    for (int64_t i = b; i < e; ++i)
+      rows_.push_back({tokens[static_cast<size_t>(i)], length() + (i - b), 0, all_logits || i == n - 1});
+    float* out = logits_.data() + (all_logits ? b * V : 0);
+    forward_.run(rows_, caches, out);
+  }
+  return {logits_.data(), need};
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,28 @@
+// Row-wise operations of a decoder forward: normalization, rotary embedding, activations. Scalar code with a
+// fixed operation order, so a row's result never depends on the other rows of its batch.
+#pragma once
+
+#include <cstdint>
+
+namespace tandem::kernels {
+
+// y = x / sqrt(mean(x^2) + eps) * w   (w may be null: no scaling). x and y may alias. Sum of squares in double.
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
+
+// Rotary position embedding of one head vector in place. Rotates the first n_rot dims:
+//   normal layout: pairs (x[2i], x[2i+1]);  NeoX layout: pairs (x[i], x[i + n_rot/2]).
+// inv_freq[i] (i < n_rot/2) is the angle per position of pair i (base^(-2i/n_rot) / freq_factor_i / scale).
+void rope(float* x, int64_t n_rot, const float* inv_freq, int64_t pos, bool neox);
+
+// out[i] = silu(gate[i]) * up[i]
+void swiglu(const float* gate, const float* up, float* out, int64_t n);
+// out[i] = gelu_tanh(gate[i]) * up[i]  (the tanh approximation, as gemma uses)
+void geglu(const float* gate, const float* up, float* out, int64_t n);
+
+// x[i] = cap * tanh(x[i] / cap)
+void soft_cap(float* x, int64_t n, float cap);
+
+// y[i] += x[i]
+void add_in_place(float* y, const float* x, int64_t n);
+
+}  // namespace tandem::kernels

@@ -1,0 +1,182 @@
+#include "tandem/model/forward.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tandem/kernels/attention.h"
+#include "tandem/kernels/ops.h"
+#include "tandem/tensor/quant.h"
+#include "tandem/util/error.h"
+
+namespace tandem::model {
+
+Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
+    : model_(model), pool_(pool), max_rows_(max_rows) {
+  const Config& c = model.config();
+  TANDEM_CHECK(max_rows > 0, "max_rows must be positive");
+  int64_t widest = std::max({c.n_embd, c.n_ff, c.n_head * c.head_dim_v});
+  scratch_ = kernels::MatmulScratch(pool.size(), widest);
+  inv_freq_.resize(static_cast<size_t>(c.n_rot / 2));
+  for (int64_t i = 0; i < c.n_rot / 2; ++i) {
+    double f = std::pow(static_cast<double>(c.rope_base), -2.0 * static_cast<double>(i) / static_cast<double>(c.n_rot));
+    if (!c.rope_freq_factors.empty()) f /= c.rope_freq_factors[static_cast<size_t>(i)];
+    inv_freq_[static_cast<size_t>(i)] = static_cast<float>(f * c.rope_linear_scale);
+  }
+  auto alloc = [&](std::vector<float>& v, int64_t width) { v.assign(static_cast<size_t>(max_rows * width), 0.0f); };
+  alloc(x_, c.n_embd);
+  alloc(xb_, c.n_embd);
+  alloc(q_, c.q_dim());
+  alloc(k_, c.kv_dim());
+  alloc(v_, c.v_dim());
+  alloc(att_, c.n_head * c.head_dim_v);
+  alloc(ffn_gate_, c.n_ff);
+  alloc(ffn_up_, c.n_ff);
+}
+
+void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
+                  const CaptureFn* capture) {
+  const Config& c = model_.config();
+  const Weights& w = model_.weights();
+  const int64_t R = static_cast<int64_t>(rows.size());
+  if (R == 0) return;
+  if (R > max_rows_) throw Error("batch of " + std::to_string(R) + " rows exceeds the forward's capacity");
+
+  // Validate every row before touching any cache: positions continue each sequence without gaps.
+  if (lengths_.size() < caches.size()) lengths_.resize(caches.size());
+  for (size_t s = 0; s < caches.size(); ++s) lengths_[s] = caches[s] ? caches[s]->length() : 0;
+  int64_t max_pos = 0;
+  for (const Row& row : rows) {
+    if (row.token < 0 || row.token >= c.n_vocab)
+      throw Error("token id " + std::to_string(row.token) + " is outside the vocabulary (0.." +
+                  std::to_string(c.n_vocab - 1) + ")");
+    if (row.seq < 0 || static_cast<size_t>(row.seq) >= caches.size() || caches[static_cast<size_t>(row.seq)] == nullptr)
+      throw Error("row refers to sequence " + std::to_string(row.seq) + ", which has no cache");
+    const cache::KvCache& kv = *caches[static_cast<size_t>(row.seq)];
+    int64_t& len = lengths_[static_cast<size_t>(row.seq)];
+    if (row.pos < 0 || row.pos > len)
+      throw Error("row position " + std::to_string(row.pos) + " skips past the cache length " + std::to_string(len));
+    if (row.pos >= kv.capacity())
+      throw Error("position " + std::to_string(row.pos) + " exceeds the context size " +
+                  std::to_string(kv.capacity()) + "; use a larger -c");
+    len = row.pos + 1;
+    max_pos = std::max(max_pos, row.pos);
+  }
+  for (const Row& row : rows) caches[static_cast<size_t>(row.seq)]->set_length(lengths_[static_cast<size_t>(row.seq)]);
+  const size_t need_scores = static_cast<size_t>(max_pos + 1);
+  if (static_cast<int64_t>(need_scores) > scores_stride_) {
+    // Grows only when a longer context is first used; steady-state decoding does not allocate.
+    scores_stride_ = static_cast<int64_t>(std::max(need_scores, size_t{256}));
+    scores_.assign(static_cast<size_t>(scores_stride_ * pool_.size()), 0.0f);
+  }
+
+  // Embeddings.
+  for (int64_t r = 0; r < R; ++r) {
+    float* x = x_.data() + r * c.n_embd;
+    dequantize_row(w.tok_embd.type, w.tok_embd.row(rows[static_cast<size_t>(r)].token), x, c.n_embd);
+    if (c.embed_scale != 1.0f)
+      for (int64_t i = 0; i < c.n_embd; ++i) x[i] *= c.embed_scale;
+  }
+
+  for (int64_t il = 0; il < c.n_layer; ++il) {
+    const LayerWeights& l = w.layers[static_cast<size_t>(il)];
+    for (int64_t r = 0; r < R; ++r)
+      kernels::rms_norm(x_.data() + r * c.n_embd, l.attn_norm.data, xb_.data() + r * c.n_embd, c.n_embd, c.norm_eps);
+    kernels::matmul(l.wq, xb_.data(), R, q_.data(), pool_, scratch_);
+    kernels::matmul(l.wk, xb_.data(), R, k_.data(), pool_, scratch_);
+    kernels::matmul(l.wv, xb_.data(), R, v_.data(), pool_, scratch_);
+    for (int64_t r = 0; r < R; ++r) {
+      float* q = q_.data() + r * c.q_dim();
+      float* k = k_.data() + r * c.kv_dim();
+      float* v = v_.data() + r * c.v_dim();
+      if (!l.bq.empty()) kernels::add_in_place(q, l.bq.data, c.q_dim());
+      if (!l.bk.empty()) kernels::add_in_place(k, l.bk.data, c.kv_dim());
+      if (!l.bv.empty()) kernels::add_in_place(v, l.bv.data, c.v_dim());
+      const int64_t pos = rows[static_cast<size_t>(r)].pos;
+      const bool neox = c.rope_layout == RopeLayout::kNeoX;
+      for (int64_t h = 0; h < c.n_head; ++h) {
+        float* qh = q + h * c.head_dim;
+        if (!l.q_norm.empty()) kernels::rms_norm(qh, l.q_norm.data, qh, c.head_dim, c.norm_eps);
+        kernels::rope(qh, c.n_rot, inv_freq_.data(), pos, neox);
+      }
+      for (int64_t h = 0; h < c.n_head_kv; ++h) {
+        float* kh = k + h * c.head_dim;
+        if (!l.k_norm.empty()) kernels::rms_norm(kh, l.k_norm.data, kh, c.head_dim, c.norm_eps);
+        kernels::rope(kh, c.n_rot, inv_freq_.data(), pos, neox);
+      }
+      caches[static_cast<size_t>(rows[static_cast<size_t>(r)].seq)]->store(il, pos, k, v);
+    }
+    attention(rows, caches, il);
+    kernels::matmul(l.wo, att_.data(), R, xb_.data(), pool_, scratch_);
+    for (int64_t r = 0; r < R; ++r) {
+      float* out = xb_.data() + r * c.n_embd;
+      if (!l.post_attn_norm.empty()) kernels::rms_norm(out, l.post_attn_norm.data, out, c.n_embd, c.norm_eps);
+      kernels::add_in_place(x_.data() + r * c.n_embd, out, c.n_embd);
+      kernels::rms_norm(x_.data() + r * c.n_embd, l.ffn_norm.data, xb_.data() + r * c.n_embd, c.n_embd, c.norm_eps);
+    }
+    kernels::matmul(l.w_gate, xb_.data(), R, ffn_gate_.data(), pool_, scratch_);
+    kernels::matmul(l.w_up, xb_.data(), R, ffn_up_.data(), pool_, scratch_);
+    for (int64_t r = 0; r < R; ++r) {
+      float* g = ffn_gate_.data() + r * c.n_ff;
+      const float* u = ffn_up_.data() + r * c.n_ff;
+      if (c.activation == FfnActivation::kSiLU) {
+        kernels::swiglu(g, u, g, c.n_ff);
+      } else {
+        kernels::geglu(g, u, g, c.n_ff);
+      }
+    }
+    kernels::matmul(l.w_down, ffn_gate_.data(), R, xb_.data(), pool_, scratch_);
+    for (int64_t r = 0; r < R; ++r) {
+      float* out = xb_.data() + r * c.n_embd;
+      if (!l.post_ffn_norm.empty()) kernels::rms_norm(out, l.post_ffn_norm.data, out, c.n_embd, c.norm_eps);
+      kernels::add_in_place(x_.data() + r * c.n_embd, out, c.n_embd);
+    }
+    if (capture) (*capture)(il, x_.data(), R);
+  }
+
+  // Final norm for the rows that need logits (all rows when capturing), then the head.
+  int64_t n_out = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const bool want = rows[static_cast<size_t>(r)].logits;
+    if (!want && !capture) continue;
+    float* dst = xb_.data() + (capture ? r : n_out) * c.n_embd;
+    kernels::rms_norm(x_.data() + r * c.n_embd, w.output_norm.data, dst, c.n_embd, c.norm_eps);
+    if (want) ++n_out;
+  }
+  if (capture) {
+    (*capture)(c.n_layer, xb_.data(), R);
+    // Pack the rows that want logits to the front.
+    int64_t k = 0;
+    for (int64_t r = 0; r < R; ++r)
+      if (rows[static_cast<size_t>(r)].logits) {
+        if (k != r) std::copy_n(xb_.data() + r * c.n_embd, c.n_embd, xb_.data() + k * c.n_embd);
+        ++k;
+      }
+  }
+  if (n_out > 0) {
+    TANDEM_CHECK(logits != nullptr, "rows want logits but no output buffer was given");
+    kernels::matmul(w.output, xb_.data(), n_out, logits, pool_, scratch_);
+    if (c.final_softcap > 0) kernels::soft_cap(logits, n_out * c.n_vocab, c.final_softcap);
+  }
+}
+
+void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* const> caches, int64_t layer) {
+  const Config& c = model_.config();
+  const int64_t R = static_cast<int64_t>(rows.size());
+  const int64_t group = c.n_head / c.n_head_kv;
+  kernels::AttentionParams params{c.attn_scale, c.attn_softcap};
+  const bool sliding = c.sliding(layer);
+  pool_.parallel_for(R * c.n_head, 1, [&](int64_t t0, int64_t t1, int thread) {
+    float* scores = scores_.data() + thread * scores_stride_;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r = t / c.n_head, h = t % c.n_head;
+      const Row& row = rows[static_cast<size_t>(r)];
+      const cache::KvCache& kv = *caches[static_cast<size_t>(row.seq)];
+      const int64_t first = sliding ? std::max<int64_t>(0, row.pos - c.sliding_window + 1) : 0;
+      kernels::attend(q_.data() + r * c.q_dim() + h * c.head_dim, kv.keys(layer, h / group),
+                      kv.values(layer, h / group), kv.type(), c.head_dim, c.head_dim_v, first, row.pos, params,
+                      scores, att_.data() + r * c.n_head * c.head_dim_v + h * c.head_dim_v);
+    }
+  });
+}
+
+}  // namespace tandem::model

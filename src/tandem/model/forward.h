@@ -1,0 +1,59 @@
+// The decoder forward over a batch of rows. Each row is one token at one position of one sequence; rows of
+// different sequences (decode rows, prompt chunks, verify windows) run together: row-wise layers are packed,
+// attention reads each row's own cache. Workspace is allocated once for `max_rows`; run() does not allocate.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "tandem/cache/kv_cache.h"
+#include "tandem/kernels/matmul.h"
+#include "tandem/model/model.h"
+#include "tandem/util/thread_pool.h"
+
+namespace tandem::model {
+
+struct Row {
+  int32_t token = 0;
+  int64_t pos = 0;        // position in its sequence
+  int32_t seq = 0;        // index into the caches passed to run()
+  bool logits = false;    // produce logits for this row
+};
+
+// Receives each decoder layer's residual output (layer 0..n_layer-1) and then the post-final-norm output
+// (layer == n_layer), for all rows: hidden [n_rows, n_embd], borrowed for the duration of the call.
+using CaptureFn = std::function<void(int64_t layer, const float* hidden, int64_t n_rows)>;
+
+class Forward {
+ public:
+  Forward(const Model& model, ThreadPool& pool, int64_t max_rows);
+
+  const Model& model() const { return model_; }
+  int64_t max_rows() const { return max_rows_; }
+
+  // Runs the rows. For each sequence, its rows must continue its cache: a row's position is at most the cache
+  // length plus the rows of that sequence before it in this call (so windows may overwrite rolled-back
+  // positions). Each row attends to positions [0, pos] of its own cache (sliding layers: the last `window`).
+  // Afterwards each touched cache's length is one past its last row's position.
+  // logits: [number of rows with logits=true, n_vocab], in row order. Throws tandem::Error for bad rows.
+  void run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
+           const CaptureFn* capture = nullptr);
+
+ private:
+  void attention(std::span<const Row> rows, std::span<cache::KvCache* const> caches, int64_t layer);
+
+  const Model& model_;
+  ThreadPool& pool_;
+  int64_t max_rows_;
+  kernels::MatmulScratch scratch_;
+  std::vector<float> inv_freq_;  // [n_rot / 2]
+  // Activations, [max_rows, width] each.
+  std::vector<float> x_, xb_, q_, k_, v_, att_, ffn_gate_, ffn_up_;
+  std::vector<float> scores_;  // [threads, max context] attention scratch
+  int64_t scores_stride_ = 0;
+  std::vector<int64_t> lengths_;  // per sequence, while validating a batch
+};
+
+}  // namespace tandem::model

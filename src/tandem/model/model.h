@@ -1,0 +1,73 @@
+// A loaded checkpoint: its configuration, its weights (views into the mapped file) and the file itself.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tandem/gguf/reader.h"
+#include "tandem/model/config.h"
+#include "tandem/model/weights.h"
+
+namespace tandem::model {
+
+class Model {
+ public:
+  // Maps the file, reads the architecture named by general.architecture and binds every weight.
+  // Throws tandem::Error for an unknown architecture, a missing or misshapen tensor, or an unsupported type.
+  static std::unique_ptr<Model> load(const std::string& path);
+  static std::unique_ptr<Model> from_file(gguf::File file);
+
+  const Config& config() const { return config_; }
+  const Weights& weights() const { return weights_; }
+  const gguf::File& file() const { return file_; }
+  // Bytes of weights read by one decode step (every matrix once, plus one embedding row).
+  size_t weight_bytes_per_token() const;
+
+ private:
+  explicit Model(gguf::File file) : file_(std::move(file)) {}
+  gguf::File file_;
+  Config config_;
+  Weights weights_;
+};
+
+// What an architecture file uses to read metadata and bind tensors with checked shapes.
+class ArchReader {
+ public:
+  ArchReader(const gguf::File& file, std::string arch) : file_(file), arch_(std::move(arch)) {}
+  const gguf::File& file() const { return file_; }
+  const std::string& arch() const { return arch_; }
+
+  // "{arch}.{key}" metadata, required or with a default.
+  int64_t req_int(std::string_view key) const;
+  int64_t opt_int(std::string_view key, int64_t fallback) const;
+  float opt_float(std::string_view key, float fallback) const;
+  bool has(std::string_view key) const;
+
+  // Tensors by name; shapes are {ne0, ne1}. Required ones throw when absent; optional ones return empty views.
+  MatrixView matrix(const std::string& name, int64_t ne0, int64_t ne1, bool required = true) const;
+  VectorView vector(const std::string& name, int64_t n, bool required = true) const;
+  bool has_tensor(const std::string& name) const { return file_.tensor(name) != nullptr; }
+
+ private:
+  const gguf::File& file_;
+  std::string arch_;
+};
+
+// The architecture families, each defined in its own file (arch_*.cpp): fill the config and bind the weights.
+using ArchLoadFn = void (*)(const ArchReader& reader, Config& config, Weights& weights);
+struct ArchEntry {
+  std::string_view name;
+  ArchLoadFn load;
+};
+// The known architectures, in registry.cpp.
+const std::vector<ArchEntry>& architectures();
+
+// Shared by the llama-like families: hyperparameters common to all of them and the standard tensor names.
+void read_common_hparams(const ArchReader& r, Config& c);
+void bind_standard_layers(const ArchReader& r, const Config& c, Weights& w);
+// Rope frequency factors from a rope_freqs tensor or from Llama 3 scaling metadata (empty when neither).
+void read_rope_scaling(const ArchReader& r, Config& c);
+
+}  // namespace tandem::model

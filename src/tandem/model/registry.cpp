@@ -1,0 +1,17 @@
+// The registry of architecture families, keyed by general.architecture.
+#include "tandem/model/arch.h"
+
+namespace tandem::model {
+
+const std::vector<ArchEntry>& architectures() {
+  static const std::vector<ArchEntry> kArchitectures = {
+      {"llama", load_llama},
+      {"mistral", load_llama},
+      {"qwen2", load_qwen2},
+      {"qwen3", load_qwen3},
+      {"gemma2", load_gemma2},
+  };
+  return kArchitectures;
+}
+
+}  // namespace tandem::model

@@ -1,0 +1,33 @@
+// The weights of a decoder, as views into the mapped GGUF file (no copies).
+#pragma once
+
+#include <vector>
+
+#include "tandem/tensor/weight.h"
+
+namespace tandem::model {
+
+struct LayerWeights {
+  VectorView attn_norm;       // [n_embd]
+  MatrixView wq;              // [q_dim, n_embd]
+  MatrixView wk;              // [kv_dim, n_embd]
+  MatrixView wv;              // [v_dim, n_embd]
+  MatrixView wo;              // [n_embd, n_head * head_dim_v]
+  VectorView bq, bk, bv;      // [q_dim], [kv_dim], [v_dim] (qwen2), else empty
+  VectorView q_norm, k_norm;  // [head_dim] (qwen3), else empty
+  VectorView post_attn_norm;  // [n_embd] (gemma2), else empty
+  VectorView ffn_norm;        // [n_embd]
+  MatrixView w_gate;          // [n_ff, n_embd]
+  MatrixView w_up;            // [n_ff, n_embd]
+  MatrixView w_down;          // [n_embd, n_ff]
+  VectorView post_ffn_norm;   // [n_embd] (gemma2), else empty
+};
+
+struct Weights {
+  MatrixView tok_embd;        // [n_vocab, n_embd]
+  VectorView output_norm;     // [n_embd]
+  MatrixView output;          // [n_vocab, n_embd]; the embedding when the head is tied
+  std::vector<LayerWeights> layers;
+};
+
+}  // namespace tandem::model

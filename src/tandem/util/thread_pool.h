@@ -1,0 +1,62 @@
+// A persistent team of threads for data-parallel loops. Threads are created once; each parallel region wakes
+// them through an atomic generation counter (spin briefly, then wait), so no thread is created per token.
+// The calling thread takes part as thread 0. Not reentrant: one region at a time per pool.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <thread>
+#include <vector>
+
+namespace tandem {
+
+class ThreadPool {
+ public:
+  // n_threads >= 1 (the caller counts as one).
+  explicit ThreadPool(int n_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+
+  // Runs fn(thread_index) on every thread of the team (0..size()-1) and returns when all have finished.
+  // The callable must not throw.
+  void run(const std::function<void(int)>& fn);
+
+  // Splits [0, n) into size() contiguous chunks (sizes differ by at most one `grain`) and runs
+  // fn(begin, end, thread_index) for each non-empty chunk. Chunk boundaries are multiples of `grain` except the
+  // last. The split depends only on n, grain and size(), never on timing.
+  template <typename Fn>
+  void parallel_for(int64_t n, int64_t grain, Fn&& fn) {
+    if (n <= 0) return;
+    const int64_t units = (n + grain - 1) / grain;
+    if (n_threads_ == 1 || units == 1) {
+      fn(int64_t{0}, n, 0);
+      return;
+    }
+    run([&](int t) {
+      const int64_t per = units / n_threads_, extra = units % n_threads_;
+      const int64_t u0 = t * per + (t < extra ? t : extra);
+      const int64_t u1 = u0 + per + (t < extra ? 1 : 0);
+      const int64_t b = u0 * grain, e = u1 * grain < n ? u1 * grain : n;
+      if (b < e) fn(b, e, t);
+    });
+  }
+
+  // Number of physical cores (best effort: logical CPUs divided by SMT siblings), at least 1.
+  static int physical_cores();
+
+ private:
+  void worker(int index);
+
+  int n_threads_;
+  std::vector<std::thread> threads_;
+  const std::function<void(int)>* job_ = nullptr;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace tandem
