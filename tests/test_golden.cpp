@@ -26,15 +26,18 @@ struct Tolerance {
 };
 
 struct GoldenCase {
-  std::string name;       // file stem, e.g. synth-llama-d256-Q4_0
-  std::string model;      // path of the model file
-  bool real;              // a trained model: free-running greedy must match exactly
+  std::string name;   // file stem, e.g. synth-llama-d256-Q4_0
+  std::string model;  // path of the model file
+  bool real;          // a trained model: free-running greedy must match exactly
   Tolerance tol;
 };
 
-void PrintTo(const GoldenCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const GoldenCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
-// A real model's golden is named by the model's short name: MODEL.gguf or MODEL-SUFFIX.gguf in ../shared/models.
+// A real model's golden is named by the model's short name: MODEL.gguf or MODEL-SUFFIX.gguf in
+// ../shared/models.
 std::string real_model_path(const std::string& name) {
   namespace fs = std::filesystem;
   const fs::path dir = tandem::testing::shared_path("models");
@@ -59,9 +62,11 @@ std::vector<GoldenCase> golden_cases() {
     GoldenCase c;
     c.name = file.substr(0, file.size() - suffix.size());
     c.real = c.name.rfind("synth-", 0) != 0;
-    c.model = c.real ? real_model_path(c.name) : tandem::testing::shared_path("models/synth/" + c.name + ".gguf");
+    c.model =
+        c.real ? real_model_path(c.name) : tandem::testing::shared_path("models/synth/" + c.name + ".gguf");
     const bool float_weights = c.real || c.name.find("-F16") != std::string::npos ||
-                               c.name.find("-BF16") != std::string::npos || c.name.find("-F32") != std::string::npos;
+                               c.name.find("-BF16") != std::string::npos ||
+                               c.name.find("-F32") != std::string::npos;
     c.tol = float_weights ? Tolerance{0.10, 0.02, 0.10} : Tolerance{0.20, 0.10, 0.15};
     cases.push_back(c);
   }
@@ -98,7 +103,8 @@ TEST_P(Golden, TeacherForcedLogprobs) {
     const auto& steps = rec["steps"];
     ASSERT_EQ(steps.size(), greedy.size());
     for (size_t i = 0; i < steps.size(); ++i) {
-      std::span<const float> row = logits.subspan((n_prompt - 1 + i) * static_cast<size_t>(V), static_cast<size_t>(V));
+      std::span<const float> row =
+          logits.subspan((n_prompt - 1 + i) * static_cast<size_t>(V), static_cast<size_t>(V));
       tandem::sampling::log_softmax(row, lp);
       std::vector<int32_t> order(static_cast<size_t>(V));
       std::iota(order.begin(), order.end(), 0);
@@ -115,8 +121,8 @@ TEST_P(Golden, TeacherForcedLogprobs) {
       const double margin = top[0][1].get<double>() - top[1][1].get<double>();
       if (margin > gc.tol.margin) {
         ++argmax_checked;
-        EXPECT_EQ(order[0], steps[i]["id"].get<int32_t>()) << gc.name << ": argmax differs at step " << i
-                                                           << " (golden margin " << margin << ")";
+        EXPECT_EQ(order[0], steps[i]["id"].get<int32_t>())
+            << gc.name << ": argmax differs at step " << i << " (golden margin " << margin << ")";
       }
     }
   }
@@ -160,6 +166,8 @@ INSTANTIATE_TEST_SUITE_P(Files, Golden, ::testing::ValuesIn(golden_cases()),
                            return n;
                          });
 
-TEST(GoldenFiles, Present) { EXPECT_GE(golden_cases().size(), 2u) << "no golden files found in ../shared/golden"; }
+TEST(GoldenFiles, Present) {
+  EXPECT_GE(golden_cases().size(), 2u) << "no golden files found in ../shared/golden";
+}
 
 }  // namespace

@@ -9,7 +9,8 @@
 namespace tandem::cli {
 
 void add_info_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("info", "Describe a GGUF file: architecture, shapes, tensor types, vocabulary");
+  auto* cmd =
+      app.add_subcommand("info", "Describe a GGUF file: architecture, shapes, tensor types, vocabulary");
   auto path = std::make_shared<std::string>();
   auto all = std::make_shared<bool>(false);
   cmd->add_option("-m,--model", *path, "GGUF file")->required();
@@ -19,7 +20,8 @@ void add_info_command(CLI::App& app) {
     std::printf("file: %s (GGUF v%u, %.1f MiB)\n", path->c_str(), f.version(), f.file_size() / 1048576.0);
     std::string arch(f.get_string("general.architecture").value_or("(none)"));
     std::printf("architecture: %s\n", arch.c_str());
-    if (auto name = f.get_string("general.name")) std::printf("name: %.*s\n", int(name->size()), name->data());
+    if (auto name = f.get_string("general.name"))
+      std::printf("name: %.*s\n", int(name->size()), name->data());
     for (const auto& [key, v] : f.metadata()) {
       if (key.rfind(arch + ".", 0) != 0) continue;
       if (v.type == gguf::ValueType::STRING)
@@ -42,8 +44,8 @@ void add_info_command(CLI::App& app) {
       e.second += t.bytes;
       total += t.bytes;
       if (*all)
-        std::printf("  %-40s %-6s %-22s %10zu bytes\n", t.name.c_str(), std::string(dtype_name(t.type)).c_str(),
-                    t.shape_string().c_str(), t.bytes);
+        std::printf("  %-40s %-6s %-22s %10zu bytes\n", t.name.c_str(),
+                    std::string(dtype_name(t.type)).c_str(), t.shape_string().c_str(), t.bytes);
     }
     std::printf("tensors: %zu, %.2f MiB of weights\n", f.tensors().size(), total / 1048576.0);
     for (const auto& [name, e] : by_type)

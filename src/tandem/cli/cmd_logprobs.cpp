@@ -16,7 +16,8 @@ namespace tandem::cli {
 void add_logprobs_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "logprobs",
-      "Print, for each continuation position i, the top log-probabilities (log-softmax of the raw logits) of the "
+      "Print, for each continuation position i, the top log-probabilities (log-softmax of the raw logits) of "
+      "the "
       "token that follows prompt + continuation[:i], one JSON object per line: {\"pos\": i, \"top\": [[id, "
       "logprob], ...]}");
   struct Opts {
@@ -26,7 +27,8 @@ void add_logprobs_command(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   add_model_options(*cmd, o->model);
-  cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt token ids, comma-separated (e.g. 1,403)")->required();
+  cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt token ids, comma-separated (e.g. 1,403)")
+      ->required();
   cmd->add_option("--continuation-ids", o->continuation_ids, "Continuation token ids, comma-separated")
       ->required();
   cmd->add_option("--top", o->top, "Entries per position (default 5)");

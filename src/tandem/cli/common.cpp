@@ -15,7 +15,9 @@ int ModelOptions::resolved_threads() const {
   return threads > 0 ? threads : ThreadPool::physical_cores();
 }
 
-cache::KvType ModelOptions::resolved_kv_type() const { return cache::kv_type_from_name(kv_type); }
+cache::KvType ModelOptions::resolved_kv_type() const {
+  return cache::kv_type_from_name(kv_type);
+}
 
 void add_model_options(CLI::App& cmd, ModelOptions& o, bool model_required) {
   auto* m = cmd.add_option("-m,--model", o.model_path, "GGUF model file");
@@ -46,7 +48,8 @@ std::vector<int32_t> parse_id_list(const std::string& text, const std::string& w
       used = 0;
     }
     if (used == 0 || used != item.size() || v < 0 || v > INT32_MAX)
-      throw Error(what + ": '" + item + "' is not a token id (expected comma-separated integers, e.g. 1,403)");
+      throw Error(what + ": '" + item +
+                  "' is not a token id (expected comma-separated integers, e.g. 1,403)");
     ids.push_back(static_cast<int32_t>(v));
   }
   if (ids.empty()) throw Error(what + " is empty");

@@ -13,8 +13,8 @@ namespace tandem::cli {
 
 struct ModelOptions {
   std::string model_path;
-  int threads = 0;       // 0: physical cores
-  int64_t n_ctx = 0;     // 0: the model's, capped at 4096
+  int threads = 0;    // 0: physical cores
+  int64_t n_ctx = 0;  // 0: the model's, capped at 4096
   std::string kv_type = "f16";
   int64_t batch = 256;
 

@@ -1,5 +1,5 @@
-// One sequence on one model: its cache and the forward that extends it. Prompts are evaluated in chunks of the
-// forward's row capacity; logits are produced only for the rows asked for.
+// One sequence on one model: its cache and the forward that extends it. Prompts are evaluated in chunks of
+// the forward's row capacity; logits are produced only for the rows asked for.
 #pragma once
 
 #include <cstdint>
@@ -12,9 +12,9 @@
 namespace tandem::engine {
 
 struct SessionOptions {
-  int64_t n_ctx = 0;                          // 0: the model's training context, capped at 4096
+  int64_t n_ctx = 0;  // 0: the model's training context, capped at 4096
   cache::KvType kv_type = cache::KvType::kF16;
-  int64_t batch = 256;                        // rows per forward when evaluating a prompt
+  int64_t batch = 256;  // rows per forward when evaluating a prompt
 };
 
 class Session {
@@ -29,8 +29,8 @@ class Session {
   model::Forward& forward() { return forward_; }
 
   // Appends tokens at the end of the sequence. Returns the logits of the last token [n_vocab], or with
-  // all_logits the logits of every appended token [tokens.size(), n_vocab]. The span stays valid until the next
-  // call. Throws tandem::Error when the context would overflow (the cache is left as it was).
+  // all_logits the logits of every appended token [tokens.size(), n_vocab]. The span stays valid until the
+  // next call. Throws tandem::Error when the context would overflow (the cache is left as it was).
   std::span<const float> eval(std::span<const int32_t> tokens, bool all_logits = false);
 
   // Rolls the sequence back to n tokens (n <= length()).

@@ -1,5 +1,5 @@
-// qwen3: Qwen3 dense models. NeoX RoPE, no biases, RMSNorm over each query and key head before RoPE, and a head
-// size given by attention.key_length (not necessarily n_embd / n_head).
+// qwen3: Qwen3 dense models. NeoX RoPE, no biases, RMSNorm over each query and key head before RoPE, and a
+// head size given by attention.key_length (not necessarily n_embd / n_head).
 #include "tandem/model/arch.h"
 
 namespace tandem::model {

@@ -12,33 +12,35 @@ enum class RopeLayout { kNormal, kNeoX };
 enum class FfnActivation { kSiLU, kGeluTanh };
 
 struct Config {
-  std::string arch;            // general.architecture
-  int64_t n_embd = 0;          // residual width
+  std::string arch;    // general.architecture
+  int64_t n_embd = 0;  // residual width
   int64_t n_layer = 0;
   int64_t n_head = 0;
   int64_t n_head_kv = 0;
-  int64_t head_dim = 0;        // key and query width per head
-  int64_t head_dim_v = 0;      // value width per head
+  int64_t head_dim = 0;    // key and query width per head
+  int64_t head_dim_v = 0;  // value width per head
   int64_t n_ff = 0;
   int64_t n_vocab = 0;
   int64_t n_ctx_train = 0;
   float norm_eps = 1e-5f;
 
   RopeLayout rope_layout = RopeLayout::kNormal;
-  int64_t n_rot = 0;           // rotated dims per head (<= head_dim)
+  int64_t n_rot = 0;  // rotated dims per head (<= head_dim)
   float rope_base = 10000.0f;
-  float rope_linear_scale = 1.0f;       // positions are multiplied by this (1 / linear scaling factor)
-  std::vector<float> rope_freq_factors;  // per rotated pair, divides the frequency (Llama 3 scaling); may be empty
+  float rope_linear_scale = 1.0f;  // positions are multiplied by this (1 / linear scaling factor)
+  std::vector<float>
+      rope_freq_factors;  // per rotated pair, divides the frequency (Llama 3 scaling); may be empty
 
-  float attn_scale = 0;        // multiplies q·k (default 1/sqrt(head_dim))
-  float attn_softcap = 0;      // 0: none; else scores = cap * tanh(scores / cap)
-  float final_softcap = 0;     // 0: none; likewise for the output logits
-  int64_t sliding_window = 0;  // window of the layers marked sliding (a key is visible when pos - key_pos < window)
+  float attn_scale = 0;     // multiplies q·k (default 1/sqrt(head_dim))
+  float attn_softcap = 0;   // 0: none; else scores = cap * tanh(scores / cap)
+  float final_softcap = 0;  // 0: none; likewise for the output logits
+  int64_t sliding_window =
+      0;  // window of the layers marked sliding (a key is visible when pos - key_pos < window)
   std::vector<uint8_t> layer_sliding;  // [n_layer], 1 when the layer uses the sliding window
 
-  float embed_scale = 1.0f;    // the token embedding is multiplied by this (gemma: sqrt(n_embd))
-  bool post_norms = false;     // gemma2: RMSNorm after attention and after the FFN, before the residual add
-  bool qk_norm = false;        // qwen3: RMSNorm over each q and k head before RoPE
+  float embed_scale = 1.0f;  // the token embedding is multiplied by this (gemma: sqrt(n_embd))
+  bool post_norms = false;   // gemma2: RMSNorm after attention and after the FFN, before the residual add
+  bool qk_norm = false;      // qwen3: RMSNorm over each q and k head before RoPE
   FfnActivation activation = FfnActivation::kSiLU;
 
   int64_t q_dim() const { return n_head * head_dim; }

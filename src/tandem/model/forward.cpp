@@ -15,14 +15,17 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
   const Config& c = model.config();
   TANDEM_CHECK(max_rows > 0, "max_rows must be positive");
   int64_t widest = std::max({c.n_embd, c.n_ff, c.n_head * c.head_dim_v});
-  scratch_ = kernels::MatmulScratch(pool.size(), widest);
+  scratch_ = kernels::MatmulScratch(pool.size(), widest, max_rows);
   inv_freq_.resize(static_cast<size_t>(c.n_rot / 2));
   for (int64_t i = 0; i < c.n_rot / 2; ++i) {
-    double f = std::pow(static_cast<double>(c.rope_base), -2.0 * static_cast<double>(i) / static_cast<double>(c.n_rot));
+    double f = std::pow(static_cast<double>(c.rope_base),
+                        -2.0 * static_cast<double>(i) / static_cast<double>(c.n_rot));
     if (!c.rope_freq_factors.empty()) f /= c.rope_freq_factors[static_cast<size_t>(i)];
     inv_freq_[static_cast<size_t>(i)] = static_cast<float>(f * c.rope_linear_scale);
   }
-  auto alloc = [&](std::vector<float>& v, int64_t width) { v.assign(static_cast<size_t>(max_rows * width), 0.0f); };
+  auto alloc = [&](std::vector<float>& v, int64_t width) {
+    v.assign(static_cast<size_t>(max_rows * width), 0.0f);
+  };
   alloc(x_, c.n_embd);
   alloc(xb_, c.n_embd);
   alloc(q_, c.q_dim());
@@ -49,19 +52,22 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
     if (row.token < 0 || row.token >= c.n_vocab)
       throw Error("token id " + std::to_string(row.token) + " is outside the vocabulary (0.." +
                   std::to_string(c.n_vocab - 1) + ")");
-    if (row.seq < 0 || static_cast<size_t>(row.seq) >= caches.size() || caches[static_cast<size_t>(row.seq)] == nullptr)
+    if (row.seq < 0 || static_cast<size_t>(row.seq) >= caches.size() ||
+        caches[static_cast<size_t>(row.seq)] == nullptr)
       throw Error("row refers to sequence " + std::to_string(row.seq) + ", which has no cache");
     const cache::KvCache& kv = *caches[static_cast<size_t>(row.seq)];
     int64_t& len = lengths_[static_cast<size_t>(row.seq)];
     if (row.pos < 0 || row.pos > len)
-      throw Error("row position " + std::to_string(row.pos) + " skips past the cache length " + std::to_string(len));
+      throw Error("row position " + std::to_string(row.pos) + " skips past the cache length " +
+                  std::to_string(len));
     if (row.pos >= kv.capacity())
       throw Error("position " + std::to_string(row.pos) + " exceeds the context size " +
                   std::to_string(kv.capacity()) + "; use a larger -c");
     len = row.pos + 1;
     max_pos = std::max(max_pos, row.pos);
   }
-  for (const Row& row : rows) caches[static_cast<size_t>(row.seq)]->set_length(lengths_[static_cast<size_t>(row.seq)]);
+  for (const Row& row : rows)
+    caches[static_cast<size_t>(row.seq)]->set_length(lengths_[static_cast<size_t>(row.seq)]);
   const size_t need_scores = static_cast<size_t>(max_pos + 1);
   if (static_cast<int64_t>(need_scores) > scores_stride_) {
     // Grows only when a longer context is first used; steady-state decoding does not allocate.
@@ -80,7 +86,8 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
   for (int64_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& l = w.layers[static_cast<size_t>(il)];
     for (int64_t r = 0; r < R; ++r)
-      kernels::rms_norm(x_.data() + r * c.n_embd, l.attn_norm.data, xb_.data() + r * c.n_embd, c.n_embd, c.norm_eps);
+      kernels::rms_norm(x_.data() + r * c.n_embd, l.attn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
+                        c.norm_eps);
     kernels::matmul(l.wq, xb_.data(), R, q_.data(), pool_, scratch_);
     kernels::matmul(l.wk, xb_.data(), R, k_.data(), pool_, scratch_);
     kernels::matmul(l.wv, xb_.data(), R, v_.data(), pool_, scratch_);
@@ -111,7 +118,8 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
       float* out = xb_.data() + r * c.n_embd;
       if (!l.post_attn_norm.empty()) kernels::rms_norm(out, l.post_attn_norm.data, out, c.n_embd, c.norm_eps);
       kernels::add_in_place(x_.data() + r * c.n_embd, out, c.n_embd);
-      kernels::rms_norm(x_.data() + r * c.n_embd, l.ffn_norm.data, xb_.data() + r * c.n_embd, c.n_embd, c.norm_eps);
+      kernels::rms_norm(x_.data() + r * c.n_embd, l.ffn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
+                        c.norm_eps);
     }
     kernels::matmul(l.w_gate, xb_.data(), R, ffn_gate_.data(), pool_, scratch_);
     kernels::matmul(l.w_up, xb_.data(), R, ffn_up_.data(), pool_, scratch_);
@@ -154,9 +162,14 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
   }
   if (n_out > 0) {
     TANDEM_CHECK(logits != nullptr, "rows want logits but no output buffer was given");
-    kernels::matmul(w.output, xb_.data(), n_out, logits, pool_, scratch_);
-    if (c.final_softcap > 0) kernels::soft_cap(logits, n_out * c.n_vocab, c.final_softcap);
+    head(xb_.data(), n_out, logits);
   }
+}
+
+void Forward::head(const float* hidden, int64_t n, float* logits) {
+  const Config& c = model_.config();
+  kernels::matmul(model_.weights().output, hidden, n, logits, pool_, scratch_);
+  if (c.final_softcap > 0) kernels::soft_cap(logits, n * c.n_vocab, c.final_softcap);
 }
 
 void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* const> caches, int64_t layer) {
@@ -173,8 +186,8 @@ void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* con
       const cache::KvCache& kv = *caches[static_cast<size_t>(row.seq)];
       const int64_t first = sliding ? std::max<int64_t>(0, row.pos - c.sliding_window + 1) : 0;
       kernels::attend(q_.data() + r * c.q_dim() + h * c.head_dim, kv.keys(layer, h / group),
-                      kv.values(layer, h / group), kv.type(), c.head_dim, c.head_dim_v, first, row.pos, params,
-                      scores, att_.data() + r * c.n_head * c.head_dim_v + h * c.head_dim_v);
+                      kv.values(layer, h / group), kv.type(), c.head_dim, c.head_dim_v, first, row.pos,
+                      params, scores, att_.data() + r * c.n_head * c.head_dim_v + h * c.head_dim_v);
     }
   });
 }

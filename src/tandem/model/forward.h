@@ -17,9 +17,9 @@ namespace tandem::model {
 
 struct Row {
   int32_t token = 0;
-  int64_t pos = 0;        // position in its sequence
-  int32_t seq = 0;        // index into the caches passed to run()
-  bool logits = false;    // produce logits for this row
+  int64_t pos = 0;      // position in its sequence
+  int32_t seq = 0;      // index into the caches passed to run()
+  bool logits = false;  // produce logits for this row
 };
 
 // Receives each decoder layer's residual output (layer 0..n_layer-1) and then the post-final-norm output
@@ -40,6 +40,10 @@ class Forward {
   // logits: [number of rows with logits=true, n_vocab], in row order. Throws tandem::Error for bad rows.
   void run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
            const CaptureFn* capture = nullptr);
+
+  // The output head: post-final-norm hidden rows [n, n_embd] -> logits [n, n_vocab] (final soft-cap
+  // included).
+  void head(const float* hidden, int64_t n, float* logits);
 
  private:
   void attention(std::span<const Row> rows, std::span<cache::KvCache* const> caches, int64_t layer);

@@ -11,7 +11,8 @@ namespace {
 std::string supported_types() {
   std::string s;
   for (uint32_t id = 0; id < 64; ++id)
-    if (auto tr = dtype_traits(id); tr && tr->computable) s += (s.empty() ? "" : ", ") + std::string(tr->name);
+    if (auto tr = dtype_traits(id); tr && tr->computable)
+      s += (s.empty() ? "" : ", ") + std::string(tr->name);
   return s;
 }
 
@@ -39,7 +40,9 @@ float ArchReader::opt_float(std::string_view key, float fallback) const {
   return static_cast<float>(file_.get_float(arch_ + "." + std::string(key)).value_or(fallback));
 }
 
-bool ArchReader::has(std::string_view key) const { return file_.find(arch_ + "." + std::string(key)) != nullptr; }
+bool ArchReader::has(std::string_view key) const {
+  return file_.find(arch_ + "." + std::string(key)) != nullptr;
+}
 
 MatrixView ArchReader::matrix(const std::string& name, int64_t ne0, int64_t ne1, bool required) const {
   const gguf::TensorInfo* t = file_.tensor(name);
@@ -48,8 +51,8 @@ MatrixView ArchReader::matrix(const std::string& name, int64_t ne0, int64_t ne1,
     return {};
   }
   if (t->n_dims > 2 || t->ne[0] != ne0 || t->ne[1] != ne1)
-    throw Error("tensor '" + name + "' has shape " + t->shape_string() + ", expected [" + std::to_string(ne0) +
-                ", " + std::to_string(ne1) + "]");
+    throw Error("tensor '" + name + "' has shape " + t->shape_string() + ", expected [" +
+                std::to_string(ne0) + ", " + std::to_string(ne1) + "]");
   check_computable(*t);
   MatrixView m;
   m.type = t->type;
@@ -67,7 +70,8 @@ VectorView ArchReader::vector(const std::string& name, int64_t n, bool required)
     return {};
   }
   if (t->elements() != n)
-    throw Error("tensor '" + name + "' has shape " + t->shape_string() + ", expected [" + std::to_string(n) + "]");
+    throw Error("tensor '" + name + "' has shape " + t->shape_string() + ", expected [" + std::to_string(n) +
+                "]");
   if (t->type != DType::F32)
     throw Error("tensor '" + name + "' is " + std::string(dtype_name(t->type)) +
                 "; norm weights and biases must be F32");
@@ -83,8 +87,8 @@ void read_common_hparams(const ArchReader& r, Config& c) {
   c.n_head = r.req_int("attention.head_count");
   c.n_head_kv = r.opt_int("attention.head_count_kv", c.n_head);
   if (c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0)
-    throw Error("attention.head_count (" + std::to_string(c.n_head) + ") must be a multiple of head_count_kv (" +
-                std::to_string(c.n_head_kv) + ")");
+    throw Error("attention.head_count (" + std::to_string(c.n_head) +
+                ") must be a multiple of head_count_kv (" + std::to_string(c.n_head_kv) + ")");
   if (c.n_embd % c.n_head != 0 && !r.has("attention.key_length"))
     throw Error("embedding_length is not a multiple of head_count and attention.key_length is absent");
   c.head_dim = r.opt_int("attention.key_length", c.n_embd / c.n_head);
@@ -94,8 +98,8 @@ void read_common_hparams(const ArchReader& r, Config& c) {
   c.norm_eps = r.opt_float("attention.layer_norm_rms_epsilon", 1e-5f);
   c.n_rot = r.opt_int("rope.dimension_count", c.head_dim);
   if (c.n_rot <= 0 || c.n_rot > c.head_dim || c.n_rot % 2 != 0)
-    throw Error("rope.dimension_count " + std::to_string(c.n_rot) + " must be even and at most the head size " +
-                std::to_string(c.head_dim));
+    throw Error("rope.dimension_count " + std::to_string(c.n_rot) +
+                " must be even and at most the head size " + std::to_string(c.head_dim));
   c.rope_base = r.opt_float("rope.freq_base", 10000.0f);
   c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   const gguf::TensorInfo* embd = r.file().tensor("token_embd.weight");
@@ -170,7 +174,9 @@ void bind_standard_layers(const ArchReader& r, const Config& c, Weights& w) {
   }
 }
 
-std::unique_ptr<Model> Model::load(const std::string& path) { return from_file(gguf::File::open(path)); }
+std::unique_ptr<Model> Model::load(const std::string& path) {
+  return from_file(gguf::File::open(path));
+}
 
 std::unique_ptr<Model> Model::from_file(gguf::File file) {
   std::unique_ptr<Model> m(new Model(std::move(file)));
@@ -186,7 +192,8 @@ std::unique_ptr<Model> Model::from_file(gguf::File file) {
     known += (known.empty() ? "" : ", ") + std::string(e.name);
   }
   if (m->file_.tensors().empty())
-    throw Error("'" + m->file_.path() + "' holds no tensors (a vocabulary-only file?); it cannot be run as a model");
+    throw Error("'" + m->file_.path() +
+                "' holds no tensors (a vocabulary-only file?); it cannot be run as a model");
   throw Error("architecture '" + std::string(*arch) + "' is not supported (supported: " + known + ")");
 }
 

@@ -45,7 +45,8 @@ class ArchReader {
   float opt_float(std::string_view key, float fallback) const;
   bool has(std::string_view key) const;
 
-  // Tensors by name; shapes are {ne0, ne1}. Required ones throw when absent; optional ones return empty views.
+  // Tensors by name; shapes are {ne0, ne1}. Required ones throw when absent; optional ones return empty
+  // views.
   MatrixView matrix(const std::string& name, int64_t ne0, int64_t ne1, bool required = true) const;
   VectorView vector(const std::string& name, int64_t n, bool required = true) const;
   bool has_tensor(const std::string& name) const { return file_.tensor(name) != nullptr; }

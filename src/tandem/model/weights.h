@@ -24,9 +24,9 @@ struct LayerWeights {
 };
 
 struct Weights {
-  MatrixView tok_embd;        // [n_vocab, n_embd]
-  VectorView output_norm;     // [n_embd]
-  MatrixView output;          // [n_vocab, n_embd]; the embedding when the head is tied
+  MatrixView tok_embd;     // [n_vocab, n_embd]
+  VectorView output_norm;  // [n_embd]
+  MatrixView output;       // [n_vocab, n_embd]; the embedding when the head is tied
   std::vector<LayerWeights> layers;
 };
 

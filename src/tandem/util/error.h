@@ -17,7 +17,7 @@ class Error : public std::runtime_error {
 }  // namespace tandem
 
 // Always-on invariant check: throws tandem::Error naming the failed condition.
-#define TANDEM_CHECK(cond, msg)                                                   \
-  do {                                                                           \
-    if (!(cond)) ::tandem::fail_check(#cond, __FILE__, __LINE__, (msg));         \
+#define TANDEM_CHECK(cond, msg)                                          \
+  do {                                                                   \
+    if (!(cond)) ::tandem::fail_check(#cond, __FILE__, __LINE__, (msg)); \
   } while (0)

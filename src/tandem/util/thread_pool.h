@@ -26,8 +26,8 @@ class ThreadPool {
   void run(const std::function<void(int)>& fn);
 
   // Splits [0, n) into size() contiguous chunks (sizes differ by at most one `grain`) and runs
-  // fn(begin, end, thread_index) for each non-empty chunk. Chunk boundaries are multiples of `grain` except the
-  // last. The split depends only on n, grain and size(), never on timing.
+  // fn(begin, end, thread_index) for each non-empty chunk. Chunk boundaries are multiples of `grain` except
+  // the last. The split depends only on n, grain and size(), never on timing.
   template <typename Fn>
   void parallel_for(int64_t n, int64_t grain, Fn&& fn) {
     if (n <= 0) return;
