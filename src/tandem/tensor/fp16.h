@@ -53,14 +53,17 @@ inline uint16_t f32_to_fp16(float f) {
     if (rem > half || (rem == half && (h & 1))) ++h;
     return static_cast<uint16_t>(sign | h);
   }
-  // Normal: rebias the exponent and round the mantissa to 10 bits, nearest even (a carry may bump the exponent).
+  // Normal: rebias the exponent and round the mantissa to 10 bits, nearest even (a carry may bump the
+  // exponent).
   uint32_t h = ((x >> 13) - (112u << 10));
   const uint32_t rem = x & 0x1FFF;
   if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;
   return static_cast<uint16_t>(sign | h);
 }
 
-inline float bf16_to_f32(uint16_t h) { return bits_to_f32(static_cast<uint32_t>(h) << 16); }
+inline float bf16_to_f32(uint16_t h) {
+  return bits_to_f32(static_cast<uint32_t>(h) << 16);
+}
 
 inline uint16_t f32_to_bf16(float f) {
   uint32_t x = f32_to_bits(f);

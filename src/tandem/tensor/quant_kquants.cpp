@@ -2,9 +2,10 @@
 // dequantization and the reference quantizers (without an importance matrix) used to write model files.
 //
 // A super-block holds 256 elements in sub-blocks of 16 (Q2_K, Q3_K, Q6_K) or 32 (Q4_K, Q5_K) elements. Each
-// sub-block has a small integer scale (and, for the asymmetric formats, a min) that is itself quantized against
-// the super-block's f16 `d` (and `dmin`). The quantizers first fit a float scale (and min) per sub-block with a
-// small search, quantize those to 4 or 6 bits, then re-derive every element's code from the rounded scales.
+// sub-block has a small integer scale (and, for the asymmetric formats, a min) that is itself quantized
+// against the super-block's f16 `d` (and `dmin`). The quantizers first fit a float scale (and min) per
+// sub-block with a small search, quantize those to 4 or 6 bits, then re-derive every element's code from the
+// rounded scales.
 //
 // Every expression keeps the reference's formula and operation order, so dequantized floats are bit-identical
 // to the reference's portable C path and the quantizers make the same choices.
@@ -33,40 +34,63 @@ namespace {
 constexpr float kGroupMaxEps = 1e-15f;
 
 // Round to nearest, ties to even, the way the reference does it: adding 1.5 * 2^23 leaves the rounded integer
-// in the low mantissa bits. Exact for |x| < 2^22, which every caller guarantees; outside that range (or for NaN)
-// it returns a meaningless value, like the reference, but never invokes undefined behaviour.
+// in the low mantissa bits. Exact for |x| < 2^22, which holds for every call here (the arguments are codes
+// and scale ratios of finite input); beyond that, or for NaN, it returns a meaningless value, as the
+// reference does, but never invokes undefined behaviour.
 inline int nearest_int(float x) {
   const float shifted = x + 12582912.0f;
   return (std::bit_cast<int32_t>(shifted) & 0x007FFFFF) - 0x00400000;
 }
 
-inline int clamp(int v, int lo, int hi) { return std::max(lo, std::min(hi, v)); }
+inline int clamp(int v, int lo, int hi) {
+  return std::max(lo, std::min(hi, v));
+}
 
 // ---- Bit layouts.
 
 // 2-bit codes (Q2_K, Q3_K): element e of a super-block sits in qs[32 * (e / 128) + e % 32] at bit
 // 2 * ((e % 128) / 32): each 128-element half uses 32 bytes, one bit pair per group of 32 elements.
-inline int crumb_byte(int e) { return 32 * (e / 128) + e % 32; }
-inline int crumb_shift(int e) { return 2 * ((e % 128) / 32); }
+inline int crumb_byte(int e) {
+  return 32 * (e / 128) + e % 32;
+}
+inline int crumb_shift(int e) {
+  return 2 * ((e % 128) / 32);
+}
 
 // 4-bit codes (Q4_K, Q5_K): element e sits in qs[32 * (e / 64) + e % 32], low nibble for the first 32
 // elements of each 64, high nibble for the next 32.
-inline int nibble_byte(int e) { return 32 * (e / 64) + e % 32; }
-inline int nibble_shift(int e) { return 4 * ((e / 32) % 2); }
+inline int nibble_byte(int e) {
+  return 32 * (e / 64) + e % 32;
+}
+inline int nibble_shift(int e) {
+  return 4 * ((e / 32) % 2);
+}
 
 // One extra bit per element (Q3_K hmask, Q5_K qh): element e sits in byte e % 32 at bit e / 32.
-inline int bitplane_byte(int e) { return e % 32; }
-inline int bitplane_shift(int e) { return e / 32; }
+inline int bitplane_byte(int e) {
+  return e % 32;
+}
+inline int bitplane_shift(int e) {
+  return e / 32;
+}
 
 // Q6_K: low 4 bits of element e in ql[64 * h + 32 * (g % 2) + l], nibble g / 2, and high 2 bits in
 // qh[32 * h + l] at bit 2 * g, where h = e / 128, g = (e % 128) / 32, l = e % 32.
-inline int q6_low_byte(int e) { return 64 * (e / 128) + 32 * (((e % 128) / 32) % 2) + e % 32; }
-inline int q6_low_shift(int e) { return 4 * (((e % 128) / 32) / 2); }
-inline int q6_high_byte(int e) { return 32 * (e / 128) + e % 32; }
-inline int q6_high_shift(int e) { return 2 * ((e % 128) / 32); }
+inline int q6_low_byte(int e) {
+  return 64 * (e / 128) + 32 * (((e % 128) / 32) % 2) + e % 32;
+}
+inline int q6_low_shift(int e) {
+  return 4 * (((e % 128) / 32) / 2);
+}
+inline int q6_high_byte(int e) {
+  return 32 * (e / 128) + e % 32;
+}
+inline int q6_high_shift(int e) {
+  return 2 * ((e % 128) / 32);
+}
 
-// Q3_K: sixteen 6-bit scales (stored with +32 bias) in 12 bytes. The low 4 bits of scale j are nibble j / 8 of
-// byte j % 8; the high 2 bits are bits 2 * (j / 4) of byte 8 + j % 4. Returns the signed scale.
+// Q3_K: sixteen 6-bit scales (stored with +32 bias) in 12 bytes. The low 4 bits of scale j are nibble j / 8
+// of byte j % 8; the high 2 bits are bits 2 * (j / 4) of byte 8 + j % 4. Returns the signed scale.
 inline int q3k_scale(const uint8_t* scales, int j) {
   const int low = (scales[j % 8] >> (4 * (j / 8))) & 0xF;
   const int high = (scales[8 + j % 4] >> (2 * (j / 4))) & 3;
@@ -79,8 +103,8 @@ inline void set_q3k_scale(uint8_t* scales, int j, int v) {
 }
 
 // Q4_K/Q5_K: eight 6-bit scales and eight 6-bit mins in 12 bytes. Sub-blocks 0..3 keep scale and min in the
-// low 6 bits of bytes j and j + 4; sub-blocks 4..7 keep their low 4 bits in the nibbles of byte j + 4 (scale low,
-// min high) and their top 2 bits in the top 2 bits of bytes j - 4 (scale) and j (min).
+// low 6 bits of bytes j and j + 4; sub-blocks 4..7 keep their low 4 bits in the nibbles of byte j + 4 (scale
+// low, min high) and their top 2 bits in the top 2 bits of bytes j - 4 (scale) and j (min).
 struct ScaleMin {
   uint8_t scale;
   uint8_t min;
@@ -210,9 +234,9 @@ float make_q3_quants(int n, int nmax, const float* x, int8_t* L) {
 }
 
 // Asymmetric fit for n <= 32 values: x ~ scale * l - the_min with codes l in [0, nmax] and the_min >= 0.
-// Starts from the min/max range, then tries nstep + 1 scales (rmin + rdelta * is + nmax) / (max - min), solving
-// a weighted least-squares problem for (scale, min) at each code assignment, and keeps the assignment with the
-// lowest weighted error (absolute error when use_mad, squared otherwise). Returns the scale.
+// Starts from the min/max range, then tries nstep + 1 scales (rmin + rdelta * is + nmax) / (max - min),
+// solving a weighted least-squares problem for (scale, min) at each code assignment, and keeps the assignment
+// with the lowest weighted error (absolute error when use_mad, squared otherwise). Returns the scale.
 float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* the_min,
                        float rmin, float rdelta, int nstep, bool use_mad) {
   uint8_t Laux[32];
@@ -288,9 +312,9 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
 
 // Q4_K/Q5_K share everything but the code width and the search parameters.
 struct K4Params {
-  int nmax;     // largest code: 15 (Q4_K) or 31 (Q5_K)
-  float rmin;   // first scale step of the search
-  int nstep;    // number of extra search steps (0.1 apart)
+  int nmax;    // largest code: 15 (Q4_K) or 31 (Q5_K)
+  float rmin;  // first scale step of the search
+  int nstep;   // number of extra search steps (0.1 apart)
 };
 
 // Fills the scale bytes, d and dmin of one super-block and the codes L[0..255] (0..nmax).
@@ -324,13 +348,16 @@ void quantize_k4_scales_and_codes(const float* x, Block& b, uint8_t* L, const K4
   b.d = f32_to_fp16(max_scale / 63.0f);
   b.dmin = f32_to_fp16(max_min / 63.0f);
 
-  // Re-derive the codes from the rounded scales (a sub-block whose scale rounded to 0 keeps its search codes).
+  // Re-derive the codes from the rounded scales (a sub-block whose scale rounded to 0 keeps its search
+  // codes).
   for (int j = 0; j < kSub; ++j) {
     const ScaleMin sm = k4_scale_min(b.scales, j);
     const float d = fp16_to_f32(b.d) * static_cast<float>(sm.scale);
     if (d == 0.0f) continue;
     const float dm = fp16_to_f32(b.dmin) * static_cast<float>(sm.min);
-    for (int l = 0; l < 32; ++l) L[32 * j + l] = static_cast<uint8_t>(clamp(nearest_int((x[32 * j + l] + dm) / d), 0, p.nmax));
+    for (int l = 0; l < 32; ++l) {
+      L[32 * j + l] = static_cast<uint8_t>(clamp(nearest_int((x[32 * j + l] + dm) / d), 0, p.nmax));
+    }
   }
 }
 
@@ -388,7 +415,8 @@ void quantize_q2_k(const float* x, BlockQ2_K* y, int64_t nb) {
       b.dmin = f32_to_fp16(0.0f);
     }
 
-    // Re-derive the codes from the rounded scales (a sub-block whose scale rounded to 0 keeps its search codes).
+    // Re-derive the codes from the rounded scales (a sub-block whose scale rounded to 0 keeps its search
+    // codes).
     for (int j = 0; j < kSub; ++j) {
       const float d = fp16_to_f32(b.d) * static_cast<float>(b.scales[j] & 0xF);
       if (d == 0.0f) continue;
@@ -450,7 +478,8 @@ void quantize_q3_k(const float* x, BlockQ3_K* y, int64_t nb) {
       b.d = f32_to_fp16(0.0f);
     }
 
-    // Re-derive the codes from the rounded scales (a sub-block whose scale rounded to 0 keeps its search codes).
+    // Re-derive the codes from the rounded scales (a sub-block whose scale rounded to 0 keeps its search
+    // codes).
     for (int j = 0; j < kSub; ++j) {
       const float d = fp16_to_f32(b.d) * static_cast<float>(q3k_scale(b.scales, j));
       if (d == 0.0f) continue;
@@ -579,9 +608,11 @@ void quantize_q6_k(const float* x, BlockQ6_K* y, int64_t nb) {
 
     const float iscale = -128.0f / max_scale;
     b.d = f32_to_fp16(1.0f / iscale);
-    for (int j = 0; j < kSub; ++j) b.scales[j] = static_cast<int8_t>(std::min(127, nearest_int(iscale * scales[j])));
+    for (int j = 0; j < kSub; ++j)
+      b.scales[j] = static_cast<int8_t>(std::min(127, nearest_int(iscale * scales[j])));
 
-    // Re-derive the codes from the rounded scales (a sub-block whose scale rounded to 0 keeps its search codes).
+    // Re-derive the codes from the rounded scales (a sub-block whose scale rounded to 0 keeps its search
+    // codes).
     for (int j = 0; j < kSub; ++j) {
       const float d = fp16_to_f32(b.d) * static_cast<float>(b.scales[j]);
       if (d == 0.0f) continue;

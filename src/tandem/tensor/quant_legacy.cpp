@@ -2,8 +2,8 @@
 // reference quantizers used to write model files.
 //
 // Every expression keeps the reference's formula and operation order, so the floats are bit-identical to the
-// reference's portable C path. Quantization codes are computed with the unrounded f32 scale; dequantization uses
-// the f16 scale stored in the block.
+// reference's portable C path. Quantization codes are computed with the unrounded f32 scale; dequantization
+// uses the f16 scale stored in the block.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -26,10 +26,14 @@ namespace {
 
 // Element j of a 32-element block with 4-bit codes: j < 16 in the low nibble of qs[j], j >= 16 in the high
 // nibble of qs[j - 16].
-inline int nibble(const uint8_t* qs, int j) { return j < kQK / 2 ? qs[j] & 0x0F : qs[j - kQK / 2] >> 4; }
+inline int nibble(const uint8_t* qs, int j) {
+  return j < kQK / 2 ? qs[j] & 0x0F : qs[j - kQK / 2] >> 4;
+}
 
 // Fifth bit of element j (Q5_0/Q5_1): bit j of the little-endian 32-bit word qh.
-inline int high_bit(const uint8_t* qh, int j) { return (qh[j / 8] >> (j % 8)) & 1; }
+inline int high_bit(const uint8_t* qh, int j) {
+  return (qh[j / 8] >> (j % 8)) & 1;
+}
 
 // Packs 32 codes (0..15, or the low 4 bits of 0..31) into the nibble layout above.
 inline void pack_nibbles(const uint8_t* codes, uint8_t* qs) {
@@ -46,8 +50,8 @@ inline void pack_high_bits(const uint8_t* codes, uint8_t* qh) {
 }
 
 // A code computed in float, truncated toward zero and clamped to [lo, hi]. For the finite arguments the
-// quantizers produce this is the reference's plain conversion; NaN (from non-finite input) gives lo instead of
-// undefined behaviour.
+// quantizers produce this is the reference's plain conversion; NaN (from non-finite input) gives lo instead
+// of undefined behaviour.
 inline int to_code(float v, int lo, int hi) {
   if (!(v > static_cast<float>(lo))) return lo;
   if (v >= static_cast<float>(hi)) return hi;
@@ -177,7 +181,8 @@ void quantize_q5_1(const float* x, BlockQ5_1* y, int64_t nb) {
     y[i].d = f32_to_fp16(d);
     y[i].m = f32_to_fp16(min);
     uint8_t codes[kQK];
-    // The reference does not clamp here: (x - min) * id never exceeds 31 by the 0.5 it would take to reach 32.
+    // The reference does not clamp here: (x - min) * id never exceeds 31 by the 0.5 it would take to
+    // reach 32.
     for (int j = 0; j < kQK; ++j) codes[j] = static_cast<uint8_t>(to_code((x[j] - min) * id + 0.5f, 0, 31));
     pack_nibbles(codes, y[i].qs);
     pack_high_bits(codes, y[i].qh);
