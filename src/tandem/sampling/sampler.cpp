@@ -1,6 +1,7 @@
 #include "tandem/sampling/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -22,14 +23,27 @@ template <typename T>
   throw Error(msg.str());
 }
 
+// Largest logit, ignoring NaN. Eight independent lanes let the compiler vectorize the reduction.
+float max_of(std::span<const float> logits) {
+  constexpr size_t kLanes = 8;
+  float lanes[kLanes];
+  std::fill(std::begin(lanes), std::end(lanes), -kInf);
+  const float* x = logits.data();
+  const size_t n = logits.size();
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) lanes[j] = x[i + j] > lanes[j] ? x[i + j] : lanes[j];
+  }
+  float max_logit = -kInf;
+  for (float lane : lanes) max_logit = lane > max_logit ? lane : max_logit;
+  for (; i < n; ++i) max_logit = x[i] > max_logit ? x[i] : max_logit;
+  return max_logit;
+}
+
 // Rejects NaN and +inf (which have no meaningful softmax) and returns the largest logit.
 float checked_max(std::span<const float> logits) {
-  float max_logit = -kInf;
-  bool bad = false;
-  for (float x : logits) {
-    bad |= !(x <= std::numeric_limits<float>::max());
-    max_logit = std::max(max_logit, x);
-  }
+  int bad = 0;
+  for (float x : logits) bad |= !(x <= std::numeric_limits<float>::max());
   if (bad) {
     for (size_t i = 0; i < logits.size(); ++i) {
       if (std::isnan(logits[i]) || logits[i] == kInf) {
@@ -38,8 +52,22 @@ float checked_max(std::span<const float> logits) {
       }
     }
   }
+  const float max_logit = max_of(logits);
   if (max_logit == -kInf) throw Error("sampling: every logit is -inf, so no token can be sampled");
   return max_logit;
+}
+
+// Strict weak order of token ids: higher logit first, lower id first on equal logits.
+struct RanksHigher {
+  const float* logits;
+  bool operator()(int32_t a, int32_t b) const {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  }
+};
+
+// Octave of a weight in [0, 1]: e such that w is in [2^-e, 2^(1-e)); subnormals and 0 land in the last one.
+int octave_of(float w) {
+  return 127 - static_cast<int>(std::bit_cast<uint32_t>(w) >> 23);
 }
 
 }  // namespace
@@ -123,40 +151,103 @@ bool Sampler::apply_penalties(std::span<const int32_t> history) {
 }
 
 void Sampler::sort_by_logit(size_t n) {
-  const float* logits = logits_.data();
-  std::sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(n), [logits](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
+  std::sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(n), RanksHigher{logits_.data()});
 }
 
 size_t Sampler::select_top_k(size_t k, float max_logit) {
+  const size_t n_vocab = logits_.size();
   const float* logits = logits_.data();
-  std::iota(order_.begin(), order_.end(), 0);
-  std::nth_element(
-      order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k), order_.end(),
-      [logits](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  const RanksHigher ranks_higher{logits};
+  const auto k_end = order_.begin() + static_cast<std::ptrdiff_t>(k);
+  if (k * 8 > n_vocab) {
+    std::iota(order_.begin(), order_.end(), 0);
+    std::nth_element(order_.begin(), k_end, order_.end(), ranks_higher);
+  } else {
+    // One pass keeping the best k so far in a heap whose top is the worst of them. Ids arrive in ascending
+    // order, so a later id loses ties and only a strictly higher logit displaces the top.
+    std::iota(order_.begin(), k_end, 0);
+    std::make_heap(order_.begin(), k_end, ranks_higher);
+    float entry = logits[order_[0]];
+    for (size_t id = k; id < n_vocab; ++id) {
+      if (logits[id] > entry) {
+        std::pop_heap(order_.begin(), k_end, ranks_higher);
+        order_[k - 1] = static_cast<int32_t>(id);
+        std::push_heap(order_.begin(), k_end, ranks_higher);
+        entry = logits[order_[0]];
+      }
+    }
+  }
   sort_by_logit(k);
   const float temperature = params_.temperature;
   size_t n = 0;
   for (size_t i = 0; i < k; ++i) {
     const auto id = static_cast<size_t>(order_[i]);
     weights_[id] = std::exp((logits_[id] - max_logit) / temperature);
-    if (weights_[id] > 0.0f) n = i + 1;  // weights are non-increasing along order_, so this trims the zeros
+    if (weights_[id] > 0.0f) n = i + 1;  // weights do not increase along order_, so this trims the zeros
   }
   return n;
 }
 
-size_t Sampler::collect_above(float threshold, double& weight_sum) {
+double Sampler::weigh_all(float max_logit, bool by_octave) {
+  const float temperature = params_.temperature;
+  const size_t n_vocab = logits_.size();
+  for (size_t id = 0; id < n_vocab; ++id) weights_[id] = std::exp((logits_[id] - max_logit) / temperature);
+  double total = 0.0;
+  if (!by_octave) {
+    for (size_t id = 0; id < n_vocab; ++id) total += weights_[id];
+    return total;
+  }
+  // Neighbouring weights often share an octave; spreading them over four tables keeps the additions
+  // independent instead of waiting on each other through memory.
+  constexpr size_t kTables = 4;
+  double mass[kTables][kOctaves] = {};
+  size_t id = 0;
+  for (; id + kTables <= n_vocab; id += kTables) {
+    for (size_t t = 0; t < kTables; ++t) mass[t][octave_of(weights_[id + t])] += weights_[id + t];
+  }
+  for (; id < n_vocab; ++id) mass[0][octave_of(weights_[id])] += weights_[id];
+  for (int octave = 0; octave < kOctaves; ++octave) {
+    double sum = 0.0;
+    for (size_t t = 0; t < kTables; ++t) sum += mass[t][octave];
+    mass_by_octave_[octave] = sum;
+    total += sum;
+  }
+  return total;
+}
+
+size_t Sampler::collect_above(float threshold) {
+  // Only weights > 0 count, so a threshold of 0 becomes the smallest positive float. Branch-free: few tokens
+  // pass, at unpredictable places.
+  threshold = std::max(threshold, std::numeric_limits<float>::denorm_min());
   size_t n = 0;
-  weight_sum = 0.0;
   for (size_t id = 0; id < weights_.size(); ++id) {
-    const float w = weights_[id];
-    if (w > 0.0f && w >= threshold) {
-      order_[n++] = static_cast<int32_t>(id);
-      weight_sum += w;
-    }
+    order_[n] = static_cast<int32_t>(id);
+    n += weights_[id] >= threshold;
   }
   return n;
+}
+
+size_t Sampler::select_top_p_candidates(double total_weight) {
+  // The top-p prefix lies within the tokens above any weight threshold whose mass reaches top_p, so sort only
+  // those: start from the highest octave boundary that gets there. With min-p on, tokens below min_p are
+  // dropped after top-p anyway, so they need not be collected either.
+  const Params& p = params_;
+  const double target = static_cast<double>(p.top_p) * total_weight;
+  int octave = 0;
+  for (double mass = 0.0; octave < kOctaves - 1; ++octave) {
+    mass += mass_by_octave_[octave];
+    if (mass >= target) break;
+  }
+  for (;; ++octave) {
+    const float boundary = octave >= kOctaves - 1 ? 0.0f : std::ldexp(1.0f, -octave);
+    const bool covers_min_p = p.min_p > 0.0f && p.min_p >= boundary;
+    const size_t n = collect_above(std::max(boundary, p.min_p));
+    sort_by_logit(n);
+    bool reached = false;
+    const size_t cut = top_p_cut(n, total_weight, reached);
+    // Not reached (rounding at the boundary): take one more octave, unless nothing is left below.
+    if (reached || covers_min_p || boundary == 0.0f) return cut;
+  }
 }
 
 size_t Sampler::top_p_cut(size_t n, double total_weight, bool& reached) const {
@@ -174,8 +265,8 @@ size_t Sampler::top_p_cut(size_t n, double total_weight, bool& reached) const {
   return n;
 }
 
-void Sampler::write_output(size_t n, Distribution& out) {
-  std::sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(n));
+void Sampler::write_output(size_t n, bool ids_ascending, Distribution& out) {
+  if (!ids_ascending) std::sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(n));
   double sum = 0.0;
   for (size_t i = 0; i < n; ++i) sum += weights_[static_cast<size_t>(order_[i])];
   for (size_t i = 0; i < n; ++i) {
@@ -198,15 +289,15 @@ void Sampler::distribution(std::span<const float> logits, std::span<const int32_
 
   const Params& p = params_;
   if (p.temperature <= 0.0f) {
-    out.ids.push_back(argmax(logits_));
+    const auto first_max = std::find(logits_.begin(), logits_.end(), max_logit);
+    out.ids.push_back(static_cast<int32_t>(first_max - logits_.begin()));
     out.probs.push_back(1.0f);
     return;
   }
   weights_.resize(n_vocab);
   order_.resize(n_vocab);
-  const bool use_min_p = p.min_p > 0.0f;
 
-  size_t n = 0;  // candidates in order_[0, n), sorted by descending logit
+  size_t n = 0;  // candidates in order_[0, n), by descending logit
   if (p.top_k > 0 && static_cast<size_t>(p.top_k) < n_vocab) {
     n = select_top_k(static_cast<size_t>(p.top_k), max_logit);
     double total = 0.0;
@@ -214,41 +305,19 @@ void Sampler::distribution(std::span<const float> logits, std::span<const int32_
     bool reached = false;
     n = top_p_cut(n, total, reached);
   } else {
-    double total = 0.0;
-    for (size_t id = 0; id < n_vocab; ++id) {
-      weights_[id] = std::exp((logits_[id] - max_logit) / p.temperature);
-      total += weights_[id];
-    }
+    const double total = weigh_all(max_logit, /*by_octave=*/p.top_p < 1.0f);
     if (p.top_p >= 1.0f) {
       // No cut needs an order: min-p is a plain threshold on the weights (the largest weight is 1).
-      n = collect_above(use_min_p ? p.min_p : 0.0f, total);
-      write_output(n, out);
+      n = collect_above(p.min_p);
+      write_output(n, /*ids_ascending=*/true, out);
       return;
     }
-    // Only the top-p prefix of the descending order is needed. Collect the tokens above a weight threshold;
-    // when their mass reaches top_p they contain that prefix, otherwise lower the threshold. With min-p on,
-    // tokens below min_p are dropped after top-p anyway, so its threshold alone gives the final set.
-    static constexpr float kThresholds[] = {1e-3f, 1e-6f, 0.0f};
-    const std::span<const float> thresholds =
-        use_min_p ? std::span<const float>(&p.min_p, 1) : std::span<const float>(kThresholds);
-    for (size_t t = 0; t < thresholds.size(); ++t) {
-      const bool last = t + 1 == thresholds.size();
-      double mass = 0.0;
-      n = collect_above(thresholds[t], mass);
-      if (!last && mass < static_cast<double>(p.top_p) * total) continue;
-      sort_by_logit(n);
-      bool reached = false;
-      const size_t cut = top_p_cut(n, total, reached);
-      if (reached || last) {
-        n = cut;
-        break;
-      }
-    }
+    n = select_top_p_candidates(total);
   }
-  if (use_min_p) {
+  if (p.min_p > 0.0f) {
     while (n > 1 && weights_[static_cast<size_t>(order_[n - 1])] < p.min_p) --n;
   }
-  write_output(n, out);
+  write_output(n, /*ids_ascending=*/false, out);
 }
 
 int32_t Sampler::draw(const Distribution& d, uint64_t sequence, uint64_t position,
@@ -277,15 +346,9 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
 
 int32_t argmax(std::span<const float> logits) {
   TANDEM_CHECK(!logits.empty(), "argmax of empty logits");
-  size_t best = 0;
-  float best_logit = -kInf;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    if (logits[i] > best_logit) {
-      best_logit = logits[i];
-      best = i;
-    }
-  }
-  return static_cast<int32_t>(best);
+  const float max_logit = max_of(logits);
+  const auto it = std::find(logits.begin(), logits.end(), max_logit);
+  return it == logits.end() ? 0 : static_cast<int32_t>(it - logits.begin());  // end: all NaN
 }
 
 void log_softmax(std::span<const float> logits, std::span<double> out) {

@@ -1,22 +1,21 @@
-// Token sampling: composable transforms from raw logits to a sparse probability distribution, and draws from
-// such distributions with counter-based randomness (rng.h).
+// Token sampling: composable transforms from raw logits to a sparse probability distribution, and draws
+// from such distributions with counter-based randomness (rng.h).
 //
 // The transforms run in this fixed order, each seeing the output of the one before:
-//   1. penalties, over the last repeat_last_n tokens of the history (the window). For each distinct token in
-//   the
-//      window, with `count` its number of occurrences there:
-//        repetition:            logit = logit > 0 ? logit / repeat_penalty : logit * repeat_penalty
-//        presence, frequency:   logit -= presence_penalty * (count > 0) + frequency_penalty * count
-//   2. temperature: logit / temperature. temperature == 0 means greedy: the argmax of the penalized logits
-//      (lowest id on ties) gets probability 1 and steps 3-5 do not apply.
-//   3. top-k: keep the top_k highest logits (lowest id on ties).
-//   4. top-p: softmax over the survivors; keep the smallest highest-probability prefix whose mass is >=
-//   top_p.
-//   5. min-p: keep the tokens whose probability is >= min_p * (the largest probability).
+//   1. Penalties, over the window: the last repeat_last_n tokens of the history. For each distinct token
+//      in the window, with `count` its number of occurrences there:
+//        repetition:           logit = logit > 0 ? logit / repeat_penalty : logit * repeat_penalty
+//        presence, frequency:  logit -= presence_penalty * (count > 0) + frequency_penalty * count
+//   2. Temperature: logit / temperature. temperature == 0 is greedy: the argmax of the penalized logits
+//      (lowest id on ties) gets probability 1, and steps 3-5 do not apply.
+//   3. Top-k: keep the top_k highest logits (lowest id on ties).
+//   4. Top-p: softmax over the survivors, then keep the smallest highest-probability prefix with mass
+//      >= top_p.
+//   5. Min-p: keep the tokens whose probability is >= min_p * (the largest probability).
 //   The survivors are renormalized to sum to 1.
 //
-// Speculative sampling uses distribution() for the target (p) and the drafter (q) over the same vocabulary,
-// then draw() from p, from q, or from residual(p, q) = normalize(max(0, p - q)).
+// Speculative sampling uses distribution() for the target (p) and the drafter (q) over the same
+// vocabulary, then draw() from p, from q, or from residual(p, q) = normalize(max(0, p - q)).
 #pragma once
 
 #include <cstdint>
@@ -27,16 +26,17 @@
 
 namespace tandem::sampling {
 
+// Sampling parameters; validate() checks each range below.
 struct Params {
-  float temperature = 0.8f;       // >= 0; 0 is greedy
-  int top_k = 40;                 // <= 0 disables
-  float top_p = 0.95f;            // in (0, 1]; 1 disables
-  float min_p = 0.05f;            // <= 1; <= 0 disables
-  float repeat_penalty = 1.0f;    // > 0; 1 disables
-  int repeat_last_n = 64;         // window of the history seen by penalties; 0 disables, -1 the whole history
-  float presence_penalty = 0.0f;  // any finite value; 0 disables
-  float frequency_penalty = 0.0f;  // any finite value; 0 disables
-  uint64_t seed = 0;
+  float temperature = 0.8f;        // >= 0; 0 is greedy
+  int top_k = 40;                  // <= 0 disables
+  float top_p = 0.95f;             // in (0, 1]; 1 disables
+  float min_p = 0.05f;             // <= 1; <= 0 disables
+  float repeat_penalty = 1.0f;     // > 0; 1 disables
+  int repeat_last_n = 64;          // penalty window; 0 disables penalties, -1 is the whole history
+  float presence_penalty = 0.0f;   // finite; 0 disables
+  float frequency_penalty = 0.0f;  // finite; 0 disables
+  uint64_t seed = 0;               // first part of every random key
 };
 
 // Throws tandem::Error naming the first bad parameter and the accepted range.
@@ -74,9 +74,9 @@ class Sampler {
   // with probability 1. Throws tandem::Error when every logit is -inf.
   void distribution(std::span<const float> logits, std::span<const int32_t> history, Distribution& out);
 
-  // Draws one token from `d` (non-empty) by inverse CDF over its ids in order, with the uniform number keyed
-  // by (params().seed, sequence, position, draw_index). `d` need not be normalized: the draw scales by its
-  // sum.
+  // Draws one token from `d` (non-empty) by inverse CDF over its ids in order, with the uniform number
+  // keyed by (params().seed, sequence, position, draw_index). `d` need not sum to 1: the draw scales by
+  // its sum.
   int32_t draw(const Distribution& d, uint64_t sequence, uint64_t position, uint32_t draw_index = 0) const;
 
   // distribution() followed by draw() with draw_index 0.
@@ -88,28 +88,38 @@ class Sampler {
  private:
   // Returns whether any logit changed.
   bool apply_penalties(std::span<const int32_t> history);
-  // Fills order_[0, n) with the top-k ids by descending logit and weights_ for them; returns n.
+  // Fills order_[0, k) with the top-k ids by descending logit (lowest id on ties) and weights_ for them;
+  // returns how many of them have a weight > 0.
   size_t select_top_k(size_t k, float max_logit);
-  // Fills order_ with every id whose weight is >= threshold (and > 0); returns their count and weight sum.
-  size_t collect_above(float threshold, double& weight_sum);
+  // Fills weights_ for every id and returns their sum; with by_octave, also fills mass_by_octave_.
+  double weigh_all(float max_logit, bool by_octave);
+  // For top-p without top-k: fills order_ with a prefix of the descending order that the cut needs.
+  size_t select_top_p_candidates(double total_weight);
+  // Fills order_ (ascending ids) with every id whose weight is >= threshold and > 0; returns their count.
+  size_t collect_above(float threshold);
   void sort_by_logit(size_t n);
   // Length of the top-p prefix of order_[0, n); reached tells whether its mass got to top_p.
   size_t top_p_cut(size_t n, double total_weight, bool& reached) const;
-  void write_output(size_t n, Distribution& out);
+  // Writes order_[0, n) and their renormalized weights; sorts them by id first unless they already are.
+  void write_output(size_t n, bool ids_ascending, Distribution& out);
 
   Params params_;
   std::vector<float> logits_;    // (n_vocab) penalized logits
   std::vector<float> weights_;   // (n_vocab) exp((logit - max_logit) / temperature) by id; 1 at the max
   std::vector<int32_t> order_;   // (n_vocab) candidate ids; sorted by descending logit where a cut needs it
   std::vector<int32_t> window_;  // (penalty window) sorted copy of the window's tokens
+  // Weight mass by binary order of magnitude: [e] sums the weights in [2^-e, 2^(1-e)); [kOctaves - 1] also
+  // holds the subnormals.
+  static constexpr int kOctaves = 128;
+  double mass_by_octave_[kOctaves] = {};
   Distribution sample_scratch_;  // sample()'s distribution
 };
 
 // Index of the largest logit; the lowest index wins ties, NaN never wins. `logits` must be non-empty.
 int32_t argmax(std::span<const float> logits);
 
-// out[i] = log softmax(logits)[i], computed in double (for logprob reporting). out.size() == logits.size() >
-// 0. Throws tandem::Error on a NaN or +inf logit, or when every logit is -inf.
+// out[i] = log softmax(logits)[i], computed in double (for logprob reporting). Needs out.size() ==
+// logits.size() > 0. Throws tandem::Error on a NaN or +inf logit, or when every logit is -inf.
 void log_softmax(std::span<const float> logits, std::span<double> out);
 
 }  // namespace tandem::sampling
