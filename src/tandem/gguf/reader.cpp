@@ -1,7 +1,9 @@
 #include "tandem/gguf/reader.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <unordered_set>
 
 #include "tandem/util/error.h"
 #include "tandem/util/utf8.h"
@@ -12,6 +14,9 @@ namespace {
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" little-endian
 constexpr uint64_t kMaxKeyBytes = 1 << 16;
 constexpr uint32_t kMaxDims = 4;
+// Counts are bounded by the bytes left, but an in-memory entry is larger than its encoding: reserve at most this
+// many up front and let the vectors grow with what the file really holds.
+constexpr uint64_t kMaxReserve = 1 << 16;
 
 // Bounds-checked little-endian reader over the file's bytes. Every read checks the remaining length first.
 class Cursor {
@@ -84,19 +89,52 @@ size_t scalar_size(ValueType t) {
   }
 }
 
-bool known_type(uint32_t t) { return t <= static_cast<uint32_t>(ValueType::F64); }
+bool known_type(uint32_t t) {
+  return t <= static_cast<uint32_t>(ValueType::F64);
+}
+
+// Converting a float outside int64's range (or NaN) to an integer is undefined behaviour: refuse it.
+int64_t float_to_i64(double x) {
+  if (!(x >= -9223372036854775808.0 && x < 9223372036854775808.0))
+    throw Error("array element " + std::to_string(x) + " cannot be read as an integer");
+  return static_cast<int64_t>(x);
+}
 
 void read_scalar(Cursor& c, ValueType t, Value& v) {
   v.type = t;
   switch (t) {
-    case ValueType::U8: v.u = c.read<uint8_t>("u8 value"); v.i = static_cast<int64_t>(v.u); break;
-    case ValueType::I8: v.i = c.read<int8_t>("i8 value"); v.u = static_cast<uint64_t>(v.i); break;
-    case ValueType::U16: v.u = c.read<uint16_t>("u16 value"); v.i = static_cast<int64_t>(v.u); break;
-    case ValueType::I16: v.i = c.read<int16_t>("i16 value"); v.u = static_cast<uint64_t>(v.i); break;
-    case ValueType::U32: v.u = c.read<uint32_t>("u32 value"); v.i = static_cast<int64_t>(v.u); break;
-    case ValueType::I32: v.i = c.read<int32_t>("i32 value"); v.u = static_cast<uint64_t>(v.i); break;
-    case ValueType::U64: v.u = c.read<uint64_t>("u64 value"); v.i = static_cast<int64_t>(v.u); break;
-    case ValueType::I64: v.i = c.read<int64_t>("i64 value"); v.u = static_cast<uint64_t>(v.i); break;
+    case ValueType::U8:
+      v.u = c.read<uint8_t>("u8 value");
+      v.i = static_cast<int64_t>(v.u);
+      break;
+    case ValueType::I8:
+      v.i = c.read<int8_t>("i8 value");
+      v.u = static_cast<uint64_t>(v.i);
+      break;
+    case ValueType::U16:
+      v.u = c.read<uint16_t>("u16 value");
+      v.i = static_cast<int64_t>(v.u);
+      break;
+    case ValueType::I16:
+      v.i = c.read<int16_t>("i16 value");
+      v.u = static_cast<uint64_t>(v.i);
+      break;
+    case ValueType::U32:
+      v.u = c.read<uint32_t>("u32 value");
+      v.i = static_cast<int64_t>(v.u);
+      break;
+    case ValueType::I32:
+      v.i = c.read<int32_t>("i32 value");
+      v.u = static_cast<uint64_t>(v.i);
+      break;
+    case ValueType::U64:
+      v.u = c.read<uint64_t>("u64 value");
+      v.i = static_cast<int64_t>(v.u);
+      break;
+    case ValueType::I64:
+      v.i = c.read<int64_t>("i64 value");
+      v.u = static_cast<uint64_t>(v.i);
+      break;
     case ValueType::BOOL: {
       uint8_t b = c.read<uint8_t>("bool value");
       if (b > 1) c.fail("bool value " + std::to_string(b) + " is neither 0 nor 1");
@@ -104,9 +142,14 @@ void read_scalar(Cursor& c, ValueType t, Value& v) {
       v.i = b;
       break;
     }
-    case ValueType::F32: v.f = c.read<float>("f32 value"); return;
-    case ValueType::F64: v.f = c.read<double>("f64 value"); return;
-    default: c.fail("internal: not a scalar type");
+    case ValueType::F32:
+      v.f = c.read<float>("f32 value");
+      return;
+    case ValueType::F64:
+      v.f = c.read<double>("f64 value");
+      return;
+    default:
+      c.fail("internal: not a scalar type");
   }
   v.f = t == ValueType::U64 ? static_cast<double>(v.u) : static_cast<double>(v.i);
 }
@@ -130,7 +173,7 @@ void read_value(Cursor& c, ValueType t, Value& v, const std::string& key) {
   if (v.elem_type == ValueType::STRING) {
     // Each string takes at least its 8-byte length: bound the count by the bytes left before allocating.
     if (v.count > c.remaining() / 8) c.fail("metadata '" + key + "' claims more strings than the file holds");
-    v.strings.reserve(static_cast<size_t>(v.count));
+    v.strings.reserve(static_cast<size_t>(std::min<uint64_t>(v.count, kMaxReserve)));
     for (uint64_t k = 0; k < v.count; ++k) v.strings.push_back(c.read_string("array string"));
     return;
   }
@@ -147,7 +190,7 @@ void read_value(Cursor& c, ValueType t, Value& v, const std::string& key) {
 }  // namespace
 
 std::string_view value_type_name(ValueType t) {
-  static constexpr std::string_view names[] = {"u8",  "i8",   "u16",    "i16",   "u32", "i32", "f32",
+  static constexpr std::string_view names[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
                                                "bool", "string", "array", "u64", "i64", "f64"};
   auto i = static_cast<uint32_t>(t);
   return i < std::size(names) ? names[i] : "unknown";
@@ -173,10 +216,23 @@ double Value::elem_f64(uint64_t k) const {
   TANDEM_CHECK(k < count, "array index out of range");
   const uint8_t* p = elems + k * scalar_size(elem_type);
   switch (elem_type) {
-    case ValueType::F32: { float x; std::memcpy(&x, p, 4); return x; }
-    case ValueType::F64: { double x; std::memcpy(&x, p, 8); return x; }
-    case ValueType::U64: { uint64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
-    default: return static_cast<double>(elem_i64(k));
+    case ValueType::F32: {
+      float x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case ValueType::F64: {
+      double x;
+      std::memcpy(&x, p, 8);
+      return x;
+    }
+    case ValueType::U64: {
+      uint64_t x;
+      std::memcpy(&x, p, 8);
+      return static_cast<double>(x);
+    }
+    default:
+      return static_cast<double>(elem_i64(k));
   }
 }
 
@@ -184,17 +240,53 @@ int64_t Value::elem_i64(uint64_t k) const {
   TANDEM_CHECK(k < count, "array index out of range");
   const uint8_t* p = elems + k * scalar_size(elem_type);
   switch (elem_type) {
-    case ValueType::U8: case ValueType::BOOL: return *p;
-    case ValueType::I8: return static_cast<int8_t>(*p);
-    case ValueType::U16: { uint16_t x; std::memcpy(&x, p, 2); return x; }
-    case ValueType::I16: { int16_t x; std::memcpy(&x, p, 2); return x; }
-    case ValueType::U32: { uint32_t x; std::memcpy(&x, p, 4); return x; }
-    case ValueType::I32: { int32_t x; std::memcpy(&x, p, 4); return x; }
-    case ValueType::U64: { uint64_t x; std::memcpy(&x, p, 8); return static_cast<int64_t>(x); }
-    case ValueType::I64: { int64_t x; std::memcpy(&x, p, 8); return x; }
-    case ValueType::F32: { float x; std::memcpy(&x, p, 4); return static_cast<int64_t>(x); }
-    case ValueType::F64: { double x; std::memcpy(&x, p, 8); return static_cast<int64_t>(x); }
-    default: TANDEM_CHECK(false, "not a numeric array");
+    case ValueType::U8:
+    case ValueType::BOOL:
+      return *p;
+    case ValueType::I8:
+      return static_cast<int8_t>(*p);
+    case ValueType::U16: {
+      uint16_t x;
+      std::memcpy(&x, p, 2);
+      return x;
+    }
+    case ValueType::I16: {
+      int16_t x;
+      std::memcpy(&x, p, 2);
+      return x;
+    }
+    case ValueType::U32: {
+      uint32_t x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case ValueType::I32: {
+      int32_t x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case ValueType::U64: {
+      uint64_t x;
+      std::memcpy(&x, p, 8);
+      return static_cast<int64_t>(x);
+    }
+    case ValueType::I64: {
+      int64_t x;
+      std::memcpy(&x, p, 8);
+      return x;
+    }
+    case ValueType::F32: {
+      float x;
+      std::memcpy(&x, p, 4);
+      return float_to_i64(x);
+    }
+    case ValueType::F64: {
+      double x;
+      std::memcpy(&x, p, 8);
+      return float_to_i64(x);
+    }
+    default:
+      TANDEM_CHECK(false, "not a numeric array");
   }
 }
 
@@ -235,20 +327,25 @@ void File::parse_all() {
     c.fail("unsupported GGUF version " + std::to_string(version_) + " (supported: 2 and 3)");
   uint64_t n_tensors = c.read<uint64_t>("tensor count");
   uint64_t n_kv = c.read<uint64_t>("metadata count");
-  // A key-value pair takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor info at least 8+4+4+8 bytes.
-  if (n_kv > c.remaining() / 13) c.fail("metadata count " + std::to_string(n_kv) + " exceeds what the file holds");
+  // A key-value pair takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor info at least 8+4+4+8
+  // bytes.
+  if (n_kv > c.remaining() / 13)
+    c.fail("metadata count " + std::to_string(n_kv) + " exceeds what the file holds");
   if (n_tensors > c.remaining() / 24)
     c.fail("tensor count " + std::to_string(n_tensors) + " exceeds what the file holds");
 
-  kv_.reserve(static_cast<size_t>(n_kv));
+  // Names already seen, as views into the file: duplicate checks in linear time even for hostile counts.
+  std::unordered_set<std::string_view> seen;
+  kv_.reserve(static_cast<size_t>(std::min<uint64_t>(n_kv, kMaxReserve)));
   for (uint64_t k = 0; k < n_kv; ++k) {
-    std::string key(c.read_string("metadata key", kMaxKeyBytes));
+    std::string_view key_in_file = c.read_string("metadata key", kMaxKeyBytes);
+    std::string key(key_in_file);
     if (key.empty()) c.fail("metadata key " + std::to_string(k) + " is empty");
     uint32_t t = c.read<uint32_t>("metadata value type");
     if (!known_type(t)) c.fail("metadata '" + key + "' has unknown value type " + std::to_string(t));
     Value v;
     read_value(c, static_cast<ValueType>(t), v, key);
-    if (find(key) != nullptr) c.fail("metadata key '" + key + "' appears twice");
+    if (!seen.insert(key_in_file).second) c.fail("metadata key '" + key + "' appears twice");
     kv_.emplace_back(std::move(key), std::move(v));
   }
 
@@ -258,10 +355,12 @@ void File::parse_all() {
     alignment_ = static_cast<uint32_t>(a->u);
   }
 
-  tensors_.reserve(static_cast<size_t>(n_tensors));
+  seen.clear();
+  tensors_.reserve(static_cast<size_t>(std::min<uint64_t>(n_tensors, kMaxReserve)));
   for (uint64_t k = 0; k < n_tensors; ++k) {
     TensorInfo ti;
-    ti.name = std::string(c.read_string("tensor name", kMaxKeyBytes));
+    std::string_view name_in_file = c.read_string("tensor name", kMaxKeyBytes);
+    ti.name = std::string(name_in_file);
     uint32_t nd = c.read<uint32_t>("tensor dimension count");
     if (nd == 0 || nd > kMaxDims)
       c.fail("tensor '" + ti.name + "' has " + std::to_string(nd) + " dimensions (1 to 4 allowed)");
@@ -288,8 +387,7 @@ void File::parse_all() {
     if (ti.offset % alignment_ != 0)
       c.fail("tensor '" + ti.name + "' offset " + std::to_string(ti.offset) + " is not aligned to " +
              std::to_string(alignment_));
-    for (const TensorInfo& other : tensors_)
-      if (other.name == ti.name) c.fail("tensor name '" + ti.name + "' appears twice");
+    if (!seen.insert(name_in_file).second) c.fail("tensor name '" + ti.name + "' appears twice");
     tensors_.push_back(std::move(ti));
   }
 
@@ -310,7 +408,8 @@ const Value* File::find(std::string_view key) const {
 }
 
 namespace {
-[[noreturn]] void wrong_type(const std::string& file, std::string_view key, const Value& v, const char* want) {
+[[noreturn]] void wrong_type(const std::string& file, std::string_view key, const Value& v,
+                             const char* want) {
   throw Error("GGUF file '" + file + "': metadata '" + std::string(key) + "' is " +
               std::string(value_type_name(v.type)) + ", expected " + want);
 }
@@ -347,7 +446,8 @@ std::optional<bool> File::get_bool(std::string_view key) const {
 std::span<const std::string_view> File::get_strings(std::string_view key) const {
   const Value* v = find(key);
   if (!v) return {};
-  if (v->type != ValueType::ARRAY || v->elem_type != ValueType::STRING) wrong_type(name_, key, *v, "a string array");
+  if (v->type != ValueType::ARRAY || v->elem_type != ValueType::STRING)
+    wrong_type(name_, key, *v, "a string array");
   return v->strings;
 }
 

@@ -1,7 +1,7 @@
 // GGUF v2/v3 reader. Parses the header, metadata and tensor infos of a whole file held in memory (normally a
 // MappedFile) and validates every count, size and offset against the file's length before using it, so a
-// hostile or truncated file yields a tandem::Error and never a crash or an allocation the file does not justify.
-// Strings and tensor data are views into the file's bytes: the File must outlive them.
+// hostile or truncated file yields a tandem::Error and never a crash or an allocation the file does not
+// justify. Strings and tensor data are views into the file's bytes: the File must outlive them.
 #pragma once
 
 #include <array>
@@ -39,9 +39,9 @@ std::string_view value_type_name(ValueType t);
 // One metadata value. Scalars are widened into `i`/`u`/`f`; strings and arrays view the file.
 struct Value {
   ValueType type = ValueType::U8;
-  int64_t i = 0;    // signed integer types and bool
-  uint64_t u = 0;   // unsigned integer types and bool
-  double f = 0;     // float types (and every integer type, widened)
+  int64_t i = 0;   // signed integer types and bool
+  uint64_t u = 0;  // unsigned integer types and bool
+  double f = 0;    // float types (and every integer type, widened)
   std::string_view str;
 
   // Arrays: element type, count, the first element's bytes (numeric) or each string (STRING).
@@ -62,7 +62,7 @@ struct TensorInfo {
   DType type = DType::F32;
   int n_dims = 0;
   std::array<int64_t, 4> ne = {1, 1, 1, 1};  // ne[0] is the contiguous (innermost) dimension
-  uint64_t offset = 0;                        // relative to the data section
+  uint64_t offset = 0;                       // relative to the data section
   size_t bytes = 0;
   const uint8_t* data = nullptr;  // view into the file
 
