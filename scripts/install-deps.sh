@@ -9,6 +9,7 @@ packages=(
   nlohmann-json3-dev  # JSON for the CLI, tests and server
   libcli11-dev        # command-line parsing
   libpcre2-dev        # Unicode regexes for BPE pre-tokenizers
+  libcpp-httplib-dev  # HTTP for tandem serve
   libgtest-dev        # unit tests
   libbenchmark-dev    # microbenchmarks
   clang libclang-rt-14-dev  # libFuzzer for the GGUF loader fuzz target
@@ -18,6 +19,10 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# The server's end-to-end tests drive it with the openai npm client. Judged by the commands, since Node.js
+# may come from another package source that already bundles npm.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

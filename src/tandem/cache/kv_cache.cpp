@@ -1,72 +1,224 @@
 #include "tandem/cache/kv_cache.h"
 
-#include <cstring>
+#include <algorithm>
+#include <cstdlib>
+#include <string>
 
-#include "tandem/tensor/fp16.h"
 #include "tandem/util/error.h"
 
 namespace tandem::cache {
 
-KvType kv_type_from_name(std::string_view name) {
-  if (name == "f32") return KvType::kF32;
-  if (name == "f16") return KvType::kF16;
-  throw Error("unknown KV cache type '" + std::string(name) + "' (expected f16 or f32)");
+namespace {
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+}  // namespace
+
+KvStore::KvStore(const model::Config& c, const KvStoreOptions& options)
+    : options_(options), n_layer_(c.n_layer), n_head_kv_(c.n_head_kv) {
+  if (options.block_size <= 0) throw Error("KV block size must be positive");
+  if (options.n_blocks <= 0) throw Error("a KV store needs at least one block");
+  if (options.rollback < 0) throw Error("KV rollback depth must not be negative");
+  key_codec_ = KvCodec::create(options.type, c.head_dim, c.n_head_kv, options.seed);
+  value_codec_ =
+      KvCodec::create(options.type, c.head_dim_v, c.n_head_kv, options.seed ^ 0x5851F42D4C957F2Dull);
+  std::vector<int64_t> full_layers, sliding_layers;
+  for (int64_t l = 0; l < c.n_layer; ++l)
+    (c.sliding(l) && c.sliding_window > 0 ? sliding_layers : full_layers).push_back(l);
+  const size_t kr = key_codec_->row_bytes(), vr = value_codec_->row_bytes();
+  full_ = std::make_unique<BlockPool>(full_layers, c.n_layer, c.n_head_kv, kr, vr, options.block_size,
+                                      options.n_blocks);
+  if (!sliding_layers.empty()) {
+    window_ = c.sliding_window;
+    const int64_t n = options.n_sliding_blocks > 0 ? options.n_sliding_blocks : options.n_blocks;
+    sliding_ =
+        std::make_unique<BlockPool>(sliding_layers, c.n_layer, c.n_head_kv, kr, vr, options.block_size, n);
+  }
+  if (options.prefix_reuse) index_ = std::make_unique<PrefixIndex>(*full_, sliding_.get());
 }
 
-std::string_view kv_type_name(KvType t) { return t == KvType::kF16 ? "f16" : "f32"; }
+size_t KvStore::bytes_per_token() const {
+  return static_cast<size_t>(n_layer_ * n_head_kv_) * (key_codec_->row_bytes() + value_codec_->row_bytes());
+}
 
-KvCache::KvCache(const model::Config& c, int64_t capacity, KvType type)
-    : n_head_kv_(c.n_head_kv), head_dim_(c.head_dim), head_dim_v_(c.head_dim_v), capacity_(capacity), type_(type) {
+int32_t KvStore::allocate(bool sliding) {
+  BlockPool& p = pool(sliding);
+  int32_t b = p.try_allocate();
+  while (b < 0 && index_ && index_->evict_for(sliding)) b = p.try_allocate();
+  if (b < 0)
+    throw Error("the KV cache is full (" + std::to_string(p.n_blocks()) + " blocks of " +
+                std::to_string(block_size()) + " positions are in use); use a larger -c or fewer sequences");
+  return b;
+}
+
+KvCache::KvCache(const model::Config& config, int64_t capacity, KvType type, int64_t max_batch)
+    : capacity_(capacity) {
   if (capacity <= 0) throw Error("context size must be positive");
-  k_.resize(static_cast<size_t>(c.n_layer));
-  v_.resize(static_cast<size_t>(c.n_layer));
-  for (auto& k : k_) k.resize(static_cast<size_t>(n_head_kv_ * capacity_ * head_dim_) * elem_size());
-  for (auto& v : v_) v.resize(static_cast<size_t>(n_head_kv_ * capacity_ * head_dim_v_) * elem_size());
+  KvStoreOptions o;
+  o.type = type;
+  o.n_blocks = ceil_div(capacity, o.block_size) + 1;  // + 1: a copy-on-write in flight
+  const int64_t reach = config.sliding_window + o.rollback + std::max<int64_t>(1, max_batch);
+  o.n_sliding_blocks = std::min(o.n_blocks, ceil_div(reach, o.block_size) + 2);
+  owned_ = std::make_unique<KvStore>(config, o);
+  store_ = owned_.get();
+  full_table_.assign(static_cast<size_t>(ceil_div(capacity, o.block_size)), -1);
+  sliding_table_.assign(full_table_.size(), -1);
+  serials_.assign(full_table_.size(), 0);
 }
 
-size_t KvCache::bytes_per_token() const {
-  return k_.size() * static_cast<size_t>(n_head_kv_ * (head_dim_ + head_dim_v_)) * elem_size();
+KvCache::KvCache(KvStore& store, int64_t capacity) : store_(&store), capacity_(capacity) {
+  if (capacity <= 0) throw Error("context size must be positive");
+  const auto blocks = static_cast<size_t>(ceil_div(capacity, store.block_size()));
+  full_table_.assign(blocks, -1);
+  sliding_table_.assign(blocks, -1);
+  serials_.assign(blocks, 0);
+}
+
+KvCache::~KvCache() {
+  release_from(false, 0);
+  if (store_->has_sliding()) release_from(true, 0);
+}
+
+void KvCache::release_from(bool sliding, int64_t b) {
+  auto& t = table(sliding);
+  BlockPool& p = store_->pool(sliding);
+  for (int64_t i = b; i < used_blocks_; ++i) {
+    int32_t& blk = t[static_cast<size_t>(i)];
+    if (blk >= 0) p.release(blk);
+    blk = -1;
+  }
 }
 
 void KvCache::truncate(int64_t n) {
   TANDEM_CHECK(n >= 0 && n <= length_, "truncate past the cache length");
-  length_ = n;
-}
-
-void KvCache::set_length(int64_t n) {
-  TANDEM_CHECK(n >= 0 && n <= capacity_, "cache length past capacity");
-  length_ = n;
-}
-
-namespace {
-void put(uint8_t* dst, const float* src, int64_t n, KvType type) {
-  if (type == KvType::kF32) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-  } else {
-    auto* d = reinterpret_cast<uint16_t*>(dst);
-    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_fp16(src[i]);
+  const int64_t B = store_->block_size();
+  if (store_->has_sliding() && n > 0) {
+    const int64_t lo = std::max<int64_t>(0, n - store_->window() + 1);
+    for (int64_t b = lo / B; b <= (n - 1) / B; ++b)
+      if (sliding_table_[static_cast<size_t>(b)] < 0)
+        throw Error("cannot roll back to position " + std::to_string(n) + " of " + std::to_string(length_) +
+                    ": the sliding-window layers keep only the last " +
+                    std::to_string(store_->window() + store_->options().rollback) + " positions");
   }
+  const int64_t keep = ceil_div(n, B);
+  release_from(false, keep);
+  if (store_->has_sliding()) release_from(true, keep);
+  used_blocks_ = std::min(used_blocks_, keep);
+  if (n == 0) sliding_low_ = 0;
+  length_ = n;
+  published_ = std::min(published_, n / B);
 }
-}  // namespace
+
+void KvCache::make_writable(bool sliding, int64_t b) {
+  auto& t = table(sliding);
+  BlockPool& p = store_->pool(sliding);
+  const int32_t cur = t[static_cast<size_t>(b)];
+  if (cur >= 0 && p.refs(cur) == 1) return;
+  const int32_t fresh = store_->allocate(sliding);
+  if (cur >= 0) {
+    p.copy(cur, fresh);
+    p.release(cur);
+  }
+  t[static_cast<size_t>(b)] = fresh;
+}
+
+void KvCache::prepare_append(int64_t first, int64_t end) {
+  TANDEM_CHECK(first >= 0 && first <= length_ && first < end, "append must continue the sequence");
+  if (end > capacity_)
+    throw Error("position " + std::to_string(end - 1) + " exceeds the context size " +
+                std::to_string(capacity_) + "; use a larger -c");
+  if (first < length_) truncate(first);
+  const int64_t B = store_->block_size();
+  const bool sliding = store_->has_sliding();
+  if (sliding) {
+    // Rows from `first` on (and rollbacks of up to `rollback` positions before it) attend no further back
+    // than this.
+    const int64_t reach = first - store_->options().rollback - store_->window() + 1;
+    const int64_t below = reach > 0 ? reach / B : 0;
+    for (; sliding_low_ < below; ++sliding_low_) {
+      int32_t& blk = sliding_table_[static_cast<size_t>(sliding_low_)];
+      if (blk >= 0) store_->pool(true).release(blk);
+      blk = -1;
+    }
+  }
+  // Keep the length at `first` until every block is in place, so a failed allocation leaves a consistent
+  // sequence (blocks allocated so far are released by later truncates or the destructor).
+  for (int64_t b = first / B; b <= (end - 1) / B; ++b) {
+    used_blocks_ = std::max(used_blocks_, b + 1);
+    make_writable(false, b);
+    if (sliding) make_writable(true, b);
+  }
+  length_ = end;
+}
 
 void KvCache::store(int64_t layer, int64_t pos, const float* k, const float* v) {
-  TANDEM_CHECK(pos >= 0 && pos < capacity_, "cache position out of range");
-  uint8_t* kb = k_[static_cast<size_t>(layer)].data();
-  uint8_t* vb = v_[static_cast<size_t>(layer)].data();
-  const size_t es = elem_size();
-  for (int64_t h = 0; h < n_head_kv_; ++h) {
-    put(kb + static_cast<size_t>((h * capacity_ + pos) * head_dim_) * es, k + h * head_dim_, head_dim_, type_);
-    put(vb + static_cast<size_t>((h * capacity_ + pos) * head_dim_v_) * es, v + h * head_dim_v_, head_dim_v_,
-        type_);
+  TANDEM_CHECK(pos >= 0 && pos < length_, "store outside the prepared positions");
+  const bool sliding = store_->sliding(layer);
+  const int64_t B = store_->block_size();
+  const int32_t blk = table(sliding)[static_cast<size_t>(pos / B)];
+  BlockPool& p = store_->pool(sliding);
+  TANDEM_CHECK(blk >= 0 && p.refs(blk) == 1, "store into a block that is missing or shared");
+  const KvCodec& kc = store_->key_codec();
+  const KvCodec& vc = store_->value_codec();
+  const size_t off = static_cast<size_t>(pos % B);
+  for (int64_t h = 0; h < store_->n_head_kv(); ++h) {
+    kc.encode(k + h * kc.dim(), h, p.keys(blk, layer, h) + off * kc.row_bytes());
+    vc.encode(v + h * vc.dim(), h, p.values(blk, layer, h) + off * vc.row_bytes());
   }
 }
 
-const void* KvCache::keys(int64_t layer, int64_t head) const {
-  return k_[static_cast<size_t>(layer)].data() + static_cast<size_t>(head * capacity_ * head_dim_) * elem_size();
+int64_t KvCache::reuse_prefix(std::span<const int32_t> tokens) {
+  TANDEM_CHECK(length_ == 0, "prefix reuse needs an empty sequence");
+  PrefixIndex* index = store_->index();
+  if (!index || tokens.size() < 2) return 0;
+  index->match(tokens, matches_);
+  const int64_t B = store_->block_size();
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t max_blocks = std::min<int64_t>(static_cast<int64_t>(matches_.size()), ceil_div(capacity_, B));
+  for (int64_t k = max_blocks; k >= 1; --k) {
+    const int64_t P = std::min(k * B, n - 1);
+    if (P <= 0) break;
+    const int64_t nb = ceil_div(P, B);
+    int64_t lo_block = nb, keep_block = nb;
+    if (store_->has_sliding()) {
+      lo_block = std::max<int64_t>(0, P - store_->window() + 1) / B;
+      bool ok = true;
+      for (int64_t b = lo_block; b < nb; ++b) ok = ok && matches_[static_cast<size_t>(b)].sliding >= 0;
+      if (!ok) continue;
+      keep_block = std::max<int64_t>(0, P - store_->options().rollback - store_->window() + 1) / B;
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      const PrefixIndex::Match& m = matches_[static_cast<size_t>(b)];
+      store_->pool(false).retain(m.full);
+      full_table_[static_cast<size_t>(b)] = m.full;
+      serials_[static_cast<size_t>(b)] = m.serial;
+      // Sliding blocks: those the next rows need, and any the index still has within rollback reach.
+      if (b >= keep_block && m.sliding >= 0 && store_->has_sliding()) {
+        store_->pool(true).retain(m.sliding);
+        sliding_table_[static_cast<size_t>(b)] = m.sliding;
+      }
+    }
+    sliding_low_ = store_->has_sliding() ? keep_block : 0;
+    used_blocks_ = nb;
+    length_ = P;
+    published_ = P / B;
+    return P;
+  }
+  return 0;
 }
 
-const void* KvCache::values(int64_t layer, int64_t head) const {
-  return v_[static_cast<size_t>(layer)].data() + static_cast<size_t>(head * capacity_ * head_dim_v_) * elem_size();
+void KvCache::publish(std::span<const int32_t> tokens) {
+  PrefixIndex* index = store_->index();
+  if (!index) return;
+  TANDEM_CHECK(static_cast<int64_t>(tokens.size()) >= length_, "publish needs the sequence's tokens");
+  const int64_t B = store_->block_size();
+  for (int64_t b = published_; b < length_ / B; ++b) {
+    const uint64_t parent = b > 0 ? serials_[static_cast<size_t>(b - 1)] : 0;
+    serials_[static_cast<size_t>(b)] =
+        index->insert(parent, tokens.subspan(static_cast<size_t>(b * B), static_cast<size_t>(B)),
+                      full_table_[static_cast<size_t>(b)], sliding_table_[static_cast<size_t>(b)]);
+  }
+  published_ = std::max(published_, length_ / B);
 }
 
 }  // namespace tandem::cache

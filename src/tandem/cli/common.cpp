@@ -24,7 +24,7 @@ void add_model_options(CLI::App& cmd, ModelOptions& o, bool model_required) {
   if (model_required) m->required();
   cmd.add_option("-t,--threads", o.threads, "Threads (default: physical cores)");
   cmd.add_option("-c,--ctx-size", o.n_ctx, "Context size in tokens (default: the model's, at most 4096)");
-  cmd.add_option("--kv-type", o.kv_type, "KV cache element type: f16 (default) or f32");
+  cmd.add_option("--kv-type", o.kv_type, "KV cache type: f16 (default), f32, q8_0, q4, or q4r (4-bit after a per-head random rotation)");
   cmd.add_option("-b,--batch-size", o.batch, "Prompt tokens per forward (default 256)");
 }
 

@@ -6,12 +6,23 @@
 #include "tandem/util/error.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"Tandem: LLM inference on the CPU with lossless speculative decoding.\n"
-               "Loads GGUF checkpoints (llama, qwen2, qwen3, gemma2 families)."};
+  CLI::App app{
+      "Tandem: LLM inference on the CPU with lossless speculative decoding.\n"
+      "Loads GGUF checkpoints (llama, qwen2, qwen3, gemma2 families)."};
   app.require_subcommand(1);
   app.set_version_flag("--version", "tandem 0.1.0");
   tandem::cli::add_info_command(app);
   tandem::cli::add_logprobs_command(app);
+  tandem::cli::add_run_command(app);
+  tandem::cli::add_bench_command(app);
+  tandem::cli::add_synth_command(app);
+  tandem::cli::add_quantize_command(app);
+  tandem::cli::add_kld_command(app);
+  tandem::cli::add_tokenize_command(app);
+  tandem::cli::add_serve_command(app);
+  tandem::cli::add_calibrate_command(app);
+  tandem::cli::add_bench_spec_command(app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

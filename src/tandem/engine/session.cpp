@@ -14,9 +14,25 @@ int64_t default_context(const model::Model& model, int64_t requested) {
 
 Session::Session(const model::Model& model, ThreadPool& pool, const SessionOptions& options)
     : forward_(model, pool, std::max<int64_t>(1, options.batch)),
-      cache_(model.config(), default_context(model, options.n_ctx), options.kv_type) {}
+      cache_(model.config(), default_context(model, options.n_ctx), options.kv_type, forward_.max_rows()) {}
 
-std::span<const float> Session::eval(std::span<const int32_t> tokens, bool all_logits) {
+Session::Session(const model::Model& model, ThreadPool& pool, const SessionOptions& options,
+                 cache::KvStore& store)
+    : forward_(model, pool, std::max<int64_t>(1, options.batch)),
+      cache_(store, default_context(model, options.n_ctx)) {}
+
+std::span<const float> Session::prefill(std::span<const int32_t> prompt) {
+  if (prompt.empty()) throw Error("nothing to evaluate");
+  cache_.truncate(0);
+  prompt_reused_ = cache_.reuse_prefix(prompt);
+  prompt_evaluated_ = static_cast<int64_t>(prompt.size()) - prompt_reused_;
+  auto logits = eval(prompt.subspan(static_cast<size_t>(prompt_reused_)));
+  cache_.publish(prompt);
+  return logits;
+}
+
+std::span<const float> Session::eval(std::span<const int32_t> tokens, bool all_logits,
+                                     const model::CaptureFn* capture) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t V = n_vocab();
   if (n == 0) throw Error("nothing to evaluate");
@@ -33,7 +49,7 @@ std::span<const float> Session::eval(std::span<const int32_t> tokens, bool all_l
     for (int64_t i = b; i < e; ++i)
       rows_.push_back({tokens[static_cast<size_t>(i)], length() + (i - b), 0, all_logits || i == n - 1});
     float* out = logits_.data() + (all_logits ? b * V : 0);
-    forward_.run(rows_, caches, out);
+    forward_.run(rows_, caches, out, capture);
   }
   return {logits_.data(), need};
 }

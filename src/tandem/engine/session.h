@@ -20,6 +20,9 @@ struct SessionOptions {
 class Session {
  public:
   Session(const model::Model& model, ThreadPool& pool, const SessionOptions& options);
+  // A sequence in a shared KV store (options.kv_type is the store's): prefill() can then reuse prompt
+  // prefixes that other sessions of the store evaluated. The store must outlive the session.
+  Session(const model::Model& model, ThreadPool& pool, const SessionOptions& options, cache::KvStore& store);
 
   const model::Model& model() const { return forward_.model(); }
   int64_t length() const { return cache_.length(); }
@@ -30,17 +33,29 @@ class Session {
 
   // Appends tokens at the end of the sequence. Returns the logits of the last token [n_vocab], or with
   // all_logits the logits of every appended token [tokens.size(), n_vocab]. The span stays valid until the
-  // next call. Throws tandem::Error when the context would overflow (the cache is left as it was).
-  std::span<const float> eval(std::span<const int32_t> tokens, bool all_logits = false);
+  // next call. Throws tandem::Error when the context would overflow (the cache is left as it was). With a
+  // capture, it receives every layer's hidden states of each forward (model::CaptureFn; rows in token order,
+  // one call per layer per chunk of at most forward().max_rows() tokens).
+  std::span<const float> eval(std::span<const int32_t> tokens, bool all_logits = false,
+                              const model::CaptureFn* capture = nullptr);
 
   // Rolls the sequence back to n tokens (n <= length()).
   void truncate(int64_t n) { cache_.truncate(n); }
+
+  // Starts a new sequence with `prompt`: drops the current one, attaches the longest cached prefix of the
+  // prompt (whole KV blocks registered by earlier prefills in the same store), evaluates the rest and
+  // registers the prompt's full blocks for later reuse. Returns the last prompt token's logits [n_vocab].
+  std::span<const float> prefill(std::span<const int32_t> prompt);
+  // Prompt tokens the last prefill() evaluated and reused; evaluated + reused = the prompt's length.
+  int64_t prompt_evaluated() const { return prompt_evaluated_; }
+  int64_t prompt_reused() const { return prompt_reused_; }
 
  private:
   model::Forward forward_;
   cache::KvCache cache_;
   std::vector<model::Row> rows_;
   std::vector<float> logits_;
+  int64_t prompt_evaluated_ = 0, prompt_reused_ = 0;
 };
 
 int64_t default_context(const model::Model& model, int64_t requested);

@@ -1,13 +1,40 @@
 #include "tandem/kernels/matmul.h"
 
+#include <algorithm>
+
+#include "tandem/kernels/float_kernels.h"
 #include "tandem/tensor/quant.h"
 #include "tandem/util/error.h"
 
 namespace tandem::kernels {
+namespace {
 
-MatmulScratch::MatmulScratch(int n_threads, int64_t max_cols)
-    : stride_(static_cast<size_t>((max_cols + 15) / 16 * 16)), max_cols_(max_cols) {
-  buf_.resize(stride_ * static_cast<size_t>(n_threads));
+// Output features per scheduling unit: threads take equal contiguous runs of whole units.
+constexpr int64_t kOutputGrain = 16;
+
+}  // namespace
+
+MatmulScratch::MatmulScratch(int n_threads, int64_t max_cols, int64_t max_rows, Target target)
+    : supers_(static_cast<size_t>(super_count(max_cols))), max_cols_(max_cols), target_(target) {
+  unpacked_.resize(supers_ * static_cast<size_t>(n_threads));
+  reserve_rows(max_rows);
+}
+
+void MatmulScratch::reserve_rows(int64_t rows) {
+  if (rows <= max_rows_) return;
+  max_rows_ = rows;
+  act_.resize(supers_ * static_cast<size_t>(rows));
+}
+
+const QuantKernels& quant_kernels(Target t) {
+  switch (t) {
+    case Target::kAVX512:
+      return quant_kernels_avx512();
+    case Target::kAVX2:
+      return quant_kernels_avx2();
+    default:
+      return quant_kernels_scalar();
+  }
 }
 
 float dot_f32(const float* a, const float* b, int64_t n) {
@@ -21,22 +48,45 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 
 void matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y, ThreadPool& pool,
             MatmulScratch& scratch) {
-  TANDEM_CHECK(w.cols <= scratch.max_cols() || w.type == DType::F32, "matmul scratch too small");
   const int64_t N = w.rows, K = w.cols;
-  // Output features are split across threads; each thread dequantizes one weight row at a time into its buffer
-  // and applies it to every activation row, so the weights are read once for all rows.
-  pool.parallel_for(N, 16, [&](int64_t o0, int64_t o1, int thread) {
-    for (int64_t o = o0; o < o1; ++o) {
-      const float* wrow;
-      float* buf = nullptr;
-      if (w.type == DType::F32) {
-        wrow = reinterpret_cast<const float*>(w.row(o));
-      } else {
-        buf = scratch.dequant_buffer(thread);
-        dequantize_row(w.type, w.row(o), buf, K);
-        wrow = buf;
+  if (n_rows <= 0 || N <= 0) return;
+  if (!is_quantized_weight(w.type)) {
+    TANDEM_CHECK(w.type == DType::F32 || w.type == DType::F16 || w.type == DType::BF16,
+                 "matmul: unsupported weight type " + std::string(dtype_name(w.type)));
+    pool.parallel_for(N, kOutputGrain, [&](int64_t o0, int64_t o1, int) {
+      float_matmul_rows(w.type, w.data, w.row_bytes, o0, o1, K, x, K, n_rows, y, N);
+    });
+    return;
+  }
+
+  TANDEM_CHECK(K <= scratch.max_cols(), "matmul scratch too small");
+  scratch.reserve_rows(n_rows);
+  const QuantKernels& qk = quant_kernels(scratch.target());
+  const int64_t ns = super_count(K);
+  const bool signed_codes = w.type == DType::Q8_0 && qk.signed_q8;
+  const bool per_super = per_super_activations(w.type);
+  ActSuper* act = scratch.activations();
+
+  // Each activation row is quantized once per call (a window's rows on the caller, a prefill's in parallel).
+  if (n_rows <= kMaxWindowRows) {
+    for (int64_t r = 0; r < n_rows; ++r) qk.quantize_row(x + r * K, K, per_super, act + r * ns);
+  } else {
+    pool.parallel_for(n_rows, 1, [&](int64_t r0, int64_t r1, int) {
+      for (int64_t r = r0; r < r1; ++r) qk.quantize_row(x + r * K, K, per_super, act + r * ns);
+    });
+  }
+
+  // Decode and verify windows: one pass over the weights, each weight row decoded once for all rows.
+  // Prefill: the same per chunk of activation rows, so a chunk stays in cache while the weights stream by.
+  const int64_t chunk = n_rows <= kMaxWindowRows ? n_rows : kPrefillChunk;
+  pool.parallel_for(N, kOutputGrain, [&](int64_t o0, int64_t o1, int thread) {
+    UnpackedSuper* buf = scratch.unpack_buffer(thread);
+    for (int64_t r0 = 0; r0 < n_rows; r0 += chunk) {
+      const int64_t nr = std::min(chunk, n_rows - r0);
+      for (int64_t o = o0; o < o1; ++o) {
+        qk.unpack_row(w.type, w.row(o), K, signed_codes, buf);
+        qk.dot_rows(buf, ns, act + r0 * ns, ns, nr, signed_codes, y + r0 * N + o, N);
       }
-      for (int64_t r = 0; r < n_rows; ++r) y[r * N + o] = dot_f32(wrow, x + r * K, K);
     }
   });
 }

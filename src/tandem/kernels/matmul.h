@@ -1,37 +1,64 @@
 // Matrix multiplication of activations by a weight matrix in its file format, for any number of rows.
-// Every row's result depends only on that row (fixed reduction order per output element), so a row computes the
-// same bits alone, inside a verify window or in a batch: the basis of exact speculative and batched decoding.
+//
+// The kernel is chosen by row class once per call: one row (decode), a window of 2..16 rows (speculative verify:
+// each weight row is decoded once and applied to every row of the window) and many rows (prefill: activation
+// rows in cache-sized chunks). Quantized weights multiply 8-bit activations (each activation row quantized once
+// per call, 32-element blocks) with integer dot products; F32/F16/BF16 weights multiply f32 activations.
+//
+// Every row's result depends only on that row (fixed reduction order per output element, the same in every row
+// class), so a row computes the same bits alone, inside a verify window or in a batch: the basis of exact
+// speculative and batched decoding.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "tandem/kernels/cpu_target.h"
+#include "tandem/kernels/quant_layout.h"
 #include "tandem/tensor/weight.h"
 #include "tandem/util/thread_pool.h"
 
 namespace tandem::kernels {
 
-// Per-thread scratch for matmul, sized once for the widest matrix (no allocation per call).
+// Row classes (the boundaries are part of the kernel contract, not tuning knobs: results do not depend on them).
+constexpr int64_t kMaxWindowRows = 16;  // 2..16 rows: a verify window
+constexpr int64_t kPrefillChunk = 64;   // many rows: activation rows per pass over the weights
+
+// Scratch for matmul, sized once for the widest matrix and the most rows (no allocation per call):
+// quantized activations [max_rows][super_count(max_cols)] and, per thread, one unpacked weight row.
 class MatmulScratch {
  public:
   MatmulScratch() = default;
-  MatmulScratch(int n_threads, int64_t max_cols);
-  float* dequant_buffer(int thread) { return buf_.data() + static_cast<size_t>(thread) * stride_; }
+  MatmulScratch(int n_threads, int64_t max_cols, int64_t max_rows = 1, Target target = best_target());
+
   int64_t max_cols() const { return max_cols_; }
+  int64_t max_rows() const { return max_rows_; }
+  Target target() const { return target_; }
+  ActSuper* activations() { return act_.data(); }
+  UnpackedSuper* unpack_buffer(int thread) { return unpacked_.data() + static_cast<size_t>(thread) * supers_; }
+  // Grows the activation buffer (called outside the steady state only: the first call with more rows).
+  void reserve_rows(int64_t rows);
 
  private:
-  std::vector<float> buf_;
-  size_t stride_ = 0;
+  std::vector<ActSuper> act_;
+  std::vector<UnpackedSuper> unpacked_;
+  size_t supers_ = 0;  // super_count(max_cols)
   int64_t max_cols_ = 0;
+  int64_t max_rows_ = 0;
+  Target target_ = Target::kScalar;
 };
 
 // y[r][o] = sum_k W[o][k] * x[r][k]
 //   w: [rows = N, cols = K] in its block format; x: [n_rows, K] f32 (row stride K); y: [n_rows, N] f32 (stride N).
+//   scratch: made for at least pool.size() threads and K columns.
 void matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y, ThreadPool& pool,
             MatmulScratch& scratch);
 
 // Scalar reference: dequantizes each weight row and accumulates in double. Tests compare kernels with it.
 void matmul_reference(const MatrixView& w, const float* x, int64_t n_rows, float* y);
+
+// The quantized kernels of a target.
+const QuantKernels& quant_kernels(Target t);
 
 // Dot product of two f32 vectors with a fixed reduction order (8 interleaved partial sums, combined pairwise).
 float dot_f32(const float* a, const float* b, int64_t n);

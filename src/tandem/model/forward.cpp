@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "tandem/kernels/attention.h"
+#include "tandem/cache/attention.h"
 #include "tandem/kernels/ops.h"
 #include "tandem/tensor/quant.h"
 #include "tandem/util/error.h"
@@ -66,8 +66,12 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
     len = row.pos + 1;
     max_pos = std::max(max_pos, row.pos);
   }
+  // Each touched cache makes [its lowest row position, its new length) writable.
+  firsts_.assign(caches.size(), INT64_MAX);
   for (const Row& row : rows)
-    caches[static_cast<size_t>(row.seq)]->set_length(lengths_[static_cast<size_t>(row.seq)]);
+    firsts_[static_cast<size_t>(row.seq)] = std::min(firsts_[static_cast<size_t>(row.seq)], row.pos);
+  for (size_t s = 0; s < caches.size(); ++s)
+    if (firsts_[s] != INT64_MAX) caches[s]->prepare_append(firsts_[s], lengths_[s]);
   const size_t need_scores = static_cast<size_t>(max_pos + 1);
   if (static_cast<int64_t>(need_scores) > scores_stride_) {
     // Grows only when a longer context is first used; steady-state decoding does not allocate.
@@ -176,7 +180,7 @@ void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* con
   const Config& c = model_.config();
   const int64_t R = static_cast<int64_t>(rows.size());
   const int64_t group = c.n_head / c.n_head_kv;
-  kernels::AttentionParams params{c.attn_scale, c.attn_softcap};
+  cache::AttentionParams params{c.attn_scale, c.attn_softcap};
   const bool sliding = c.sliding(layer);
   pool_.parallel_for(R * c.n_head, 1, [&](int64_t t0, int64_t t1, int thread) {
     float* scores = scores_.data() + thread * scores_stride_;
@@ -185,9 +189,8 @@ void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* con
       const Row& row = rows[static_cast<size_t>(r)];
       const cache::KvCache& kv = *caches[static_cast<size_t>(row.seq)];
       const int64_t first = sliding ? std::max<int64_t>(0, row.pos - c.sliding_window + 1) : 0;
-      kernels::attend(q_.data() + r * c.q_dim() + h * c.head_dim, kv.keys(layer, h / group),
-                      kv.values(layer, h / group), kv.type(), c.head_dim, c.head_dim_v, first, row.pos,
-                      params, scores, att_.data() + r * c.n_head * c.head_dim_v + h * c.head_dim_v);
+      cache::attend(kv, layer, h / group, q_.data() + r * c.q_dim() + h * c.head_dim, first, row.pos, params,
+                    scores, att_.data() + r * c.n_head * c.head_dim_v + h * c.head_dim_v);
     }
   });
 }

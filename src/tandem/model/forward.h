@@ -58,6 +58,7 @@ class Forward {
   std::vector<float> scores_;  // [threads, max context] attention scratch
   int64_t scores_stride_ = 0;
   std::vector<int64_t> lengths_;  // per sequence, while validating a batch
+  std::vector<int64_t> firsts_;   // per sequence, its lowest row position in a batch
 };
 
 }  // namespace tandem::model

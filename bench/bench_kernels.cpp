@@ -1,0 +1,123 @@
+// Microbenchmarks of the matmul kernels, per weight type, row class and SIMD target:
+//   Matmul/TYPE/ROWS   whole matmul (2048 x 2048 weights) on one thread, best target
+//   Unpack/TYPE        decoding one 2048-element weight row into the kernel form
+//   DotRows/TYPE/ROWS  the integer dot product of one unpacked row with ROWS activation rows
+// Bytes/s counts weight bytes, so decode-class numbers compare directly with memory bandwidth.
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <vector>
+
+#include "tandem/kernels/matmul.h"
+#include "tandem/tensor/quant.h"
+
+namespace {
+
+using namespace tandem;
+using namespace tandem::kernels;
+
+constexpr int64_t kK = 2048, kN = 2048;
+
+const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+                        DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+struct Weights {
+  std::vector<uint8_t> bytes;
+  MatrixView view;
+};
+
+Weights make_weights(DType t, int64_t n, int64_t k) {
+  Weights w;
+  const size_t rb = row_bytes(t, k);
+  w.bytes.resize(rb * static_cast<size_t>(n));
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> row(static_cast<size_t>(k));
+  for (int64_t o = 0; o < n; ++o) {
+    for (auto& v : row) v = dist(rng);
+    quantize_row(t, row.data(), w.bytes.data() + static_cast<size_t>(o) * rb, k);
+  }
+  w.view = {t, n, k, rb, w.bytes.data()};
+  return w;
+}
+
+std::vector<float> make_activations(int64_t rows, int64_t k) {
+  std::vector<float> x(static_cast<size_t>(rows * k));
+  std::mt19937 rng(2);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (auto& v : x) v = dist(rng);
+  return x;
+}
+
+void BM_Matmul(benchmark::State& state) {
+  const DType t = kTypes[state.range(0)];
+  const int64_t rows = state.range(1);
+  const Weights w = make_weights(t, kN, kK);
+  const auto x = make_activations(rows, kK);
+  std::vector<float> y(static_cast<size_t>(rows * kN));
+  ThreadPool pool(1);
+  MatmulScratch scratch(1, kK, rows);
+  for (auto _ : state) {
+    matmul(w.view, x.data(), rows, y.data(), pool, scratch);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(std::string(dtype_name(t)) + " rows=" + std::to_string(rows));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(w.view.bytes()));
+}
+
+void BM_Unpack(benchmark::State& state) {
+  const DType t = kTypes[state.range(0)];
+  const Target target = static_cast<Target>(state.range(1));
+  const QuantKernels& qk = quant_kernels(target);
+  const Weights w = make_weights(t, 64, kK);
+  std::vector<UnpackedSuper> buf(static_cast<size_t>(super_count(kK)));
+  int64_t o = 0;
+  for (auto _ : state) {
+    qk.unpack_row(t, w.view.row(o), kK, qk.signed_q8, buf.data());
+    benchmark::DoNotOptimize(buf.data());
+    o = (o + 1) % 64;
+  }
+  state.SetLabel(std::string(dtype_name(t)) + " " + std::string(target_name(target)));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(w.view.row_bytes));
+}
+
+void BM_DotRows(benchmark::State& state) {
+  const Target target = static_cast<Target>(state.range(0));
+  const int64_t rows = state.range(1);
+  const QuantKernels& qk = quant_kernels(target);
+  const int64_t ns = super_count(kK);
+  const Weights w = make_weights(DType::Q4_0, 1, kK);
+  std::vector<UnpackedSuper> buf(static_cast<size_t>(ns));
+  qk.unpack_row(DType::Q4_0, w.view.row(0), kK, false, buf.data());
+  const auto x = make_activations(rows, kK);
+  std::vector<ActSuper> act(static_cast<size_t>(ns * rows));
+  for (int64_t r = 0; r < rows; ++r) qk.quantize_row(x.data() + r * kK, kK, false, act.data() + r * ns);
+  std::vector<float> y(static_cast<size_t>(rows));
+  for (auto _ : state) {
+    qk.dot_rows(buf.data(), ns, act.data(), ns, rows, false, y.data(), 1);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(std::string(target_name(target)) + " rows=" + std::to_string(rows));
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * rows * kK);
+}
+
+void matmul_args(benchmark::internal::Benchmark* b) {
+  for (int t = 0; t < static_cast<int>(std::size(kTypes)); ++t)
+    for (int rows : {1, 4, 8, 16, 64}) b->Args({t, rows});
+}
+void unpack_args(benchmark::internal::Benchmark* b) {
+  for (int t = 3; t < static_cast<int>(std::size(kTypes)); ++t)
+    for (Target target : runnable_targets()) b->Args({t, static_cast<int>(target)});
+}
+void dot_args(benchmark::internal::Benchmark* b) {
+  for (Target target : runnable_targets())
+    for (int rows : {1, 2, 4, 8, 16}) b->Args({static_cast<int>(target), rows});
+}
+
+BENCHMARK(BM_Matmul)->Apply(matmul_args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Unpack)->Apply(unpack_args);
+BENCHMARK(BM_DotRows)->Apply(dot_args);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,103 @@
+// KV codecs: how one head's key or value vector is stored in the cache, and how attention reads it back
+// without materializing a dequantized copy.
+//
+// A codec encodes a head vector x [dim] f32 into a row of row_bytes() bytes. Attention prepares the query
+// once (prepare_query), computes q·x for a run of consecutive rows (dots) and accumulates sum_j p_j x_j over
+// a run of rows (accumulate), then maps the accumulated vector back once (finish_values). Every result
+// depends only on the rows and the query, never on how many rows a call covers, so a row's attention is the
+// same alone or inside a verify window.
+//
+// Types:
+//   f32   the vector as is.
+//   f16   IEEE half per element (round to nearest even).
+//   q8_0  blocks of b elements: f16 scale d, int8 q[b]; x = d * q, d = max|x| / 127 (as GGUF Q8_0).
+//   q4    blocks of b elements with a scale and a minimum (asymmetric, as GGUF Q4_1): f16 d, f16 m, 4-bit
+//         n[b]; x = d * n + m with d = (max - min) / 15, m = min. Element i sits in byte i % (b/2), low
+//         nibble for i < b/2, high nibble otherwise.
+//   q4r   q4 after a fixed, seeded, per-head orthogonal rotation R (TurboQuant-style): rows hold q4(R x).
+//         R is a randomized Hadamard transform (H D / sqrt(dim), D random signs) when dim is a power of two,
+//         else a random orthogonal matrix (QR of a seeded Gaussian matrix). Since R is orthogonal,
+//         q·x = (R q)·(R x): attention rotates the query once, accumulates values in the rotated domain and
+//         rotates the sum back once (finish_values). The rotation spreads an outlier channel over the whole
+//         head, so one block scale fits every element better.
+// The block b is 32 when dim is a multiple of 32, else the largest even divisor of dim below 32 (head size 8
+// gives blocks of 8).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+namespace tandem::cache {
+
+enum class KvType { kF32, kF16, kQ8_0, kQ4, kQ4R };
+
+// "f32" | "f16" | "q8_0" | "q4" | "q4r"; throws tandem::Error otherwise.
+KvType kv_type_from_name(std::string_view name);
+std::string_view kv_type_name(KvType type);
+
+// Largest head size a codec accepts (attention keeps per-head scratch on the stack).
+inline constexpr int64_t kMaxHeadDim = 512;
+
+class KvCodec {
+ public:
+  // dim: elements per head vector (<= kMaxHeadDim); n_heads: heads that get their own rotation (q4r);
+  // seed: selects the rotations. Throws tandem::Error for a dim the type cannot block.
+  static std::unique_ptr<KvCodec> create(KvType type, int64_t dim, int64_t n_heads, uint64_t seed);
+  virtual ~KvCodec() = default;
+
+  KvType type() const { return type_; }
+  int64_t dim() const { return dim_; }
+  size_t row_bytes() const { return row_bytes_; }
+  // Floats prepare_query() writes (at most 2 * kMaxHeadDim).
+  int64_t prepared_size() const { return prepared_size_; }
+
+  // x [dim] -> row [row_bytes()]. head: the head's rotation.
+  virtual void encode(const float* x, int64_t head, uint8_t* row) const = 0;
+  // row -> x [dim], in the original (unrotated) domain. The reference for tests; attention does not use it.
+  virtual void decode(const uint8_t* row, int64_t head, float* x) const = 0;
+
+  // q [dim] -> prepared [prepared_size()], the form dots() takes.
+  virtual void prepare_query(const float* q, int64_t head, float* prepared) const = 0;
+  // s[j] = q·x_j for n consecutive rows starting at rows (row j at rows + j * row_bytes()).
+  virtual void dots(const float* prepared, const uint8_t* rows, int64_t n, float* s) const = 0;
+  // acc[dim] += sum_j p[j] * x_j over n consecutive rows, in the codec's domain, rows in order.
+  virtual void accumulate(const float* p, const uint8_t* rows, int64_t n, float* acc) const = 0;
+  // acc (codec domain) -> out [dim] (original domain). out may not alias acc.
+  virtual void finish_values(const float* acc, int64_t head, float* out) const = 0;
+
+ protected:
+  KvCodec(KvType type, int64_t dim, size_t row_bytes, int64_t prepared_size)
+      : type_(type), dim_(dim), row_bytes_(row_bytes), prepared_size_(prepared_size) {}
+
+ private:
+  KvType type_;
+  int64_t dim_;
+  size_t row_bytes_;
+  int64_t prepared_size_;
+};
+
+// A fixed per-head orthogonal rotation (see q4r above). Exposed for tests.
+class HeadRotation {
+ public:
+  HeadRotation(int64_t dim, int64_t n_heads, uint64_t seed);
+  int64_t dim() const { return dim_; }
+  bool hadamard() const { return hadamard_; }
+  // y = R_head x and x = R_head^T y; y may alias x.
+  void rotate(const float* x, int64_t head, float* y) const;
+  void unrotate(const float* y, int64_t head, float* x) const;
+
+ private:
+  int64_t dim_, n_heads_;
+  bool hadamard_;
+  std::vector<float> signs_;   // [n_heads, dim] (Hadamard form)
+  std::vector<float> matrix_;  // [n_heads, dim, dim] row-major (dense form)
+};
+
+// The quantization block a q8_0 or q4 codec uses for head vectors of `dim` elements (see above); throws
+// tandem::Error when dim has no even divisor <= 32.
+int64_t kv_block_size(int64_t dim);
+
+}  // namespace tandem::cache

@@ -1,0 +1,197 @@
+// tandem bench: decode, prefill and verify-window speed of a model on this machine, against the memory
+// bandwidth measured in the same run with the same threads.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tandem/cli/commands.h"
+#include "tandem/cli/common.h"
+#include "tandem/engine/session.h"
+#include "tandem/kernels/cpu_target.h"
+#include "tandem/kernels/stream.h"
+#include "tandem/util/error.h"
+
+namespace tandem::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Peak resident set size in MB (VmHWM), 0 when unknown.
+double peak_rss_mb() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  return 0;
+}
+
+void progress(const char* what) { std::fprintf(stderr, "\rbench: %-48s", what), std::fflush(stderr); }
+
+// Token ids that exist in every vocabulary: cycle through the first ids past the specials.
+std::vector<int32_t> tokens(int64_t n, int64_t n_vocab, int64_t salt) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<int32_t>(3 + (i * 7 + salt) % (n_vocab - 3));
+  return t;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "bench",
+      "Measure memory read bandwidth, decode tok/s and its roofline fraction, prefill tok/s (64 and 512 tokens), "
+      "the verify cost curve cost(n)/cost(1) and peak RSS. -c sets the context decode and verify run at "
+      "(default 256).");
+  struct Opts {
+    ModelOptions model;
+    bool json = false;
+    int decode_tokens = 32;
+    int reps = 5;
+  };
+  auto o = std::make_shared<Opts>();
+  add_model_options(*cmd, o->model);
+  cmd->add_flag("--json", o->json, "Print one JSON object as the last line of stdout");
+  cmd->add_option("--decode-tokens", o->decode_tokens, "Decode steps to time (default 32)");
+  cmd->add_option("--reps", o->reps, "Repetitions of each verify width and prefill (default 5)");
+  cmd->callback([o] {
+    if (o->decode_tokens < 1 || o->reps < 1) throw Error("--decode-tokens and --reps must be positive");
+    const int64_t ctx = o->model.n_ctx > 0 ? o->model.n_ctx : 256;
+    progress("loading");
+    auto model = model::Model::load(o->model.model_path);
+    const auto& c = model->config();
+    const int threads = o->model.resolved_threads();
+    ThreadPool pool(threads);
+    engine::SessionOptions so;
+    so.n_ctx = std::max<int64_t>(ctx + o->decode_tokens + 16, 512);
+    so.kv_type = o->model.resolved_kv_type();
+    so.batch = 512;
+    engine::Session session(*model, pool, so);
+
+    // Bandwidth: stream the mapped weights themselves when they are much larger than any cache (they are resident
+    // anyway, so the peak RSS does not grow); otherwise a temporary buffer.
+    progress("memory bandwidth");
+    const auto& tensors = model->file().tensors();
+    const uint8_t* lo = nullptr;
+    const uint8_t* hi = nullptr;
+    for (const auto& t : tensors) {
+      if (!lo || t.data < lo) lo = t.data;
+      if (!hi || t.data + t.bytes > hi) hi = t.data + t.bytes;
+    }
+    const size_t file_span = lo ? static_cast<size_t>(hi - lo) & ~size_t{63} : 0;
+    double bandwidth;
+    if (file_span >= (size_t{256} << 20)) {
+      bandwidth = kernels::measure_read_bandwidth(lo, file_span, pool, 5);
+    } else {
+      std::vector<uint8_t> buf(size_t{512} << 20, 1);
+      bandwidth = kernels::measure_read_bandwidth(buf.data(), buf.size(), pool, 5);
+    }
+
+    // Warm-up and context: fill `ctx` positions.
+    progress("warm-up and context fill");
+    session.eval(tokens(ctx, c.n_vocab, 0));
+    const int64_t base = session.length();
+
+    progress("decode");
+    std::vector<double> steps;
+    session.eval(tokens(1, c.n_vocab, 1));  // warm the 1-row path
+    session.truncate(base);
+    for (int i = 0; i < o->decode_tokens; ++i) {
+      const auto t = tokens(1, c.n_vocab, 100 + i);
+      const auto t0 = Clock::now();
+      session.eval(t);
+      steps.push_back(seconds_since(t0));
+    }
+    session.truncate(base);
+    const double decode_s = median(steps);
+    const double decode_tps = 1.0 / decode_s;
+    const double kv_bytes = static_cast<double>(c.n_layer * c.n_head_kv * (c.head_dim + c.head_dim_v)) *
+                            (so.kv_type == cache::KvType::kF32 ? 4.0 : 2.0) * static_cast<double>(ctx);
+    const double bytes_per_token = static_cast<double>(model->weight_bytes_per_token()) + kv_bytes;
+    const double roofline = decode_tps * bytes_per_token / (bandwidth * 1e9);
+
+    progress("verify windows");
+    const int widths[] = {1, 2, 3, 4, 5, 6, 8, 12, 16};
+    std::vector<double> cost_s;
+    for (int n : widths) {
+      std::vector<double> t;
+      const auto ids = tokens(n, c.n_vocab, 7 * n);
+      session.eval(ids, /*all_logits=*/true);  // warm this width
+      session.truncate(base);
+      for (int r = 0; r < o->reps; ++r) {
+        const auto t0 = Clock::now();
+        session.eval(ids, /*all_logits=*/true);
+        t.push_back(seconds_since(t0));
+        session.truncate(base);
+      }
+      cost_s.push_back(median(t));
+    }
+
+    auto prefill = [&](int64_t n) {
+      std::vector<double> t;
+      const auto ids = tokens(n, c.n_vocab, 11);
+      const int reps = n > 128 ? std::max(1, o->reps / 2) : o->reps;
+      for (int r = 0; r < reps; ++r) {
+        session.truncate(0);
+        const auto t0 = Clock::now();
+        session.eval(ids);
+        t.push_back(seconds_since(t0));
+      }
+      session.truncate(0);
+      return static_cast<double>(n) / median(t);
+    };
+    progress("prefill 64");
+    const double p64 = prefill(64);
+    progress("prefill 512");
+    const double p512 = prefill(512);
+    const double rss = peak_rss_mb();
+    std::fprintf(stderr, "\r%-56s\r", "");
+
+    const std::string target(kernels::target_name(kernels::best_target()));
+    std::printf("model            %s\n", o->model.model_path.c_str());
+    std::printf("threads          %d  (kernels: %s)\n", threads, target.c_str());
+    std::printf("bandwidth        %.2f GB/s\n", bandwidth);
+    std::printf("decode           %.2f tok/s at context %lld  (%.1f MB read per token)\n", decode_tps,
+                static_cast<long long>(ctx), bytes_per_token / 1e6);
+    std::printf("roofline         %.3f\n", roofline);
+    std::printf("prefill          %.1f tok/s (64)  %.1f tok/s (512)\n", p64, p512);
+    std::printf("verify cost      ");
+    nlohmann::json verify = nlohmann::json::object();
+    for (size_t i = 0; i < std::size(widths); ++i) {
+      const double cost = cost_s[i] / cost_s[0];
+      std::printf("%d:%.2f ", widths[i], cost);
+      verify[std::to_string(widths[i])] = cost;
+    }
+    std::printf("\npeak RSS         %.1f MB\n", rss);
+    if (o->json) {
+      nlohmann::json j;
+      j["model"] = o->model.model_path;
+      j["threads"] = threads;
+      j["kernels"] = target;
+      j["context"] = ctx;
+      j["bandwidth_gbs"] = bandwidth;
+      j["decode_tps"] = decode_tps;
+      j["roofline_fraction"] = roofline;
+      j["bytes_per_token"] = bytes_per_token;
+      j["prefill64_tps"] = p64;
+      j["prefill512_tps"] = p512;
+      j["verify_cost"] = verify;
+      j["peak_rss_mb"] = rss;
+      std::printf("%s\n", j.dump().c_str());
+    }
+  });
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,193 @@
+// tandem bench-spec: plain and speculative decoding of the same prompts in one run, interleaved prompt by
+// prompt, with the speed of each, their ratio, the acceptance, and the gate's depth histogram.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tandem/cli/commands.h"
+#include "tandem/cli/common.h"
+#include "tandem/cli/spec_common.h"
+#include "tandem/engine/generate.h"
+#include "tandem/sampling/rng.h"
+#include "tandem/speculative/replay.h"
+#include "tandem/tokenizer/tokenizer.h"
+#include "tandem/util/error.h"
+
+namespace tandem::cli {
+namespace {
+
+const char* const kDefaultPrompts[] = {
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.",
+    "Tom and his dog went to the beach. They saw a big red boat and",
+    "The sun was shining and the birds were singing. Mia wanted to",
+    "One day, a little bird found a shiny stone in the garden. The bird",
+};
+
+// One prompt per line: a JSON object with "prompt_ids" (or "prompt", text), else the line itself as text.
+std::vector<std::vector<int32_t>> read_prompts(const std::string& path, const tokenizer::Tokenizer* tok,
+                                               int64_t n_vocab) {
+  std::vector<std::string> texts;
+  std::vector<std::vector<int32_t>> prompts;
+  if (path.empty()) {
+    texts.assign(std::begin(kDefaultPrompts), std::end(kDefaultPrompts));
+  } else {
+    std::istringstream in(read_text_file(path));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      if (line.front() == '{') {
+        const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (j.is_object() && j.contains("prompt_ids")) {
+          prompts.push_back(j["prompt_ids"].get<std::vector<int32_t>>());
+          continue;
+        }
+        if (j.is_object() && j.contains("prompt")) {
+          texts.push_back(j["prompt"].get<std::string>());
+          continue;
+        }
+      }
+      texts.push_back(line);
+    }
+  }
+  for (const auto& text : texts) {
+    if (tok) {
+      prompts.push_back(tok->encode(text, true, false));
+    } else {
+      // No usable tokenizer in the file (random-weight benchmark models): fixed pseudo-random ids instead.
+      std::vector<int32_t> ids;
+      for (size_t i = 0; i < 16; ++i)
+        ids.push_back(static_cast<int32_t>(sampling::mix64(prompts.size() * 1000 + i) %
+                                           static_cast<uint64_t>(n_vocab)));
+      prompts.push_back(std::move(ids));
+    }
+  }
+  for (const auto& p : prompts) {
+    if (p.empty()) throw Error("an empty prompt in " + (path.empty() ? std::string("the defaults") : path));
+    for (int32_t id : p)
+      if (id < 0 || id >= n_vocab)
+        throw Error("prompt token id " + std::to_string(id) + " is outside the vocabulary");
+  }
+  if (prompts.empty()) throw Error("no prompts in " + path);
+  return prompts;
+}
+
+}  // namespace
+
+void add_bench_spec_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "bench-spec",
+      "Compare plain and speculative decoding of the same prompts: tok/s of each, speed-up "
+      "(and the ideal one for the acceptance), acceptance, and the gate's depth histogram");
+  struct Opts {
+    ModelOptions model;
+    SpecFlags spec;
+    std::string prompts;
+    int64_t n_tokens = 64;
+    bool json = false;
+    sampling::Params sampling;
+  };
+  auto o = std::make_shared<Opts>();
+  o->sampling.temperature = 0.0f;
+  add_model_options(*cmd, o->model);
+  add_spec_options(*cmd, o->spec, /*with_replay=*/true);
+  cmd->add_option("--prompts", o->prompts, "Prompts, one per line: text, or JSON with prompt_ids or prompt");
+  cmd->add_option("-n,--n-predict", o->n_tokens, "Tokens generated per prompt (default 64)");
+  cmd->add_flag("--json", o->json, "End stdout with one JSON object of the results");
+  cmd->add_option("--temp", o->sampling.temperature, "Temperature (default 0: greedy)");
+  cmd->add_option("--top-k", o->sampling.top_k, "Top-k (default 40; <= 0 disables)");
+  cmd->add_option("--top-p", o->sampling.top_p, "Top-p (default 0.95; 1 disables)");
+  cmd->add_option("--min-p", o->sampling.min_p, "Min-p (default 0.05; 0 disables)");
+  cmd->add_option("--seed", o->sampling.seed, "Sampling seed (default 0)");
+  cmd->callback([o] {
+    if (!o->spec.enabled())
+      throw Error("bench-spec needs a drafter: --draft-model FILE, --draft ngram or --draft replay");
+    if (o->n_tokens < 1) throw Error("-n must be at least 1");
+    sampling::validate(o->sampling);
+    auto target = model::Model::load(o->model.model_path);
+    std::unique_ptr<tokenizer::Tokenizer> tok;
+    try {
+      tok = tokenizer::Tokenizer::from_gguf(target->file());
+    } catch (const Error&) {
+    }
+    const auto prompts = read_prompts(o->prompts, tok.get(), target->config().n_vocab);
+    ThreadPool pool(o->model.resolved_threads());
+    engine::SessionOptions so;
+    so.n_ctx = o->model.n_ctx;
+    so.kv_type = o->model.resolved_kv_type();
+    so.batch = o->model.batch;
+    SpecSetup setup =
+        make_spec_setup(o->spec, *target, o->model.model_path, pool, so, /*calibrate_if_missing=*/true);
+    auto* replay = dynamic_cast<speculative::ReplaySource*>(setup.source.get());
+    setup.options.generate.max_tokens = o->n_tokens;
+    setup.options.generate.sampling = o->sampling;
+    const engine::EogFn is_eog = [&](int32_t t) { return tok && tok->is_eog(t); };
+
+    engine::Session session(*target, pool, so);
+    {  // warm up: page the weights in and wake the thread team
+      const std::vector<int32_t> warm(prompts[0].begin(), prompts[0].end());
+      session.eval(warm);
+      session.truncate(0);
+    }
+    engine::GenerateStats plain_total;
+    speculative::SpecStats spec_total;
+    int64_t mismatches = 0;
+    for (const auto& prompt : prompts) {
+      std::vector<int32_t> plain_out, spec_out;
+      session.truncate(0);
+      const auto ps = engine::generate(
+          session, prompt, setup.options.generate, [&](int32_t t) { return plain_out.push_back(t), true; },
+          is_eog);
+      plain_total.generated += ps.generated;
+      plain_total.generate_seconds += ps.generate_seconds;
+      if (replay) {
+        std::vector<int32_t> reference(prompt.begin(), prompt.end());
+        reference.insert(reference.end(), plain_out.begin(), plain_out.end());
+        replay->set_reference(std::move(reference));
+      }
+      session.truncate(0);
+      spec_total.add(speculative::generate_speculative(
+          session, *setup.source, prompt, setup.options,
+          [&](int32_t t) { return spec_out.push_back(t), true; }, is_eog));
+      if (o->sampling.temperature <= 0.0f && spec_out != plain_out) ++mismatches;
+    }
+    const double plain_tps = plain_total.generated / std::max(1e-9, plain_total.generate_seconds);
+    const double spec_tps = spec_total.tokens_per_second();
+    const int d = o->spec.draft_max;
+    const double alpha = replay ? o->spec.accept : spec_total.acceptance();
+    const double expected = alpha >= 1.0 ? d + 1.0 : (1.0 - std::pow(alpha, d + 1)) / (1.0 - alpha);
+    const double ideal = expected / setup.options.costs.round_cost(d);
+
+    std::printf("prompts %zu, %lld tokens each, %d threads, drafter %s, draft max %d, gate %s\n",
+                prompts.size(), static_cast<long long>(o->n_tokens), pool.size(),
+                std::string(setup.source->kind()).c_str(), d, setup.options.use_gate ? "on" : "off");
+    std::printf("plain:       %lld tokens in %.3f s, %.2f tok/s\n",
+                static_cast<long long>(plain_total.generated), plain_total.generate_seconds, plain_tps);
+    std::printf("speculative: %lld tokens in %.3f s, %.2f tok/s\n",
+                static_cast<long long>(spec_total.generated), spec_total.generate_seconds, spec_tps);
+    std::printf(
+        "speed-up %.3fx; ideal for acceptance %.2f at depth %d with the calibrated verify cost %.3f: %.3fx\n",
+        spec_tps / plain_tps, alpha, d, setup.options.costs.round_cost(d), ideal);
+    print_spec_report(stdout, spec_total);
+    if (mismatches > 0)
+      std::printf("WARNING: greedy speculative output differed from plain output for %lld prompts\n",
+                  static_cast<long long>(mismatches));
+    if (o->json) {
+      nlohmann::json j = {{"plain_tps", plain_tps},
+                          {"spec_tps", spec_tps},
+                          {"speedup", spec_tps / plain_tps},
+                          {"ideal_speedup", ideal},
+                          {"acceptance", spec_total.acceptance()},
+                          {"mean_accepted", spec_total.mean_accepted()},
+                          {"tokens_per_forward", spec_total.tokens_per_forward()},
+                          {"depth_histogram", spec_total.depth_histogram},
+                          {"greedy_mismatches", mismatches}};
+      std::printf("%s\n", j.dump().c_str());
+    }
+  });
+}
+
+}  // namespace tandem::cli

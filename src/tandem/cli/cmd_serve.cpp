@@ -1,0 +1,191 @@
+// tandem serve: the OpenAI-compatible HTTP server over the continuous-batching scheduler.
+#include <pthread.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "tandem/cli/commands.h"
+#include "tandem/cli/common.h"
+#include "tandem/engine/cache_pool.h"
+#include "tandem/engine/scheduler.h"
+#include "tandem/engine/session.h"
+#include "tandem/model/graph.h"
+#include "tandem/server/chat_template.h"
+#include "tandem/server/http.h"
+#include "tandem/server/metrics.h"
+#include "tandem/speculative/draft_model.h"
+#include "tandem/speculative/ngram.h"
+#include "tandem/tokenizer/tokenizer.h"
+#include "tandem/util/error.h"
+#include "tandem/util/thread_pool.h"
+
+namespace tandem::cli {
+namespace {
+
+struct ServeOptions {
+  ModelOptions model;
+  std::string draft_model, draft;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  int parallel = 4;
+  int queue = 64;
+  int64_t rows = 64;
+  int max_draft = 0;
+  std::string api_key, alias;
+  double drain_seconds = 30;
+  size_t max_body = 4u << 20;
+};
+
+// SIGINT and SIGTERM are blocked in every thread and taken by one watcher thread with sigwait(), so no
+// handler runs asynchronously and no global flag is needed.
+class SignalWatcher {
+ public:
+  SignalWatcher() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set_, &previous_);
+  }
+  ~SignalWatcher() {
+    join();
+    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+  }
+  // Waits for the watcher to finish its reaction to a signal; without one, ends it quietly.
+  void join() {
+    if (!thread_.joinable()) return;
+    if (!fired_.load()) {
+      quiet_.store(true);
+      pthread_kill(thread_.native_handle(), SIGTERM);  // wakes sigwait
+    }
+    thread_.join();
+  }
+  template <typename Fn>
+  void start(Fn on_signal) {
+    thread_ = std::thread([this, on_signal] {
+      int sig = 0;
+      sigwait(&set_, &sig);
+      fired_.store(true);
+      if (!quiet_.load()) on_signal(sig);
+    });
+  }
+
+ private:
+  sigset_t set_{}, previous_{};
+  std::thread thread_;
+  std::atomic<bool> quiet_{false}, fired_{false};
+};
+
+void serve(const ServeOptions& o) {
+  if (!o.draft.empty() && o.draft != "ngram")
+    throw Error("--draft takes 'ngram' (or use --draft-model FILE)");
+  std::signal(SIGPIPE, SIG_IGN);  // a client that disconnects must not end the process
+  SignalWatcher signals;          // before any thread starts, so that all inherit the mask
+  auto model = model::Model::load(o.model.model_path);
+  auto tok = tokenizer::Tokenizer::from_gguf(model->file());
+  const int64_t n_ctx = engine::default_context(*model, o.model.n_ctx);
+  std::string source;
+  if (auto t = model->file().get_string("tokenizer.chat_template")) source = std::string(*t);
+  auto text_of = [&](int32_t id, const char* fallback) {
+    return id >= 0 ? std::string(tok->token_text(id)) : std::string(fallback);
+  };
+  const server::ChatTemplate chat =
+      server::ChatTemplate::detect(source, text_of(tok->bos_id(), "<s>"), text_of(tok->eos_id(), "</s>"));
+
+  ThreadPool pool(o.model.resolved_threads());
+  model::Graph graph(*model, pool, model::GraphOptions{std::max<int64_t>(o.rows, 16), 16});
+  engine::SlotCachePool caches(model->config(), n_ctx, o.model.resolved_kv_type(), o.parallel);
+  engine::SchedulerOptions so;
+  so.max_running = o.parallel;
+  so.max_waiting = o.queue;
+  so.max_rows = o.rows;
+  const bool speculate = !o.draft.empty() || !o.draft_model.empty();
+  so.max_draft = speculate ? (o.max_draft > 0 ? o.max_draft : 6) : 0;
+  std::unique_ptr<model::Model> draft;
+  engine::DraftFactory drafts;
+  if (!o.draft_model.empty()) {
+    draft = model::Model::load(o.draft_model);
+    speculative::check_same_vocabulary(*model, *draft);
+    // A drafted token costs about one draft decode step: the weight bytes it reads, relative to the target's.
+    so.costs = speculative::CostModel::linear(
+        0.15, static_cast<double>(draft->weight_bytes_per_token()) / model->weight_bytes_per_token());
+    engine::SessionOptions dso{n_ctx, o.model.resolved_kv_type(), 16};
+    drafts = [&, dso] { return std::make_unique<speculative::DraftModelSource>(*draft, *model, pool, dso); };
+  } else if (o.draft == "ngram") {
+    drafts = [] { return std::make_unique<speculative::NgramSource>(); };
+  }
+
+  const tokenizer::Tokenizer& tk = *tok;
+  engine::Scheduler scheduler(
+      graph, caches, [&tk](int32_t id) { return tk.is_eog(id); }, so, drafts);
+  server::Metrics metrics;
+  server::ServerOptions http;
+  http.host = o.host;
+  http.port = o.port;
+  http.api_key = o.api_key;
+  http.max_body_bytes = o.max_body;
+  http.model_name = !o.alias.empty() ? o.alias : std::filesystem::path(o.model.model_path).stem().string();
+  server::HttpServer srv(scheduler, tk, chat, metrics, http);
+  const int port = srv.bind();
+
+  signals.start([&](int sig) {
+    std::fprintf(stderr, "serve: %s received: draining (no new requests; running ones get %.0f s)\n",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM", o.drain_seconds);
+    srv.begin_drain();
+    scheduler.drain();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.drain_seconds);
+    while (!scheduler.idle() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    scheduler.stop();  // cancels whatever is left
+    srv.stop();
+  });
+  std::fprintf(
+      stderr,
+      "serve: model '%s' (%s chat template), context %lld, %d parallel, queue %d, %lld rows per forward, "
+      "drafting %s\n"
+      "serve: listening on http://%s:%d\n",
+      http.model_name.c_str(), std::string(chat.name()).c_str(), static_cast<long long>(n_ctx), o.parallel,
+      o.queue, static_cast<long long>(o.rows),
+      speculate ? (draft ? "with a draft model" : "by n-gram lookup") : "off", o.host.c_str(), port);
+  srv.serve();
+  signals.join();
+  scheduler.stop();
+  std::fprintf(stderr, "serve: stopped\n");
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto* cmd =
+      app.add_subcommand("serve",
+                         "Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /health, "
+                         "/metrics) with continuous batching");
+  auto o = std::make_shared<ServeOptions>();
+  add_model_options(*cmd, o->model);
+  cmd->add_option("--host", o->host, "Address to listen on (default 127.0.0.1: this machine only)");
+  cmd->add_option("--port", o->port, "Port (default 8080; 0 picks a free one)");
+  cmd->add_option("--parallel", o->parallel, "Sequences generating at once (default 4)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--queue", o->queue, "Requests waiting beyond those; more get 503 (default 64)")
+      ->check(CLI::Range(0, 4096));
+  cmd->add_option("--rows", o->rows, "Rows per forward: decode rows plus prompt chunks (default 64)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
+  cmd->add_option("--alias", o->alias, "Model name clients use (default: the file name without .gguf)");
+  cmd->add_option("--drain-timeout", o->drain_seconds,
+                  "Seconds running requests get after SIGTERM (default 30)");
+  cmd->add_option("--max-body", o->max_body, "Largest request body in bytes (default 4 MiB)");
+  auto* dm = cmd->add_option("--draft-model", o->draft_model, "Draft model for speculative decoding");
+  cmd->add_option("--draft", o->draft, "Draft source: ngram")->excludes(dm);
+  cmd->add_option("--max-draft", o->max_draft, "Deepest drafted window per sequence (default 6 with a draft)")
+      ->check(CLI::Range(0, 15));
+  cmd->callback([o] {
+    if (o->parallel > o->rows)
+      throw Error("--rows must be at least --parallel (one decode row per sequence)");
+    serve(*o);
+  });
+}
+
+}  // namespace tandem::cli

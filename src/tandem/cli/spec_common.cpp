@@ -1,0 +1,96 @@
+#include "tandem/cli/spec_common.h"
+
+#include "tandem/speculative/draft_model.h"
+#include "tandem/speculative/ngram.h"
+#include "tandem/speculative/replay.h"
+#include "tandem/util/error.h"
+
+namespace tandem::cli {
+
+void add_spec_options(CLI::App& cmd, SpecFlags& f, bool with_replay) {
+  cmd.add_option("--draft-model", f.draft_model,
+                 "Speculative decoding with this draft model (any GGUF with the target's vocabulary)");
+  cmd.add_option("--draft", f.draft,
+                 with_replay
+                     ? "Speculative decoding without a draft model: ngram (lookup in the prompt and output) "
+                       "or replay (the target's own greedy output, corrupted at rate 1 - --accept)"
+                     : "Speculative decoding without a draft model: ngram (lookup in the prompt and output)");
+  cmd.add_option("--draft-max", f.draft_max, "Tokens drafted per round at most (default 8)");
+  cmd.add_option("--draft-min", f.draft_min, "Shortest proposal worth verifying (default 1)");
+  cmd.add_flag("--no-gate", f.no_gate,
+               "Always draft --draft-max tokens instead of letting the adaptive gate choose");
+  cmd.add_option("--ngram-min", f.ngram_min, "Shortest n-gram looked up by --draft ngram (default 2)");
+  cmd.add_option("--ngram-max", f.ngram_max, "Longest n-gram looked up by --draft ngram (default 4)");
+  if (with_replay)
+    cmd.add_option("--accept", f.accept, "Acceptance rate of --draft replay, in [0, 1] (default 0.8)");
+}
+
+SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const std::string& target_path,
+                          ThreadPool& pool, const engine::SessionOptions& session_options,
+                          bool calibrate_if_missing) {
+  if (!f.draft_model.empty() && !f.draft.empty())
+    throw Error("pass either --draft-model or --draft, not both");
+  if (f.draft_max < 1) throw Error("--draft-max must be at least 1");
+  SpecSetup s;
+  std::string draft_hash;
+  if (!f.draft_model.empty()) {
+    s.draft_model = model::Model::load(f.draft_model);
+    s.source = std::make_unique<speculative::DraftModelSource>(*s.draft_model, target, pool, session_options);
+    draft_hash = speculative::file_fingerprint(f.draft_model);
+  } else if (f.draft == "ngram") {
+    s.source =
+        std::make_unique<speculative::NgramSource>(speculative::NgramOptions{f.ngram_min, f.ngram_max});
+  } else if (f.draft == "replay") {
+    s.source = std::make_unique<speculative::ReplaySource>(f.accept, target.config().n_vocab);
+  } else {
+    throw Error("unknown --draft '" + f.draft + "': expected ngram" +
+                std::string(" (or replay in bench-spec)"));
+  }
+  s.options.draft_max = f.draft_max;
+  s.options.draft_min = f.draft_min;
+  s.options.use_gate = !f.no_gate;
+
+  const std::string cache_path = speculative::calibration_file_path();
+  const std::string hash = speculative::file_fingerprint(target_path);
+  const std::string cpu = speculative::cpu_model_name();
+  auto cal = speculative::load_calibration(cache_path, hash, cpu, pool.size());
+  const bool complete = cal && static_cast<int>(cal->verify.size()) > f.draft_max + 1 &&
+                        (draft_hash.empty() || cal->draft_per_token.count(draft_hash));
+  if (!complete && calibrate_if_missing) {
+    std::fprintf(stderr, "calibrating verify costs on this machine (cached in %s)...\n", cache_path.c_str());
+    speculative::CalibrateOptions co;
+    co.max_rows = std::max(f.draft_max + 1, cal ? static_cast<int>(cal->verify.size()) - 1 : 0);
+    co.repeats = 3;
+    cal = speculative::calibrate(target, target_path, s.draft_model.get(), f.draft_model, pool, co);
+    speculative::store_calibration(cache_path, *cal);
+  }
+  if (cal) {
+    s.options.costs = cal->cost_model(draft_hash);
+    s.calibrated = true;
+  } else if (s.options.use_gate) {
+    std::fprintf(
+        stderr,
+        "note: no calibration for this model, CPU and thread count; the gate assumes each extra verify "
+        "row costs 0.25 of a decode step (run `tandem calibrate -m %s%s%s`)\n",
+        target_path.c_str(), draft_hash.empty() ? "" : " --draft-model ", f.draft_model.c_str());
+    s.options.costs = speculative::CostModel::linear(0.25, draft_hash.empty() ? 0.0 : 0.5);
+  }
+  return s;
+}
+
+void print_spec_report(std::FILE* out, const speculative::SpecStats& st) {
+  std::fprintf(
+      out,
+      "speculative: %lld drafted, %lld accepted (acceptance %.1f%%), mean accepted length %.2f over %lld "
+      "rounds, %.2f tokens per target forward (%lld forwards), %.1f tok/s\n",
+      static_cast<long long>(st.drafted), static_cast<long long>(st.accepted), 100.0 * st.acceptance(),
+      st.mean_accepted(), static_cast<long long>(st.rounds), st.tokens_per_forward(),
+      static_cast<long long>(st.target_forwards), st.tokens_per_second());
+  std::fprintf(out, "draft depth histogram (target forwards by drafts verified):");
+  for (size_t d = 0; d < st.depth_histogram.size(); ++d)
+    if (st.depth_histogram[d] > 0)
+      std::fprintf(out, " %zu:%lld", d, static_cast<long long>(st.depth_histogram[d]));
+  std::fprintf(out, "\n");
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,52 @@
+// Speculative-decoding flags and setup shared by `tandem run`, `tandem bench-spec` and `tandem calibrate`.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "tandem/engine/session.h"
+#include "tandem/model/model.h"
+#include "tandem/speculative/calibration.h"
+#include "tandem/speculative/draft_source.h"
+#include "tandem/speculative/loop.h"
+
+namespace tandem::cli {
+
+struct SpecFlags {
+  std::string draft_model;  // --draft-model FILE
+  std::string draft;        // --draft ngram | replay
+  int draft_max = 8;
+  int draft_min = 1;
+  bool no_gate = false;
+  int ngram_min = 2, ngram_max = 4;
+  double accept = 0.8;  // --accept, replay only
+
+  bool enabled() const { return !draft_model.empty() || !draft.empty(); }
+};
+
+// Adds --draft-model, --draft, --draft-max, --draft-min, --no-gate, --ngram-min/--ngram-max and, with
+// with_replay, --accept (the replay drafter is for benchmarks only).
+void add_spec_options(CLI::App& cmd, SpecFlags& flags, bool with_replay);
+
+// A drafter built from the flags, with the gate's cost model read from the calibration cache (or, when the
+// target has no entry, a default linear model, and a note on stderr saying how to calibrate).
+struct SpecSetup {
+  std::unique_ptr<model::Model> draft_model;
+  std::unique_ptr<speculative::DraftSource> source;
+  speculative::SpecOptions options;  // draft_max, draft_min, use_gate, costs; the caller fills `generate`
+  bool calibrated = false;
+};
+
+// target_path: the target's file (for the calibration key). calibrate_if_missing: measure now and store the
+// entry when the cache has none (benchmarks); otherwise fall back to the default costs.
+SpecSetup make_spec_setup(const SpecFlags& flags, const model::Model& target, const std::string& target_path,
+                          ThreadPool& pool, const engine::SessionOptions& session_options,
+                          bool calibrate_if_missing);
+
+// The end-of-run report: acceptance rate, mean accepted length, tokens per target forward, tok/s.
+void print_spec_report(std::FILE* out, const speculative::SpecStats& stats);
+
+}  // namespace tandem::cli

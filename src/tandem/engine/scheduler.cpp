@@ -1,0 +1,437 @@
+#include "tandem/engine/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <optional>
+
+#include "tandem/speculative/verify.h"
+#include "tandem/util/error.h"
+
+namespace tandem::engine {
+
+struct Scheduler::Sequence {
+  enum class State { kWaiting, kPrefill, kDecode };
+
+  Sequence(Request r, std::shared_ptr<Stream> st)
+      : req(std::move(r)), stream(std::move(st)), sampler(req.sampling), tokens(req.prompt) {}
+
+  Request req;
+  std::shared_ptr<Stream> stream;
+  sampling::Sampler sampler;
+  State state = State::kWaiting;
+  std::unique_ptr<cache::KvCache> cache;
+  // The prompt, then every committed token. In decode, the last one is not yet in the cache:
+  // cache->length() == tokens.size() - 1 and the next forward row feeds it.
+  std::vector<int32_t> tokens;
+  int64_t evaluated = 0;  // prefill: prompt positions in the cache
+  int64_t generated = 0;
+  int64_t cached = 0;           // prompt positions reused from the cache pool
+  std::vector<int32_t> window;  // this iteration's rows (prompt chunk or verify window)
+  int64_t logit_row = 0;        // first row of this sequence's logits in this iteration
+
+  std::unique_ptr<speculative::DraftSource> draft;
+  std::optional<speculative::Gate> gate;
+  speculative::Draft proposal;
+  speculative::VerifyScratch verify_scratch;
+  std::vector<sampling::Distribution> p;
+  std::vector<int32_t> history;
+  uint64_t drafted = 0, accepted = 0;
+};
+
+Scheduler::Scheduler(model::Graph& graph, CachePool& caches, std::function<bool(int32_t)> is_eog,
+                     const SchedulerOptions& options, DraftFactory drafts)
+    : graph_(graph),
+      caches_(caches),
+      is_eog_(std::move(is_eog)),
+      options_(options),
+      drafts_(std::move(drafts)) {
+  if (options_.max_running < 1) throw Error("the scheduler needs at least one running sequence (--parallel)");
+  if (options_.max_waiting < 0) throw Error("the request queue bound must be >= 0");
+  if (options_.max_rows < options_.max_running)
+    throw Error("the row budget (" + std::to_string(options_.max_rows) +
+                ") must hold one decode row per running sequence (" + std::to_string(options_.max_running) +
+                ")");
+  options_.max_draft = std::clamp(options_.max_draft, 0, 15);
+  logits_.resize(static_cast<size_t>(options_.max_rows * graph_.n_vocab()));
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  stop();
+}
+
+void Scheduler::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool Scheduler::idle() const {
+  return active_.load() == 0;
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+std::shared_ptr<Stream> Scheduler::submit(Request request, Admit& status, std::string* error) {
+  auto invalid = [&](const std::string& why) -> std::shared_ptr<Stream> {
+    status = Admit::kInvalid;
+    if (error) *error = why;
+    return nullptr;
+  };
+  const int64_t n = static_cast<int64_t>(request.prompt.size());
+  if (n == 0) return invalid("the prompt is empty");
+  if (n >= context())
+    return invalid("the prompt has " + std::to_string(n) + " tokens but the context holds " +
+                   std::to_string(context()) + " (including at least one generated token)");
+  if (request.max_tokens < 1) return invalid("max_tokens must be at least 1");
+  for (int32_t t : request.prompt)
+    if (t < 0 || t >= graph_.n_vocab()) return invalid("token id " + std::to_string(t) + " is out of range");
+  std::shared_ptr<Stream> stream = std::make_shared<Stream>();
+  std::unique_ptr<Sequence> seq;
+  try {
+    seq = std::make_unique<Sequence>(std::move(request), stream);
+  } catch (const Error& e) {
+    return invalid(e.what());
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (stop_ || draining_.load()) {
+      status = Admit::kDraining;
+      return nullptr;
+    }
+    const int64_t queued = active_.load() - static_cast<int64_t>(stats_.running);
+    if (queued >= options_.max_waiting + std::max<int64_t>(0, options_.max_running - stats_.running)) {
+      status = Admit::kQueueFull;
+      return nullptr;
+    }
+    ++active_;
+    incoming_.push_back(std::move(seq));
+  }
+  wake_.notify_one();
+  status = Admit::kOk;
+  return stream;
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return stop_ || !incoming_.empty() || !running_.empty(); });
+      if (stop_) break;
+      while (!incoming_.empty()) {
+        waiting_.push_back(std::move(incoming_.front()));
+        incoming_.pop_front();
+      }
+    }
+    admit();
+    if (!running_.empty()) iterate();
+    std::lock_guard lock(mutex_);
+    stats_.running = static_cast<int64_t>(running_.size());
+    stats_.waiting = static_cast<int64_t>(waiting_.size() + incoming_.size());
+  }
+  std::deque<std::unique_ptr<Sequence>> rest;
+  {
+    std::lock_guard lock(mutex_);
+    rest.swap(incoming_);
+  }
+  for (auto& s : rest) finish(*s, Finish::kCancelled);
+  for (auto& s : waiting_) finish(*s, Finish::kCancelled);
+  for (auto& s : running_) finish(*s, Finish::kCancelled);
+  waiting_.clear();
+  running_.clear();
+}
+
+void Scheduler::admit() {
+  auto cancelled = [&](std::unique_ptr<Sequence>& s) {
+    if (!s->stream->cancelled()) return false;
+    finish(*s, Finish::kCancelled);
+    return true;
+  };
+  std::erase_if(waiting_, cancelled);
+  std::erase_if(running_, cancelled);
+  while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
+    std::unique_ptr<Sequence> s = std::move(waiting_.front());
+    waiting_.pop_front();
+    try {
+      CachePool::Lease lease = caches_.acquire(s->req.prompt);
+      s->cache = std::move(lease.cache);
+      s->cached = s->evaluated = lease.reused;
+      s->state = Sequence::State::kPrefill;
+      running_.push_back(std::move(s));
+    } catch (const std::exception& e) {
+      finish(*s, Finish::kError, e.what());
+    }
+  }
+}
+
+int Scheduler::choose_depth(Sequence& s, int64_t budget_left) {
+  if (!s.draft || !s.gate) return 0;
+  int64_t d = std::min<int64_t>(options_.max_draft, budget_left - 1);
+  // The window's rows sit at positions tokens.size() - 1 ... + d, inside the context; drafting past
+  // max_tokens is wasted.
+  d = std::min(d, caches_.capacity() - static_cast<int64_t>(s.tokens.size()));
+  d = std::min(d, s.req.max_tokens - s.generated - 1);
+  if (d <= 0) return 0;
+  // A probe (drafting without verifying) is not worth a row here: it is taken as a plain step.
+  return s.gate->decide(static_cast<int>(d)).depth;
+}
+
+void Scheduler::iterate() {
+  const int64_t V = graph_.n_vocab();
+  int64_t budget = options_.max_rows;
+  std::vector<int32_t> decode_tokens;
+  std::vector<cache::KvCache*> decode_caches;
+  std::vector<Sequence*> decoders, verifiers, prefills;
+  std::vector<cache::KvCache*> single_caches;  // one per verify or prompt group, for the group's span
+  single_caches.reserve(running_.size());
+
+  // Decode rows first: running streams never wait for prompts. Each has a row whatever happens, so a
+  // window may only take rows beyond one per remaining decoder.
+  int64_t n_decoding = 0;
+  for (auto& s : running_) n_decoding += s->state == Sequence::State::kDecode ? 1 : 0;
+  int64_t reserved = n_decoding;
+  for (auto& sp : running_) {
+    Sequence& s = *sp;
+    if (s.state != Sequence::State::kDecode) continue;
+    --reserved;
+    const int depth = choose_depth(s, budget - reserved);
+    if (depth > 0) {
+      s.draft->propose(s.tokens, depth, s.proposal);
+      if (s.proposal.tokens.size() > static_cast<size_t>(depth)) s.proposal.tokens.resize(depth);
+    } else if (s.draft) {
+      s.proposal.clear();
+    }
+    if (s.draft && !s.proposal.tokens.empty()) {
+      s.window.assign(1, s.tokens.back());
+      s.window.insert(s.window.end(), s.proposal.tokens.begin(), s.proposal.tokens.end());
+      verifiers.push_back(&s);
+      budget -= static_cast<int64_t>(s.window.size());
+    } else {
+      decode_tokens.push_back(s.tokens.back());
+      decode_caches.push_back(s.cache.get());
+      decoders.push_back(&s);
+      budget -= 1;
+    }
+  }
+  // Then prompt chunks, oldest first, in what the budget leaves.
+  for (auto& sp : running_) {
+    Sequence& s = *sp;
+    if (s.state != Sequence::State::kPrefill || budget <= 0) continue;
+    const int64_t left = static_cast<int64_t>(s.req.prompt.size()) - s.evaluated;
+    const int64_t chunk = std::min(left, budget);
+    s.window.assign(s.req.prompt.begin() + s.evaluated, s.req.prompt.begin() + s.evaluated + chunk);
+    prefills.push_back(&s);
+    budget -= chunk;
+  }
+
+  std::vector<model::Group> groups;
+  int64_t logit_rows = 0, rows = 0;
+  if (!decoders.empty()) {
+    groups.push_back({model::Phase::kDecode, decode_tokens, decode_caches, nullptr});
+    for (size_t i = 0; i < decoders.size(); ++i) decoders[i]->logit_row = static_cast<int64_t>(i);
+    logit_rows = rows = static_cast<int64_t>(decoders.size());
+  }
+  auto single = [&](Sequence& s, model::Phase phase) {
+    single_caches.push_back(s.cache.get());
+    groups.push_back({phase, s.window, std::span<cache::KvCache* const>(&single_caches.back(), 1), nullptr});
+    s.logit_row = logit_rows;
+    rows += static_cast<int64_t>(s.window.size());
+  };
+  for (Sequence* s : verifiers) {
+    single(*s, model::Phase::kVerify);
+    logit_rows += static_cast<int64_t>(s->window.size());
+  }
+  for (Sequence* s : prefills) {
+    const bool last =
+        s->evaluated + static_cast<int64_t>(s->window.size()) == static_cast<int64_t>(s->req.prompt.size());
+    single(*s, last ? model::Phase::kPrompt : model::Phase::kAppendKnown);
+    logit_rows += last ? 1 : 0;
+  }
+
+  try {
+    graph_.mixed(groups, logits_.data());
+  } catch (const std::exception& e) {
+    // The caches of this batch are in an unknown state: their sequences fail and the caches are dropped.
+    for (auto& s : running_) {
+      finish(*s, Finish::kError, std::string("forward failed: ") + e.what());
+    }
+    running_.clear();
+    return;
+  }
+  SchedulerStats delta;
+  delta.forwards = 1;
+  delta.rows = static_cast<uint64_t>(rows);
+
+  auto row = [&](int64_t r) { return logits_.data() + r * V; };
+  std::vector<Sequence*> done;
+  for (Sequence* s : decoders) {
+    if (s->draft) {
+      s->draft->accept(s->tokens, 0);
+      s->gate->record_idle();
+    }
+    try {
+      const auto pos = static_cast<uint64_t>(s->tokens.size());
+      const int32_t t =
+          s->sampler.sample(std::span<const float>(row(s->logit_row), V), s->tokens, s->req.sequence_id, pos);
+      if (!commit(*s, t, row(s->logit_row))) done.push_back(s);
+    } catch (const std::exception& e) {
+      finish(*s, Finish::kError, e.what());
+      done.push_back(s);
+    }
+  }
+  for (Sequence* s : verifiers) {
+    const std::span<const int32_t> drafts(s->proposal.tokens);
+    const size_t d = drafts.size();
+    const int64_t base = static_cast<int64_t>(s->tokens.size()) - 1;  // position of window[0]
+    try {
+      if (s->p.size() < d + 1) s->p.resize(d + 1);
+      s->history.assign(s->tokens.begin(), s->tokens.end());
+      for (size_t i = 0; i <= d; ++i) {
+        s->sampler.distribution(std::span<const float>(row(s->logit_row + static_cast<int64_t>(i)), V),
+                                s->history, s->p[i]);
+        if (i < d) s->history.push_back(drafts[i]);
+      }
+      std::span<const sampling::Distribution> q;
+      if (s->proposal.sampled) q = std::span<const sampling::Distribution>(s->proposal.q.data(), d);
+      const speculative::VerifyOutcome out = speculative::verify(
+          drafts, std::span<const sampling::Distribution>(s->p.data(), d + 1), q, s->sampler,
+          s->req.sequence_id, static_cast<uint64_t>(base + 1), s->verify_scratch);
+      s->drafted += d;
+      s->accepted += static_cast<uint64_t>(out.accepted);
+      s->gate->record_round(static_cast<int>(d), out.accepted);
+      delta.drafted += d;
+      delta.accepted += static_cast<uint64_t>(out.accepted);
+      s->cache->truncate(base + 1 + out.accepted);
+      bool alive = true;
+      for (int i = 0; i <= out.accepted && alive; ++i) {
+        const int32_t t = i < out.accepted ? drafts[static_cast<size_t>(i)] : out.token;
+        alive = commit(*s, t, row(s->logit_row + i));
+      }
+      if (!alive) {
+        done.push_back(s);
+      } else {
+        s->draft->accept(s->tokens, out.accepted);
+      }
+    } catch (const std::exception& e) {
+      finish(*s, Finish::kError, e.what());
+      done.push_back(s);
+    }
+  }
+  for (Sequence* s : prefills) {
+    s->evaluated += static_cast<int64_t>(s->window.size());
+    delta.evaluated_prompt_tokens += s->window.size();
+    if (s->evaluated < static_cast<int64_t>(s->req.prompt.size())) continue;
+    try {
+      start_decoding(*s);
+      const auto pos = static_cast<uint64_t>(s->tokens.size());
+      const int32_t t =
+          s->sampler.sample(std::span<const float>(row(s->logit_row), V), s->tokens, s->req.sequence_id, pos);
+      if (!commit(*s, t, row(s->logit_row))) done.push_back(s);
+    } catch (const std::exception& e) {
+      finish(*s, Finish::kError, e.what());
+      done.push_back(s);
+    }
+  }
+  if (!done.empty())
+    std::erase_if(running_, [&](const std::unique_ptr<Sequence>& s) {
+      return std::find(done.begin(), done.end(), s.get()) != done.end();
+    });
+
+  std::lock_guard lock(mutex_);
+  stats_.forwards += delta.forwards;
+  stats_.rows += delta.rows;
+  for (int b = 0; b < SchedulerStats::kBuckets; ++b)
+    stats_.rows_le[b] += rows <= SchedulerStats::kRowBuckets[b] ? 1 : 0;
+  stats_.evaluated_prompt_tokens += delta.evaluated_prompt_tokens;
+  stats_.drafted += delta.drafted;
+  stats_.accepted += delta.accepted;
+}
+
+void Scheduler::start_decoding(Sequence& s) {
+  s.state = Sequence::State::kDecode;
+  if (drafts_ && options_.max_draft > 0) {
+    s.draft = drafts_();
+    if (s.draft) {
+      s.draft->begin(s.req.prompt, {s.req.sampling, s.req.sequence_id});
+      s.gate.emplace(options_.gate, options_.costs, options_.max_draft);
+    }
+  }
+}
+
+bool Scheduler::commit(Sequence& s, int32_t token, const float* logits) {
+  s.tokens.push_back(token);
+  ++s.generated;
+  {
+    std::lock_guard lock(mutex_);
+    ++stats_.generated_tokens;
+  }
+  if (s.req.stop_at_eog && is_eog_ && is_eog_(token)) {
+    finish(s, Finish::kStop);
+    return false;
+  }
+  emit_token(s, token, logits);
+  // The next row would sit at position tokens.size() - 1, which must be inside the context.
+  if (s.generated >= s.req.max_tokens || static_cast<int64_t>(s.tokens.size()) > caches_.capacity()) {
+    finish(s, Finish::kLength);
+    return false;
+  }
+  return true;
+}
+
+void Scheduler::emit_token(Sequence& s, int32_t token, const float* logits) {
+  Event ev;
+  ev.kind = Event::Kind::kToken;
+  ev.token.id = token;
+  if (s.req.top_logprobs >= 0) {
+    const auto V = static_cast<size_t>(graph_.n_vocab());
+    logprob_scratch_.resize(V);
+    sampling::log_softmax(std::span<const float>(logits, V), logprob_scratch_);
+    ev.token.logprob = logprob_scratch_[static_cast<size_t>(token)];
+    const auto k = std::min(static_cast<size_t>(s.req.top_logprobs), V);
+    if (k > 0) {
+      order_scratch_.resize(V);
+      std::iota(order_scratch_.begin(), order_scratch_.end(), 0);
+      const auto& lp = logprob_scratch_;
+      std::partial_sort(order_scratch_.begin(), order_scratch_.begin() + static_cast<std::ptrdiff_t>(k),
+                        order_scratch_.end(), [&](int32_t a, int32_t b) {
+                          const double x = lp[static_cast<size_t>(a)], y = lp[static_cast<size_t>(b)];
+                          return x > y || (x == y && a < b);
+                        });
+      for (size_t i = 0; i < k; ++i)
+        ev.token.top.emplace_back(order_scratch_[i], lp[static_cast<size_t>(order_scratch_[i])]);
+    }
+  }
+  s.stream->push(std::move(ev));
+}
+
+void Scheduler::finish(Sequence& s, Finish why, const std::string& error) {
+  if (s.cache) {
+    // A failed forward leaves the cache in an unknown state: keep none of its positions.
+    const size_t keep = why == Finish::kError ? 0 : s.tokens.size();
+    caches_.release(std::move(s.cache), std::span<const int32_t>(s.tokens.data(), keep));
+  }
+  Event ev;
+  ev.kind = Event::Kind::kDone;
+  ev.finish = why;
+  ev.error = error;
+  ev.usage.prompt_tokens = static_cast<int64_t>(s.req.prompt.size());
+  ev.usage.completion_tokens = s.generated;
+  ev.usage.cached_tokens = s.cached;
+  {
+    std::lock_guard lock(mutex_);
+    stats_.finished[static_cast<int>(why)] += 1;
+    stats_.prompt_tokens += s.req.prompt.size();
+    stats_.cached_tokens += static_cast<uint64_t>(s.cached);
+  }
+  --active_;
+  s.stream->push(std::move(ev));
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,136 @@
+// Continuous batching: many requests share one model, one forward per iteration.
+//
+// Requests come in through submit() from any thread; one thread (owned by the Scheduler) runs iterations.
+// Each iteration is one Graph::mixed() forward holding, within a budget of max_rows rows:
+//   - one decode row per running sequence, or its verify window when it speculates (a drafted window of
+//     depth d is d + 1 rows; each sequence's speculative::Gate chooses d from its acceptance history and the
+//     verify costs, capped by the rows the budget still holds after one row per other running sequence);
+//   - then chunks of waiting prompts (chunked prefill: a long prompt takes several iterations and never
+//     stalls the running streams, which always get their rows first).
+// Per-sequence state machine: waiting -> prefill -> decode -> finished | cancelled. A sequence enters prefill
+// when one of max_running slots is free and takes its cache from the CachePool (which may hand back a prefix
+// evaluated by an earlier request); it leaves by returning the cache.
+//
+// Rows are batch-invariant and randomness is keyed by (seed, sequence id, position), so a request's tokens do
+// not depend on what else was running: N concurrent greedy requests produce exactly what each produces alone.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "tandem/engine/cache_pool.h"
+#include "tandem/engine/stream.h"
+#include "tandem/model/graph.h"
+#include "tandem/sampling/sampler.h"
+#include "tandem/speculative/draft_source.h"
+#include "tandem/speculative/gate.h"
+
+namespace tandem::engine {
+
+struct SchedulerOptions {
+  int max_running = 4;    // sequences decoding or prefilling at once
+  int max_waiting = 64;   // admitted requests not yet running; past it submit() answers kQueueFull
+  int64_t max_rows = 64;  // rows per forward (<= the graph's capacity)
+  int max_draft = 0;      // deepest verify window drafted per sequence; 0 disables speculation
+  // Each speculating sequence has its own gate (its acceptance history) over these settings and costs.
+  speculative::GateSettings gate;
+  speculative::CostModel costs = speculative::CostModel::linear(0.15, 0.0);
+};
+
+struct Request {
+  std::vector<int32_t> prompt;  // non-empty; prompt.size() < the cache capacity
+  int64_t max_tokens = 16;      // >= 1
+  sampling::Params sampling;
+  uint64_t sequence_id = 0;  // keys the sampler's randomness together with seed and position
+  int top_logprobs = -1;     // < 0: no logprobs; 0: the chosen token's; k > 0: also the k most likely
+  bool stop_at_eog = true;
+};
+
+// Counters since construction; gauges as of the last iteration.
+struct SchedulerStats {
+  int64_t waiting = 0, running = 0;
+  uint64_t forwards = 0, rows = 0;  // rows summed over forwards
+  // Forwards by row count: [i] counts those with at most kRowBuckets[i] rows (cumulative, as Prometheus).
+  static constexpr int kBuckets = 9;
+  static constexpr int64_t kRowBuckets[kBuckets] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  uint64_t rows_le[kBuckets] = {};
+  uint64_t prompt_tokens = 0, cached_tokens = 0;  // prompt positions requested, of which reused
+  uint64_t evaluated_prompt_tokens = 0;
+  uint64_t generated_tokens = 0;
+  uint64_t drafted = 0, accepted = 0;  // speculation
+  uint64_t finished[4] = {};           // by Finish
+};
+
+// Creates a drafter for one sequence (null: this sequence does not speculate).
+using DraftFactory = std::function<std::unique_ptr<speculative::DraftSource>()>;
+
+class Scheduler {
+ public:
+  enum class Admit { kOk, kQueueFull, kDraining, kInvalid };
+
+  // graph, caches and is_eog must outlive the scheduler. The iteration thread starts here.
+  Scheduler(model::Graph& graph, CachePool& caches, std::function<bool(int32_t)> is_eog,
+            const SchedulerOptions& options, DraftFactory drafts = {});
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request. On kOk returns its stream; otherwise null, with `error` saying why for kInvalid.
+  std::shared_ptr<Stream> submit(Request request, Admit& status, std::string* error = nullptr);
+
+  // Stops admitting; running and queued requests continue. Irreversible.
+  void drain() { draining_.store(true); }
+  bool draining() const { return draining_.load(); }
+  // No request queued or running.
+  bool idle() const;
+  // Cancels everything, pushes their final events and joins the thread (the destructor calls it).
+  void stop();
+
+  SchedulerStats stats() const;
+  const SchedulerOptions& options() const { return options_; }
+  int64_t context() const { return caches_.capacity(); }
+
+ private:
+  struct Sequence;
+  void loop();
+  void admit();
+  void iterate();
+  void finish(Sequence& s, Finish why, const std::string& error = {});
+  void emit_token(Sequence& s, int32_t token, const float* logits);
+  // Appends `token` to s, emits it and decides whether s continues; returns false when s finished.
+  bool commit(Sequence& s, int32_t token, const float* logits);
+  void start_decoding(Sequence& s);
+  int choose_depth(Sequence& s, int64_t budget_left);
+
+  model::Graph& graph_;
+  CachePool& caches_;
+  std::function<bool(int32_t)> is_eog_;
+  SchedulerOptions options_;
+  DraftFactory drafts_;
+
+  mutable std::mutex mutex_;  // guards incoming_, stats_ and stop_
+  std::condition_variable wake_;
+  std::deque<std::unique_ptr<Sequence>> incoming_;
+  SchedulerStats stats_;
+  bool stop_ = false;
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> active_{0};  // queued + running
+
+  // Iteration thread only.
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::vector<float> logits_;  // [max_rows, n_vocab]
+  std::vector<double> logprob_scratch_;
+  std::vector<int32_t> order_scratch_;
+  std::thread thread_;
+};
+
+}  // namespace tandem::engine

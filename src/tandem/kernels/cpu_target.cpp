@@ -1,0 +1,49 @@
+#include "tandem/kernels/cpu_target.h"
+
+namespace tandem::kernels {
+namespace {
+
+bool cpu_supports(Target t) {
+  switch (t) {
+    case Target::kScalar:
+      return true;
+#if defined(__x86_64__) && defined(__GNUC__)
+    case Target::kAVX2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case Target::kAVX512:
+      return cpu_supports(Target::kAVX2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512vnni");
+#endif
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+std::string_view target_name(Target t) {
+  switch (t) {
+    case Target::kScalar:
+      return "scalar";
+    case Target::kAVX2:
+      return "avx2";
+    case Target::kAVX512:
+      return "avx512-vnni";
+  }
+  return "?";
+}
+
+std::vector<Target> runnable_targets() {
+  std::vector<Target> out;
+  for (Target t : {Target::kScalar, Target::kAVX2, Target::kAVX512})
+    if (cpu_supports(t)) out.push_back(t);
+  return out;
+}
+
+Target best_target() {
+  static const Target best = runnable_targets().back();
+  return best;
+}
+
+}  // namespace tandem::kernels

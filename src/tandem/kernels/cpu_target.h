@@ -1,0 +1,22 @@
+// The SIMD targets the kernels are compiled for, and the best one this CPU runs. Detection happens once (a
+// function-local constant); kernels are chosen from it once per matmul or forward, never per element.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+namespace tandem::kernels {
+
+enum class Target {
+  kScalar,  // portable C++: the reference every SIMD kernel is tested against
+  kAVX2,    // x86-64 AVX2 + FMA + F16C
+  kAVX512,  // x86-64 AVX-512 F/BW/VL + VNNI
+};
+
+std::string_view target_name(Target t);
+// The best target this CPU supports.
+Target best_target();
+// Every target compiled in that this CPU can run, scalar first.
+std::vector<Target> runnable_targets();
+
+}  // namespace tandem::kernels

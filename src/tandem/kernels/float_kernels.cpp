@@ -1,0 +1,189 @@
+// Highway implementations of float_kernels.h; this file is compiled once per SIMD target (foreach_target).
+#include "tandem/kernels/float_kernels.h"
+
+#include <cstddef>
+#include <cstring>
+
+#include "tandem/tensor/fp16.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "tandem/kernels/float_kernels.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tandem::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+
+template <DType T>
+HWY_INLINE hn::Vec<DF> load_w(DF df, const uint8_t* row, size_t i) {
+  if constexpr (T == DType::F32) {
+    return hn::LoadU(df, reinterpret_cast<const float*>(row) + i);
+  } else if constexpr (T == DType::F16) {
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(row) + i));
+  } else {
+    const hn::Rebind<hwy::bfloat16_t, DF> db;
+    return hn::PromoteTo(df, hn::LoadU(db, reinterpret_cast<const hwy::bfloat16_t*>(row) + i));
+  }
+}
+
+template <DType T>
+HWY_INLINE float scalar_w(const uint8_t* row, size_t i) {
+  if constexpr (T == DType::F32) {
+    float v;
+    std::memcpy(&v, row + 4 * i, 4);
+    return v;
+  } else {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * i, 2);
+    return T == DType::F16 ? fp16_to_f32(h) : bf16_to_f32(h);
+  }
+}
+
+// NR activation rows against one weight row; two accumulators per row, whole vectors, then a scalar tail.
+template <DType T, int NR>
+HWY_INLINE void dot_tile(const uint8_t* wrow, size_t k, const float* x, int64_t x_stride, float* y,
+                         int64_t y_stride) {
+  const DF df;
+  const size_t n = hn::Lanes(df);
+  hn::Vec<DF> acc0[NR], acc1[NR];
+  for (int r = 0; r < NR; ++r) acc0[r] = acc1[r] = hn::Zero(df);
+  size_t i = 0;
+  for (; i + 2 * n <= k; i += 2 * n) {
+    const auto w0 = load_w<T>(df, wrow, i), w1 = load_w<T>(df, wrow, i + n);
+    for (int r = 0; r < NR; ++r) {
+      acc0[r] = hn::MulAdd(w0, hn::LoadU(df, x + r * x_stride + i), acc0[r]);
+      acc1[r] = hn::MulAdd(w1, hn::LoadU(df, x + r * x_stride + i + n), acc1[r]);
+    }
+  }
+  for (; i + n <= k; i += n) {
+    const auto w0 = load_w<T>(df, wrow, i);
+    for (int r = 0; r < NR; ++r) acc0[r] = hn::MulAdd(w0, hn::LoadU(df, x + r * x_stride + i), acc0[r]);
+  }
+  for (int r = 0; r < NR; ++r) {
+    float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0[r], acc1[r])));
+    for (size_t j = i; j < k; ++j) s += scalar_w<T>(wrow, j) * x[r * x_stride + static_cast<int64_t>(j)];
+    y[r * y_stride] = s;
+  }
+}
+
+template <DType T>
+void matmul_rows_t(const uint8_t* w, size_t w_row_bytes, int64_t o0, int64_t o1, int64_t k, const float* x,
+                   int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
+  const size_t kk = static_cast<size_t>(k);
+  for (int64_t o = o0; o < o1; ++o) {
+    const uint8_t* wrow = w + static_cast<size_t>(o) * w_row_bytes;
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) dot_tile<T, 4>(wrow, kk, x + r * x_stride, x_stride, y + r * y_stride + o, y_stride);
+    const float* xr = x + r * x_stride;
+    float* yr = y + r * y_stride + o;
+    switch (n_rows - r) {
+      case 3:
+        dot_tile<T, 3>(wrow, kk, xr, x_stride, yr, y_stride);
+        break;
+      case 2:
+        dot_tile<T, 2>(wrow, kk, xr, x_stride, yr, y_stride);
+        break;
+      case 1:
+        dot_tile<T, 1>(wrow, kk, xr, x_stride, yr, y_stride);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+void FloatMatmulRows(DType type, const uint8_t* w, size_t w_row_bytes, int64_t o0, int64_t o1, int64_t k,
+                     const float* x, int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
+  switch (type) {
+    case DType::F16:
+      return matmul_rows_t<DType::F16>(w, w_row_bytes, o0, o1, k, x, x_stride, n_rows, y, y_stride);
+    case DType::BF16:
+      return matmul_rows_t<DType::BF16>(w, w_row_bytes, o0, o1, k, x, x_stride, n_rows, y, y_stride);
+    default:
+      return matmul_rows_t<DType::F32>(w, w_row_bytes, o0, o1, k, x, x_stride, n_rows, y, y_stride);
+  }
+}
+
+template <DType T>
+HWY_INLINE float dot_q(const float* q, const uint8_t* krow, size_t dim) {
+  const DF df;
+  const size_t n = hn::Lanes(df);
+  auto acc = hn::Zero(df);
+  size_t i = 0;
+  for (; i + n <= dim; i += n) acc = hn::MulAdd(hn::LoadU(df, q + i), load_w<T>(df, krow, i), acc);
+  float s = hn::GetLane(hn::SumOfLanes(df, acc));
+  for (; i < dim; ++i) s += q[i] * scalar_w<T>(krow, i);
+  return s;
+}
+
+template <DType T>
+HWY_INLINE void axpy(float p, const uint8_t* vrow, float* out, size_t dim) {
+  const DF df;
+  const size_t n = hn::Lanes(df);
+  const auto pv = hn::Set(df, p);
+  size_t i = 0;
+  for (; i + n <= dim; i += n) hn::StoreU(hn::MulAdd(pv, load_w<T>(df, vrow, i), hn::LoadU(df, out + i)), df, out + i);
+  for (; i < dim; ++i) out[i] += p * scalar_w<T>(vrow, i);
+}
+
+template <DType T>
+void dots_t(const float* q, const uint8_t* rows, int64_t n, int64_t dim, float* s) {
+  constexpr size_t es = T == DType::F32 ? 4 : 2;
+  for (int64_t j = 0; j < n; ++j) s[j] = dot_q<T>(q, rows + static_cast<size_t>(j * dim) * es, static_cast<size_t>(dim));
+}
+template <DType T>
+void accumulate_t(const float* p, const uint8_t* rows, int64_t n, int64_t dim, float* acc) {
+  constexpr size_t es = T == DType::F32 ? 4 : 2;
+  for (int64_t j = 0; j < n; ++j) axpy<T>(p[j], rows + static_cast<size_t>(j * dim) * es, acc, static_cast<size_t>(dim));
+}
+void DotsF16(const float* q, const uint16_t* rows, int64_t n, int64_t dim, float* s) {
+  dots_t<DType::F16>(q, reinterpret_cast<const uint8_t*>(rows), n, dim, s);
+}
+void DotsF32(const float* q, const float* rows, int64_t n, int64_t dim, float* s) {
+  dots_t<DType::F32>(q, reinterpret_cast<const uint8_t*>(rows), n, dim, s);
+}
+void AccumulateF16(const float* p, const uint16_t* rows, int64_t n, int64_t dim, float* acc) {
+  accumulate_t<DType::F16>(p, reinterpret_cast<const uint8_t*>(rows), n, dim, acc);
+}
+void AccumulateF32(const float* p, const float* rows, int64_t n, int64_t dim, float* acc) {
+  accumulate_t<DType::F32>(p, reinterpret_cast<const uint8_t*>(rows), n, dim, acc);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace tandem::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tandem::kernels {
+
+HWY_EXPORT(FloatMatmulRows);
+HWY_EXPORT(DotsF16);
+HWY_EXPORT(DotsF32);
+HWY_EXPORT(AccumulateF16);
+HWY_EXPORT(AccumulateF32);
+
+void dots_f16(const float* q, const uint16_t* rows, int64_t n, int64_t dim, float* s) {
+  HWY_DYNAMIC_DISPATCH(DotsF16)(q, rows, n, dim, s);
+}
+void dots_f32(const float* q, const float* rows, int64_t n, int64_t dim, float* s) {
+  HWY_DYNAMIC_DISPATCH(DotsF32)(q, rows, n, dim, s);
+}
+void accumulate_f16(const float* p, const uint16_t* rows, int64_t n, int64_t dim, float* acc) {
+  HWY_DYNAMIC_DISPATCH(AccumulateF16)(p, rows, n, dim, acc);
+}
+void accumulate_f32(const float* p, const float* rows, int64_t n, int64_t dim, float* acc) {
+  HWY_DYNAMIC_DISPATCH(AccumulateF32)(p, rows, n, dim, acc);
+}
+
+void float_matmul_rows(DType type, const uint8_t* w, size_t w_row_bytes, int64_t o0, int64_t o1, int64_t k,
+                       const float* x, int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
+  HWY_DYNAMIC_DISPATCH(FloatMatmulRows)(type, w, w_row_bytes, o0, o1, k, x, x_stride, n_rows, y, y_stride);
+}
+
+}  // namespace tandem::kernels
+#endif

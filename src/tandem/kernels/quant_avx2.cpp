@@ -1,0 +1,130 @@
+// Quantized dot products on AVX2: vpmaddubsw multiplies unsigned weight codes (at most 127, so pairs never
+// saturate) by signed activation codes and vpmaddwd sums pairs into 32-bit lanes. Q8_0 codes stay signed and use
+// the sign trick |w| * sign(x, w). Up to 4 activation rows share each loaded weight vector.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "tandem/kernels/quant_layout.h"
+#include "tandem/tensor/blocks.h"
+#include "tandem/tensor/fp16.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include <immintrin.h>
+
+namespace tandem::kernels {
+namespace avx2_target {
+
+inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+// The two bit-level helpers quant_unpack.inc expects (compilers vectorize the plain loops poorly).
+inline void nibbles32(const uint8_t* qs, uint8_t* u) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(u), _mm_and_si128(v, m));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(u + 16), _mm_and_si128(_mm_srli_epi16(v, 4), m));
+}
+
+inline void fifth_bits32(const uint8_t* qh, uint8_t* u) {
+  uint32_t bits;
+  std::memcpy(&bits, qh, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int32_t>(bits)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+  const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+  __m256i* p = reinterpret_cast<__m256i*>(u);
+  _mm256_storeu_si256(p, _mm256_or_si256(_mm256_loadu_si256(p), high));
+}
+
+#include "tandem/kernels/quant_unpack.inc"
+
+// Same accumulators and operation sequence for every row whatever NR is (batch invariance).
+template <int NR, bool kSigned>
+void dot_tile(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, float* y,
+              int64_t y_stride) {
+  __m256 acc0[NR], acc1[NR], acc_b[NR];
+  for (int r = 0; r < NR; ++r) acc0[r] = acc1[r] = acc_b[r] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  for (int64_t s = 0; s < n_super; ++s) {
+    const UnpackedSuper& W = w[s];
+#pragma GCC unroll 8
+    for (int q = 0; q < 8; ++q) {
+      const __m256i u = _mm256_load_si256(reinterpret_cast<const __m256i*>(W.u + 32 * q));
+      const __m256i u_abs = kSigned ? _mm256_sign_epi8(u, u) : u;
+      // Lanes 0..3 take group 2q's scale, lanes 4..7 group 2q + 1's.
+      const __m256 a = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadl_pi(_mm_setzero_ps(), reinterpret_cast<const __m64*>(W.a + 2 * q))), spread);
+      for (int r = 0; r < NR; ++r) {
+        const ActSuper& X = x[r * x_stride + s];
+        __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(X.q + 32 * q));
+        if (kSigned) xq = _mm256_sign_epi8(xq, u);
+        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u_abs, xq), ones);
+        const __m256 scale = _mm256_mul_ps(a, _mm256_load_ps(X.d + 8 * q));
+        if (q % 2 == 0) {
+          acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc0[r]);
+        } else {
+          acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc1[r]);
+        }
+      }
+    }
+    const __m256 b0 = _mm256_load_ps(W.b), b1 = _mm256_load_ps(W.b + 8);
+    for (int r = 0; r < NR; ++r) {
+      const ActSuper& X = x[r * x_stride + s];
+      acc_b[r] = _mm256_fmadd_ps(b0, _mm256_load_ps(X.bs), acc_b[r]);
+      acc_b[r] = _mm256_fmadd_ps(b1, _mm256_load_ps(X.bs + 8), acc_b[r]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    const __m256 v = _mm256_add_ps(_mm256_add_ps(acc0[r], acc1[r]), acc_b[r]);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    y[r * y_stride] = _mm_cvtss_f32(h);
+  }
+}
+
+template <bool kSigned>
+void dot_rows_t(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
+                float* y, int64_t y_stride) {
+  int64_t r = 0;
+  for (; r + 4 <= n_rows; r += 4)
+    dot_tile<4, kSigned>(w, n_super, x + r * x_stride, x_stride, y + r * y_stride, y_stride);
+  const ActSuper* xr = x + r * x_stride;
+  float* yr = y + r * y_stride;
+  switch (n_rows - r) {
+    case 3:
+      return dot_tile<3, kSigned>(w, n_super, xr, x_stride, yr, y_stride);
+    case 2:
+      return dot_tile<2, kSigned>(w, n_super, xr, x_stride, yr, y_stride);
+    case 1:
+      return dot_tile<1, kSigned>(w, n_super, xr, x_stride, yr, y_stride);
+    default:
+      return;
+  }
+}
+
+void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
+              bool signed_codes, float* y, int64_t y_stride) {
+  if (signed_codes) return dot_rows_t<true>(w, n_super, x, x_stride, n_rows, y, y_stride);
+  dot_rows_t<false>(w, n_super, x, x_stride, n_rows, y, y_stride);
+}
+
+}  // namespace avx2_target
+
+const QuantKernels& quant_kernels_avx2() {
+  static const QuantKernels k{true, avx2_target::unpack_row_impl, avx2_target::quantize_row_impl,
+                              avx2_target::dot_rows};
+  return k;
+}
+
+}  // namespace tandem::kernels
+#pragma GCC pop_options
+
+#else
+namespace tandem::kernels {
+const QuantKernels& quant_kernels_avx2() { return quant_kernels_scalar(); }
+}  // namespace tandem::kernels
+#endif

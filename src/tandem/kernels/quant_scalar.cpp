@@ -1,0 +1,84 @@
+// Portable quantized kernels: the reference the SIMD targets are tested against, and the fallback on CPUs
+// without a SIMD target. Sums run in lane order, one lane at a time.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "tandem/kernels/quant_layout.h"
+#include "tandem/tensor/blocks.h"
+#include "tandem/tensor/fp16.h"
+
+namespace tandem::kernels {
+namespace scalar_target {
+
+inline float half_to_float(uint16_t h) { return fp16_to_f32(h); }
+
+// The two bit-level helpers quant_unpack.inc expects, in plain C++.
+inline void nibbles32(const uint8_t* __restrict qs, uint8_t* __restrict u) {
+  for (int l = 0; l < 16; ++l) {
+    u[l] = qs[l] & 0x0F;
+    u[l + 16] = qs[l] >> 4;
+  }
+}
+
+inline void fifth_bits32(const uint8_t* qh, uint8_t* __restrict u) {
+  uint32_t bits;
+  std::memcpy(&bits, qh, 4);
+  for (int l = 0; l < 32; ++l) u[l] |= static_cast<uint8_t>(((bits >> l) & 1) << 4);
+}
+
+#include "tandem/kernels/quant_unpack.inc"
+
+float dot_one(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, bool signed_codes) {
+  float acc = 0.0f, acc_b = 0.0f;
+  for (int64_t s = 0; s < n_super; ++s) {
+    const UnpackedSuper& W = w[s];
+    const ActSuper& X = x[s];
+    for (int l = 0; l < kLanes; ++l) {
+      int32_t dot = 0;
+      for (int i = 4 * l; i < 4 * l + 4; ++i)
+        dot += (signed_codes ? static_cast<int32_t>(static_cast<int8_t>(W.u[i])) : static_cast<int32_t>(W.u[i])) *
+               X.q[i];
+      acc += static_cast<float>(dot) * (W.a[l / 4] * X.d[l]);
+    }
+    for (int g = 0; g < kGroups; ++g) acc_b += W.b[g] * X.bs[g];
+  }
+  return acc + acc_b;
+}
+
+void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
+              bool signed_codes, float* y, int64_t y_stride) {
+  for (int64_t r = 0; r < n_rows; ++r) y[r * y_stride] = dot_one(w, n_super, x + r * x_stride, signed_codes);
+}
+
+}  // namespace scalar_target
+
+bool is_quantized_weight(DType t) {
+  switch (t) {
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q8_0:
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool per_super_activations(DType t) {
+  return t == DType::Q2_K || t == DType::Q3_K || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+}
+
+const QuantKernels& quant_kernels_scalar() {
+  static const QuantKernels k{false, scalar_target::unpack_row_impl, scalar_target::quantize_row_impl,
+                              scalar_target::dot_rows};
+  return k;
+}
+
+}  // namespace tandem::kernels

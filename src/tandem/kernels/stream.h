@@ -1,0 +1,18 @@
+// Memory read bandwidth, measured with the thread team the model runs on.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tandem/util/thread_pool.h"
+
+namespace tandem::kernels {
+
+// Reads `bytes` at `data` once with every thread of `pool` (contiguous equal shares, 64-byte lines, wide
+// independent accumulators), `passes` times, and returns the best rate in GB/s (1e9 bytes per second).
+double measure_read_bandwidth(const uint8_t* data, size_t bytes, ThreadPool& pool, int passes);
+
+// XOR of the 64-bit words of [data, data + bytes) (bytes a multiple of 64): the streaming read kernel.
+uint64_t stream_xor(const uint8_t* data, size_t bytes);
+
+}  // namespace tandem::kernels

@@ -1,0 +1,371 @@
+#include "tandem/model/synth.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <type_traits>
+
+#include "tandem/gguf/reader.h"
+#include "tandem/gguf/writer.h"
+#include "tandem/tensor/quant.h"
+#include "tandem/util/error.h"
+
+namespace tandem::model {
+namespace {
+
+uint64_t splitmix(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t hash_name(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+  return h;
+}
+
+// Produces row `row` ([cols] floats) of a tensor.
+using RowGen = std::function<void(int64_t row, float* out)>;
+
+// Streams rows [0, rows) of `cols` elements converted to `type`, produced in parallel chunks of about 4 MiB.
+void emit_rows(ThreadPool& pool, DType type, int64_t rows, int64_t cols, const RowGen& gen,
+               const gguf::ByteSink& sink) {
+  const size_t rb = row_bytes(type, cols);
+  const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((size_t{4} << 20) / rb));
+  std::vector<uint8_t> buf(static_cast<size_t>(std::min(chunk, rows)) * rb);
+  std::vector<float> tmp(static_cast<size_t>(pool.size() * cols));
+  for (int64_t c0 = 0; c0 < rows; c0 += chunk) {
+    const int64_t n = std::min(chunk, rows - c0);
+    pool.parallel_for(n, 1, [&](int64_t a, int64_t b, int t) {
+      float* f = tmp.data() + static_cast<size_t>(t) * static_cast<size_t>(cols);
+      for (int64_t r = a; r < b; ++r) {
+        gen(c0 + r, f);
+        quantize_row(type, f, buf.data() + static_cast<size_t>(r) * rb, cols);
+      }
+    });
+    sink(std::span<const uint8_t>(buf.data(), static_cast<size_t>(n) * rb));
+  }
+}
+
+RowGen uniform_rows(uint64_t seed, std::string_view name, int64_t cols, float scale, float offset = 0.0f) {
+  const uint64_t base = seed * 0x2545F4914F6CDD1Dull ^ hash_name(name);
+  return [=](int64_t row, float* out) {
+    uint64_t state = base + static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull;
+    for (int64_t i = 0; i < cols; ++i) {
+      const double u = static_cast<double>(splitmix(state) >> 11) * (1.0 / 9007199254740992.0);
+      out[i] = offset + scale * static_cast<float>(2.0 * u - 1.0);
+    }
+  };
+}
+
+bool use_more_bits(int64_t layer, int64_t n_layer) {
+  return layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
+}
+
+uint32_t llama_ftype(std::string_view name) {
+  static const std::pair<std::string_view, uint32_t> ids[] = {
+      {"F32", 0},     {"F16", 1},     {"Q4_0", 2},    {"Q4_1", 3},    {"Q8_0", 7},    {"Q5_0", 8},
+      {"Q5_1", 9},    {"Q2_K", 10},   {"Q3_K_M", 12}, {"Q4_K_S", 14}, {"Q4_K_M", 15}, {"Q5_K_S", 16},
+      {"Q5_K_M", 17}, {"Q6_K", 18},   {"BF16", 32}};
+  for (const auto& [n, id] : ids)
+    if (n == name) return id;
+  return 0;
+}
+
+// The generated vocabulary: <unk>, <s>, </s>, the 256 byte tokens, then distinct letter strings, every other one
+// with the SentencePiece word-start marker.
+void add_vocabulary(gguf::Writer& w, int64_t n_vocab) {
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<int32_t> types;
+  tokens.reserve(static_cast<size_t>(n_vocab));
+  auto add = [&](std::string t, int32_t type) {
+    scores.push_back(-static_cast<float>(tokens.size()));
+    tokens.push_back(std::move(t));
+    types.push_back(type);
+  };
+  add("<unk>", 2);
+  add("<s>", 3);
+  add("</s>", 3);
+  for (int b = 0; b < 256 && static_cast<int64_t>(tokens.size()) < n_vocab; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    add(name, 6);
+  }
+  for (int64_t i = 0; static_cast<int64_t>(tokens.size()) < n_vocab; ++i) {
+    std::string word;
+    for (int64_t v = i;; v = v / 26 - 1) {
+      word.insert(word.begin(), static_cast<char>('a' + v % 26));
+      if (v < 26) break;
+    }
+    add(i % 2 == 0 ? "\xE2\x96\x81" + word : word, 1);
+  }
+  w.add_string("tokenizer.ggml.model", "llama");
+  w.add_array("tokenizer.ggml.tokens", std::span<const std::string>(tokens));
+  w.add_array("tokenizer.ggml.scores", std::span<const float>(scores));
+  w.add_array("tokenizer.ggml.token_type", std::span<const int32_t>(types));
+  w.add_u32("tokenizer.ggml.unknown_token_id", 0);
+  w.add_u32("tokenizer.ggml.bos_token_id", 1);
+  w.add_u32("tokenizer.ggml.eos_token_id", 2);
+  w.add_bool("tokenizer.ggml.add_bos_token", true);
+}
+
+}  // namespace
+
+const std::vector<SynthPreset>& synth_presets() {
+  static const std::vector<SynthPreset> presets = {
+      {"tinyllama-1.1b", "llama", 2048, 5632, 22, 32, 4, 32000, 2048, 10000.0f, false},
+      {"llama-3.2-1b", "llama", 2048, 8192, 16, 32, 8, 128256, 131072, 500000.0f, true},
+      {"qwen2.5-0.5b", "qwen2", 896, 4864, 24, 14, 2, 151936, 32768, 1000000.0f, true},
+      {"qwen2.5-1.5b", "qwen2", 1536, 8960, 28, 12, 2, 151936, 32768, 1000000.0f, true},
+      {"tiny-llama-d256", "llama", 256, 768, 2, 4, 2, 512, 512, 10000.0f, false},
+      {"tiny-qwen2-d64", "qwen2", 64, 160, 2, 4, 2, 384, 512, 10000.0f, true},
+  };
+  return presets;
+}
+
+const SynthPreset& find_synth_preset(std::string_view name) {
+  std::string known;
+  for (const SynthPreset& p : synth_presets()) {
+    if (p.name == name) return p;
+    known += (known.empty() ? "" : ", ") + std::string(p.name);
+  }
+  throw Error("unknown preset '" + std::string(name) + "' (known: " + known + ")");
+}
+
+const std::vector<FileType>& file_types() {
+  static const std::vector<FileType> types = {
+      {"F32", DType::F32, false},     {"F16", DType::F16, false},     {"BF16", DType::BF16, false},
+      {"Q8_0", DType::Q8_0, false},   {"Q4_0", DType::Q4_0, false},   {"Q4_1", DType::Q4_1, false},
+      {"Q5_0", DType::Q5_0, false},   {"Q5_1", DType::Q5_1, false},   {"Q2_K", DType::Q2_K, false},
+      {"Q3_K_M", DType::Q3_K, true},  {"Q4_K_S", DType::Q4_K, false}, {"Q4_K_M", DType::Q4_K, true},
+      {"Q5_K_S", DType::Q5_K, false}, {"Q5_K_M", DType::Q5_K, true},  {"Q6_K", DType::Q6_K, false},
+  };
+  return types;
+}
+
+const FileType& find_file_type(std::string_view name) {
+  std::string upper(name), known;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (const FileType& t : file_types()) {
+    if (t.name == upper) return t;
+    known += (known.empty() ? "" : ", ") + std::string(t.name);
+  }
+  throw Error("unknown type '" + std::string(name) + "' (known: " + known + ")");
+}
+
+DType matrix_type(const FileType& ft, std::string_view tensor, int64_t cols, int64_t layer, int64_t n_layer) {
+  const DType base = ft.base;
+  if (base == DType::F32 || base == DType::F16 || base == DType::BF16) return base;
+  DType t = base;
+  const bool head = tensor == "output.weight";
+  if (head && base != DType::Q8_0) t = DType::Q6_K;
+  const bool v_or_down = tensor.find("attn_v.weight") != std::string_view::npos ||
+                         tensor.find("ffn_down.weight") != std::string_view::npos;
+  if (ft.mix_m && v_or_down && layer >= 0 && use_more_bits(layer, n_layer))
+    t = base == DType::Q3_K ? DType::Q5_K : DType::Q6_K;
+  if (cols % 256 != 0) {
+    switch (t) {
+      case DType::Q2_K:
+      case DType::Q3_K:
+        return DType::Q4_0;
+      case DType::Q4_K:
+        return DType::Q5_0;
+      case DType::Q5_K:
+        return DType::Q5_1;
+      case DType::Q6_K:
+        return DType::Q8_0;
+      default:
+        break;
+    }
+  }
+  return t;
+}
+
+void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::string& path, ThreadPool& pool,
+                           uint64_t seed) {
+  gguf::Writer w;
+  const std::string a(p.arch);
+  w.add_string("general.architecture", a);
+  w.add_string("general.name", "synthetic " + std::string(p.name) + " (random weights)");
+  w.add_u32("general.file_type", llama_ftype(ft.name));
+  w.add_u32(a + ".context_length", static_cast<uint32_t>(p.n_ctx_train));
+  w.add_u32(a + ".embedding_length", static_cast<uint32_t>(p.n_embd));
+  w.add_u32(a + ".block_count", static_cast<uint32_t>(p.n_layer));
+  w.add_u32(a + ".feed_forward_length", static_cast<uint32_t>(p.n_ff));
+  w.add_u32(a + ".attention.head_count", static_cast<uint32_t>(p.n_head));
+  w.add_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(p.n_head_kv));
+  w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(p.n_embd / p.n_head));
+  w.add_f32(a + ".rope.freq_base", p.rope_base);
+  w.add_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
+  w.add_u32(a + ".vocab_size", static_cast<uint32_t>(p.n_vocab));
+  add_vocabulary(w, p.n_vocab);
+
+  const int64_t head_dim = p.n_embd / p.n_head, kv_dim = p.n_head_kv * head_dim;
+  auto matrix = [&](const std::string& name, int64_t cols, int64_t rows, int64_t layer, float scale) {
+    // A tied embedding is also the head, so it takes the head's type.
+    const bool tied_head = p.tied_embeddings && name == "token_embd.weight";
+    const DType t = matrix_type(ft, tied_head ? "output.weight" : name, cols, layer, p.n_layer);
+    RowGen gen = uniform_rows(seed, name, cols, scale);
+    w.add_tensor(name, t, {cols, rows}, [&pool, t, rows, cols, gen](const gguf::ByteSink& sink) {
+      emit_rows(pool, t, rows, cols, gen, sink);
+    });
+  };
+  auto vec = [&](const std::string& name, int64_t n, float scale, float offset) {
+    RowGen gen = uniform_rows(seed, name, n, scale, offset);
+    w.add_tensor(name, DType::F32, {n}, [&pool, n, gen](const gguf::ByteSink& sink) {
+      emit_rows(pool, DType::F32, 1, n, gen, sink);
+    });
+  };
+  // Uniform weights of variance 1 / cols keep activations near unit scale through the layers.
+  auto fan_in = [](int64_t cols) { return static_cast<float>(std::sqrt(3.0 / static_cast<double>(cols))); };
+  matrix("token_embd.weight", p.n_embd, p.n_vocab, -1, 1.0f);
+  vec("output_norm.weight", p.n_embd, 0.1f, 1.0f);
+  if (!p.tied_embeddings) matrix("output.weight", p.n_embd, p.n_vocab, -1, fan_in(p.n_embd));
+  for (int64_t i = 0; i < p.n_layer; ++i) {
+    const std::string b = "blk." + std::to_string(i) + ".";
+    vec(b + "attn_norm.weight", p.n_embd, 0.1f, 1.0f);
+    matrix(b + "attn_q.weight", p.n_embd, p.n_embd, i, fan_in(p.n_embd));
+    matrix(b + "attn_k.weight", p.n_embd, kv_dim, i, fan_in(p.n_embd));
+    matrix(b + "attn_v.weight", p.n_embd, kv_dim, i, fan_in(p.n_embd));
+    if (p.arch == "qwen2") {
+      vec(b + "attn_q.bias", p.n_embd, 0.1f, 0.0f);
+      vec(b + "attn_k.bias", kv_dim, 0.1f, 0.0f);
+      vec(b + "attn_v.bias", kv_dim, 0.1f, 0.0f);
+    }
+    matrix(b + "attn_output.weight", p.n_embd, p.n_embd, i, fan_in(p.n_embd));
+    vec(b + "ffn_norm.weight", p.n_embd, 0.1f, 1.0f);
+    matrix(b + "ffn_gate.weight", p.n_embd, p.n_ff, i, fan_in(p.n_embd));
+    matrix(b + "ffn_up.weight", p.n_embd, p.n_ff, i, fan_in(p.n_embd));
+    matrix(b + "ffn_down.weight", p.n_ff, p.n_embd, i, fan_in(p.n_ff));
+  }
+  w.write_file(path);
+}
+
+namespace {
+
+// Copies one metadata value into the writer, element types preserved.
+void copy_value(gguf::Writer& w, const std::string& key, const gguf::Value& v) {
+  using gguf::ValueType;
+  switch (v.type) {
+    case ValueType::U8:
+      return w.add_u8(key, static_cast<uint8_t>(v.u));
+    case ValueType::I8:
+      return w.add_i8(key, static_cast<int8_t>(v.i));
+    case ValueType::U16:
+      return w.add_u16(key, static_cast<uint16_t>(v.u));
+    case ValueType::I16:
+      return w.add_i16(key, static_cast<int16_t>(v.i));
+    case ValueType::U32:
+      return w.add_u32(key, static_cast<uint32_t>(v.u));
+    case ValueType::I32:
+      return w.add_i32(key, static_cast<int32_t>(v.i));
+    case ValueType::U64:
+      return w.add_u64(key, v.u);
+    case ValueType::I64:
+      return w.add_i64(key, v.i);
+    case ValueType::F32:
+      return w.add_f32(key, static_cast<float>(v.f));
+    case ValueType::F64:
+      return w.add_f64(key, v.f);
+    case ValueType::BOOL:
+      return w.add_bool(key, v.u != 0);
+    case ValueType::STRING:
+      return w.add_string(key, v.str);
+    case ValueType::ARRAY:
+      break;
+  }
+  auto numeric = [&]<typename T>(T) {
+    std::vector<T> out(static_cast<size_t>(v.count));
+    for (uint64_t k = 0; k < v.count; ++k) {
+      if constexpr (std::is_floating_point_v<T>) {
+        out[k] = static_cast<T>(v.elem_f64(k));
+      } else {
+        out[k] = static_cast<T>(v.elem_i64(k));
+      }
+    }
+    w.add_array(key, std::span<const T>(out));
+  };
+  switch (v.elem_type) {
+    case ValueType::U8:
+      return numeric(uint8_t{});
+    case ValueType::I8:
+      return numeric(int8_t{});
+    case ValueType::U16:
+      return numeric(uint16_t{});
+    case ValueType::I16:
+      return numeric(int16_t{});
+    case ValueType::U32:
+      return numeric(uint32_t{});
+    case ValueType::I32:
+      return numeric(int32_t{});
+    case ValueType::U64:
+      return numeric(uint64_t{});
+    case ValueType::I64:
+      return numeric(int64_t{});
+    case ValueType::F32:
+      return numeric(float{});
+    case ValueType::F64:
+      return numeric(double{});
+    case ValueType::BOOL: {
+      std::unique_ptr<bool[]> out(new bool[v.count]);
+      for (uint64_t k = 0; k < v.count; ++k) out[k] = v.elem_i64(k) != 0;
+      return w.add_array(key, std::span<const bool>(out.get(), static_cast<size_t>(v.count)));
+    }
+    case ValueType::STRING:
+      return w.add_array(key, std::span<const std::string_view>(v.strings));
+    default:
+      throw Error("metadata key '" + key + "' holds an array of arrays, which GGUF writers do not support");
+  }
+}
+
+}  // namespace
+
+void quantize_model(const std::string& in_path, const std::string& out_path, const FileType& ft, ThreadPool& pool) {
+  const gguf::File in = gguf::File::open(in_path);
+  gguf::Writer w;
+  const std::string arch(in.get_string("general.architecture").value_or(""));
+  const int64_t n_layer = in.get_int(arch + ".block_count").value_or(0);
+  const bool tied = in.tensor("output.weight") == nullptr;
+  for (const auto& [key, value] : in.metadata()) {
+    if (key == "general.alignment") continue;
+    if (key == "general.file_type") {
+      w.add_u32(key, llama_ftype(ft.name));
+      continue;
+    }
+    copy_value(w, key, value);
+  }
+  for (const gguf::TensorInfo& t : in.tensors()) {
+    std::vector<int64_t> ne(t.ne.begin(), t.ne.begin() + std::max(1, t.n_dims));
+    const bool is_matrix = t.n_dims == 2 && t.name.size() > 7 && t.name.ends_with(".weight") &&
+                           t.name.find("norm") == std::string::npos && traits(t.type).computable;
+    if (!is_matrix) {
+      w.add_tensor(t.name, t.type, ne, std::span<const uint8_t>(t.data, t.bytes));
+      continue;
+    }
+    int64_t layer = -1;
+    if (t.name.rfind("blk.", 0) == 0) layer = std::atoll(t.name.c_str() + 4);
+    const bool tied_head = tied && t.name == "token_embd.weight";
+    const DType type = matrix_type(ft, tied_head ? "output.weight" : t.name, t.ne[0], layer, n_layer);
+    const int64_t cols = t.ne[0], rows = t.ne[1];
+    const DType src_type = t.type;
+    const uint8_t* src = t.data;
+    const size_t src_rb = row_bytes(src_type, cols);
+    RowGen gen = [=](int64_t row, float* out) {
+      dequantize_row(src_type, src + static_cast<size_t>(row) * src_rb, out, cols);
+    };
+    w.add_tensor(t.name, type, ne, [&pool, type, rows, cols, gen](const gguf::ByteSink& sink) {
+      emit_rows(pool, type, rows, cols, gen, sink);
+    });
+  }
+  w.write_file(out_path);
+}
+
+}  // namespace tandem::model

@@ -1,0 +1,63 @@
+// Chat templates: messages -> the prompt text a chat model was trained on.
+//
+// A GGUF file carries its template as Jinja source (tokenizer.chat_template). Rather than interpret Jinja,
+// Tandem recognises the common families by their marker tokens and renders them natively:
+//   chatml   <|im_start|>{role}\n{content}<|im_end|>\n ... <|im_start|>assistant\n    (Qwen, many others;
+//            a default system message written in the template, as Qwen's, is applied when none is given)
+//   llama2   [INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] ...
+//   llama3   <|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|> ... assistant header
+//   mistral  [INST] {user} [/INST]{assistant}</s>[INST] ...   (a system message opens the first user turn)
+//   gemma    <start_of_turn>{user|model}\n{content}<end_of_turn>\n ... <start_of_turn>model\n
+//            (no system role: a system message opens the first user turn)
+//   phi3     <|{role}|>\n{content}<|end|>\n ... <|assistant|>\n
+// The BOS token that starts a conversation is not written: the tokenizer adds it when the model asks for
+// one (tokenizer.ggml.add_bos_token), so it is never doubled. Later BOS / EOS tokens that a format places
+// between turns are written as their text, which the tokenizer parses as special tokens.
+//
+// A model without a template, or with one of no known family, uses the plain transcript:
+//   {system}\n\n            (when there is a system message)
+//   User: {content}\n
+//   Assistant: {content}\n
+//   ...
+//   Assistant:
+// with "\nUser:" as an implicit stop sequence, so a base model does not write the next user turn.
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tandem::server {
+
+struct ChatMessage {
+  std::string role;  // system | user | assistant | tool
+  std::string content;
+};
+
+enum class ChatFamily { kPlain, kChatML, kLlama2, kLlama3, kMistral, kGemma, kPhi3 };
+
+class ChatTemplate {
+ public:
+  // Recognises the family of a tokenizer.chat_template source (empty: plain). bos / eos: the text of the
+  // model's BOS and EOS tokens, written between turns by the llama2 and mistral formats.
+  static ChatTemplate detect(std::string_view source, std::string bos = "<s>", std::string eos = "</s>");
+  explicit ChatTemplate(ChatFamily family, std::string bos = "<s>", std::string eos = "</s>",
+                        std::string default_system = {});
+
+  ChatFamily family() const { return family_; }
+  std::string_view name() const;
+  const std::string& default_system() const { return default_system_; }
+
+  // The prompt for `messages`, ending where the assistant's reply starts. Throws tandem::Error when there is
+  // no message.
+  std::string render(std::span<const ChatMessage> messages) const;
+  // Stop sequences the format implies beyond the model's end-of-generation tokens.
+  std::vector<std::string> stop_sequences() const;
+
+ private:
+  ChatFamily family_;
+  std::string bos_, eos_, default_system_;
+};
+
+}  // namespace tandem::server

@@ -1,0 +1,417 @@
+#include "tandem/server/http.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <random>
+
+#include "tandem/server/openai_api.h"
+#include "tandem/server/sse.h"
+#include "tandem/server/text_assembler.h"
+#include "tandem/util/error.h"
+
+namespace tandem::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+constexpr const char* kJson = "application/json";
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string random_hex(size_t n) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::random_device rd;
+  std::string s;
+  for (size_t i = 0; i < n; ++i) s += kDigits[rd() % 16];
+  return s;
+}
+
+uint64_t random_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+const char* finish_reason(engine::Finish f) {
+  return f == engine::Finish::kStop ? "stop" : "length";
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Impl(engine::Scheduler& s, const tokenizer::Tokenizer& t, const ChatTemplate& c, Metrics& m,
+       ServerOptions o)
+      : scheduler(s), tok(t), chat(c), metrics(m), options(std::move(o)) {
+    limits.model_name = options.model_name;
+    limits.n_vocab = tok.n_vocab();
+  }
+
+  engine::Scheduler& scheduler;
+  const tokenizer::Tokenizer& tok;
+  const ChatTemplate& chat;
+  Metrics& metrics;
+  ServerOptions options;
+  ApiLimits limits;
+  httplib::Server svr;
+  std::atomic<bool> draining{false};
+  int port = -1;
+
+  void log(const httplib::Request& req, int status, const std::string& detail) const {
+    std::fprintf(stderr, "serve: %s %s %d%s%s\n", req.method.c_str(), req.path.c_str(), status,
+                 detail.empty() ? "" : " ", detail.c_str());
+  }
+
+  void send_error(const httplib::Request& req, httplib::Response& res, const ApiError& e,
+                  const std::string& endpoint) {
+    res.status = e.status;
+    res.set_content(dump(e.to_json()), kJson);
+    metrics.request(endpoint, e.status);
+    log(req, e.status, e.type + ": " + e.what());
+  }
+
+  // Runs a handler, turning every exception into an error response: the server never dies of a request.
+  template <typename Fn>
+  void guarded(const httplib::Request& req, httplib::Response& res, const std::string& endpoint, Fn&& fn) {
+    try {
+      fn();
+    } catch (const ApiError& e) {
+      send_error(req, res, e, endpoint);
+    } catch (const std::exception& e) {
+      send_error(req, res, ApiError(500, "server_error", std::string("internal error: ") + e.what()),
+                 endpoint);
+    }
+  }
+
+  void routes();
+  void generation(const httplib::Request& req, httplib::Response& res, bool chat_api);
+  engine::Request engine_request(const CompletionRequest& r, std::vector<std::string>& stops);
+  void respond_whole(const CompletionRequest& r, const std::shared_ptr<engine::Stream>& stream,
+                     std::vector<std::string> stops, Clock::time_point t0, const httplib::Request& req,
+                     httplib::Response& res, const std::string& endpoint);
+  void respond_stream(const CompletionRequest& r, std::shared_ptr<engine::Stream> stream,
+                      std::vector<std::string> stops, Clock::time_point t0, const httplib::Request& req,
+                      httplib::Response& res, const std::string& endpoint);
+};
+
+engine::Request HttpServer::Impl::engine_request(const CompletionRequest& r,
+                                                 std::vector<std::string>& stops) {
+  engine::Request er;
+  std::string param = r.chat ? "messages" : "prompt";
+  if (r.chat) {
+    er.prompt = tok.encode(chat.render(r.messages), /*add_special=*/true, /*parse_special=*/true);
+    for (const std::string& s : chat.stop_sequences()) stops.push_back(s);
+  } else if (!r.prompt_ids.empty()) {
+    er.prompt = r.prompt_ids;
+  } else {
+    er.prompt = tok.encode(r.prompt, /*add_special=*/true, /*parse_special=*/true);
+  }
+  if (er.prompt.empty()) throw bad_request("the prompt encodes to no tokens", param);
+  const int64_t n_ctx = scheduler.context();
+  const auto n = static_cast<int64_t>(er.prompt.size());
+  if (n >= n_ctx)
+    throw ApiError(400, "invalid_request_error",
+                   "This model's maximum context length is " + std::to_string(n_ctx) +
+                       " tokens, but the prompt has " + std::to_string(n) +
+                       " tokens, leaving no room for a completion",
+                   param, "context_length_exceeded");
+  const int64_t room = n_ctx - n;
+  if (r.max_tokens && *r.max_tokens > room)
+    throw ApiError(400, "invalid_request_error",
+                   "This model's maximum context length is " + std::to_string(n_ctx) +
+                       " tokens; the prompt has " + std::to_string(n) + " tokens and max_tokens asks for " +
+                       std::to_string(*r.max_tokens) + " more",
+                   "max_tokens", "context_length_exceeded");
+  er.max_tokens = r.max_tokens ? *r.max_tokens : (r.chat ? room : std::min<int64_t>(16, room));
+  sampling::Params& p = er.sampling;
+  p.temperature = static_cast<float>(r.temperature);
+  p.top_p = static_cast<float>(r.top_p);
+  p.top_k = 0;
+  p.min_p = 0;
+  p.repeat_penalty = 1;
+  p.repeat_last_n = -1;
+  p.presence_penalty = static_cast<float>(r.presence_penalty);
+  p.frequency_penalty = static_cast<float>(r.frequency_penalty);
+  p.seed = r.seed ? *r.seed : random_seed();
+  er.top_logprobs = r.top_logprobs;
+  er.stop_at_eog = !r.ignore_eos;
+  return er;
+}
+
+void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response& res, bool chat_api) {
+  const auto t0 = Clock::now();
+  const std::string endpoint = chat_api ? "/v1/chat/completions" : "/v1/completions";
+  guarded(req, res, endpoint, [&] {
+    CompletionRequest r = parse_request(req.body, chat_api, limits);
+    if (draining.load())
+      throw ApiError(503, "server_error", "the server is shutting down", {}, "server_shutting_down");
+    std::vector<std::string> stops = r.stop;
+    engine::Request er = engine_request(r, stops);
+    engine::Scheduler::Admit admit{};
+    std::string why;
+    std::shared_ptr<engine::Stream> stream = scheduler.submit(std::move(er), admit, &why);
+    if (admit == engine::Scheduler::Admit::kQueueFull) {
+      res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
+      throw ApiError(503, "server_error", "the server is busy: every running slot and queue place is taken",
+                     {}, "server_overloaded");
+    }
+    if (admit == engine::Scheduler::Admit::kDraining)
+      throw ApiError(503, "server_error", "the server is shutting down", {}, "server_shutting_down");
+    if (admit == engine::Scheduler::Admit::kInvalid) throw bad_request(why);
+    if (r.stream)
+      respond_stream(r, std::move(stream), std::move(stops), t0, req, res, endpoint);
+    else
+      respond_whole(r, stream, std::move(stops), t0, req, res, endpoint);
+  });
+}
+
+void HttpServer::Impl::respond_whole(const CompletionRequest& r,
+                                     const std::shared_ptr<engine::Stream>& stream,
+                                     std::vector<std::string> stops, Clock::time_point t0,
+                                     const httplib::Request& req, httplib::Response& res,
+                                     const std::string& endpoint) {
+  TextAssembler text(tok, std::move(stops), r.top_logprobs >= 0);
+  Choice choice;
+  choice.want_logprobs = r.top_logprobs >= 0;
+  engine::Event ev;
+  bool first = true;
+  for (;;) {
+    if (!stream->next(ev, std::chrono::milliseconds(1000))) continue;
+    if (ev.kind == engine::Event::Kind::kToken) {
+      if (first) metrics.first_token(seconds_since(t0));
+      first = false;
+      choice.text += text.push(ev.token, choice.logprobs);
+      if (text.stopped()) stream->cancel();  // the final event follows within one iteration
+      continue;
+    }
+    break;
+  }
+  if (ev.finish == engine::Finish::kError)
+    throw ApiError(500, "server_error", "generation failed: " + ev.error);
+  choice.text += text.finish();
+  choice.finish_reason = text.stopped() ? "stop" : finish_reason(ev.finish);
+  const json body = response_json(r, (r.chat ? "chatcmpl-" : "cmpl-") + random_hex(24),
+                                  static_cast<int64_t>(std::time(nullptr)), choice, ev.usage);
+  res.status = 200;
+  res.set_content(dump(body), kJson);
+  metrics.request(endpoint, 200);
+  char detail[96];
+  std::snprintf(detail, sizeof detail, "%lld+%lld tokens %.2fs",
+                static_cast<long long>(ev.usage.prompt_tokens),
+                static_cast<long long>(ev.usage.completion_tokens), seconds_since(t0));
+  log(req, 200, detail);
+}
+
+namespace {
+
+// One SSE response in progress, shared by the content provider's calls.
+struct SseState {
+  SseState(const tokenizer::Tokenizer& tok, CompletionRequest req, std::shared_ptr<engine::Stream> s,
+           std::vector<std::string> stops)
+      : r(std::move(req)), stream(std::move(s)), text(tok, std::move(stops), r.top_logprobs >= 0) {}
+  CompletionRequest r;
+  std::shared_ptr<engine::Stream> stream;
+  TextAssembler text;
+  std::string id;
+  int64_t created = 0;
+  bool first_chunk = true, first_token = true, finish_sent = false;
+  std::vector<Choice::Logprob> logprobs;
+};
+
+}  // namespace
+
+void HttpServer::Impl::respond_stream(const CompletionRequest& r, std::shared_ptr<engine::Stream> stream,
+                                      std::vector<std::string> stops, Clock::time_point t0,
+                                      const httplib::Request& req, httplib::Response& res,
+                                      const std::string& endpoint) {
+  auto st = std::make_shared<SseState>(tok, r, std::move(stream), std::move(stops));
+  st->id = (r.chat ? "chatcmpl-" : "cmpl-") + random_hex(24);
+  st->created = static_cast<int64_t>(std::time(nullptr));
+  metrics.request(endpoint, 200);
+  log(req, 200, "streaming");
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  auto provider = [this, st, t0](size_t, httplib::DataSink& sink) -> bool {
+    const auto cancel = [&] {
+      st->stream->cancel();
+      return false;
+    };
+    engine::Event ev;
+    // Wait for the next event, watching for a client that went away meanwhile.
+    while (!st->stream->next(ev, std::chrono::milliseconds(50)))
+      if (!sink.is_writable()) return cancel();
+    std::string out;
+    auto chunk = [&](const std::string& delta, const std::string& finish) {
+      out += sse_event(dump(chunk_json(st->r, st->id, st->created, delta, st->logprobs,
+                                       st->r.top_logprobs >= 0, finish, st->first_chunk && st->r.chat)));
+      st->first_chunk = false;
+      st->logprobs.clear();
+    };
+    if (st->first_chunk && st->r.chat) chunk("", "");  // the role comes first, as OpenAI sends it
+    bool done = false;
+    do {
+      if (ev.kind == engine::Event::Kind::kToken) {
+        if (st->first_token) metrics.first_token(seconds_since(t0));
+        st->first_token = false;
+        if (st->finish_sent) continue;
+        std::string delta = st->text.push(ev.token, st->logprobs);
+        if (!delta.empty() || !st->logprobs.empty()) chunk(delta, "");
+        if (st->text.stopped()) {
+          st->stream->cancel();
+          chunk("", "stop");
+          st->finish_sent = true;
+        }
+        continue;
+      }
+      done = true;
+      if (ev.finish == engine::Finish::kError) {
+        ApiError e(500, "server_error", "generation failed: " + ev.error);
+        out += sse_event(dump(e.to_json()));
+      } else if (!st->finish_sent) {
+        std::string rest = st->text.finish();
+        if (!rest.empty()) chunk(rest, "");
+        chunk("", finish_reason(ev.finish));
+      }
+      if (st->r.include_usage) out += sse_event(dump(usage_chunk_json(st->r, st->id, st->created, ev.usage)));
+      out += sse_done();
+    } while (!done && st->stream->next(ev, std::chrono::milliseconds(0)));
+    if (!out.empty() && !sink.write(out.data(), out.size())) return cancel();
+    if (done) sink.done();
+    return true;
+  };
+  res.set_chunked_content_provider("text/event-stream", provider, [st](bool success) {
+    if (!success) st->stream->cancel();
+  });
+}
+
+void HttpServer::Impl::routes() {
+  svr.set_payload_max_length(options.max_body_bytes);
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (req.get_header_value("Authorization") == "Bearer " + options.api_key)
+      return httplib::Server::HandlerResponse::Unhandled;
+    send_error(req, res,
+               ApiError(401, "invalid_request_error",
+                        "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'", {},
+                        "invalid_api_key"),
+               req.path);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // Errors httplib answers itself (unknown route, body too large, unreadable request) get an error object
+  // too; responses that already carry one are left alone.
+  svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                    httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    std::string msg = "request failed";
+    std::string code;
+    if (res.status == 404) {
+      msg = "Unknown route: " + req.method + " " + req.path;
+      code = "unknown_url";
+    } else if (res.status == 413) {
+      msg =
+          "The request body is larger than the limit of " + std::to_string(options.max_body_bytes) + " bytes";
+      code = "request_too_large";
+    } else if (res.status == 400) {
+      msg = "Malformed HTTP request";
+    }
+    ApiError e(res.status, res.status == 404 ? "not_found_error" : "invalid_request_error", msg, {}, code);
+    res.set_content(dump(e.to_json()), kJson);
+    metrics.request(res.status == 404 ? "unknown" : req.path, res.status);
+    log(req, res.status, msg);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  svr.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr) {
+    send_error(req, res, ApiError(500, "server_error", "internal error"), req.path);
+  });
+
+  svr.Post("/v1/completions",
+           [this](const httplib::Request& req, httplib::Response& res) { generation(req, res, false); });
+  svr.Post("/v1/chat/completions",
+           [this](const httplib::Request& req, httplib::Response& res) { generation(req, res, true); });
+  svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    json model = {{"id", options.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tandem"}};
+    res.set_content(dump(json{{"object", "list"}, {"data", json::array({model})}}), kJson);
+    metrics.request("/v1/models", 200);
+    (void)req;
+  });
+  svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const bool ok = !draining.load();
+    res.status = ok ? 200 : 503;
+    res.set_content(dump(json{{"status", ok ? "ok" : "draining"}}), kJson);
+    metrics.request("/health", res.status);
+  });
+  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    metrics.request("/metrics", 200);
+    res.set_content(metrics.render(scheduler.stats()), "text/plain; version=0.0.4");
+  });
+  // A known route with the wrong method: 405 naming the allowed one.
+  struct Route {
+    const char* path;
+    const char* allowed;
+  };
+  for (Route route : {Route{"/v1/completions", "POST"}, Route{"/v1/chat/completions", "POST"},
+                      Route{"/v1/models", "GET"}, Route{"/health", "GET"}, Route{"/metrics", "GET"}}) {
+    auto wrong = [this, route](const httplib::Request& req, httplib::Response& res) {
+      res.set_header("Allow", route.allowed);
+      send_error(req, res,
+                 ApiError(405, "invalid_request_error",
+                          std::string("Method ") + req.method + " is not allowed on " + route.path +
+                              " (use " + route.allowed + ")",
+                          {}, "method_not_allowed"),
+                 route.path);
+    };
+    if (std::string(route.allowed) == "POST")
+      svr.Get(route.path, wrong);
+    else
+      svr.Post(route.path, wrong);
+    svr.Put(route.path, wrong);
+    svr.Patch(route.path, wrong);
+    svr.Delete(route.path, wrong);
+  }
+}
+
+HttpServer::HttpServer(engine::Scheduler& scheduler, const tokenizer::Tokenizer& tokenizer,
+                       const ChatTemplate& chat, Metrics& metrics, ServerOptions options)
+    : impl_(std::make_unique<Impl>(scheduler, tokenizer, chat, metrics, std::move(options))) {
+  const auto& so = scheduler.options();
+  const int threads =
+      impl_->options.threads > 0 ? impl_->options.threads : so.max_running + so.max_waiting + 8;
+  impl_->svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  impl_->routes();
+}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind() {
+  Impl& m = *impl_;
+  if (m.options.port == 0) {
+    m.port = m.svr.bind_to_any_port(m.options.host);
+  } else {
+    m.port = m.svr.bind_to_port(m.options.host, m.options.port) ? m.options.port : -1;
+  }
+  if (m.port < 0)
+    throw Error("cannot listen on " + m.options.host + ":" + std::to_string(m.options.port) +
+                " (address in use, or not a local address?)");
+  return m.port;
+}
+
+void HttpServer::serve() {
+  impl_->svr.listen_after_bind();
+}
+void HttpServer::begin_drain() {
+  impl_->draining.store(true);
+}
+void HttpServer::stop() {
+  impl_->svr.stop();
+}
+int HttpServer::port() const {
+  return impl_->port;
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,59 @@
+// The OpenAI-compatible HTTP server: a thin adapter from HTTP (cpp-httplib) to the scheduler.
+//
+// Routes: POST /v1/completions, POST /v1/chat/completions (streamed as server-sent events with
+// "stream": true), GET /v1/models, GET /health, GET /metrics. Every error is an OpenAI-style error object
+// with the matching status: 400 bad input, 401 missing or wrong API key, 404 unknown route or model, 405
+// wrong method, 413 body too large, 503 queue full (with Retry-After) or draining. Each request is logged to
+// stderr as one line.
+//
+// Each connection is served by a thread of the server's own pool; a streaming request's thread waits on its
+// stream and cancels it when the client goes away (the scheduler then frees the sequence within one
+// iteration).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "tandem/engine/scheduler.h"
+#include "tandem/server/chat_template.h"
+#include "tandem/server/metrics.h"
+#include "tandem/tokenizer/tokenizer.h"
+
+namespace tandem::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;  // 0: any free port (see HttpServer::port())
+  std::string model_name;
+  std::string api_key;               // empty: no authentication
+  size_t max_body_bytes = 4u << 20;  // larger request bodies get 413
+  int threads = 0;                   // connection threads; 0: enough for every running and queued request
+  int retry_after_seconds = 1;       // sent with 503 when the queue is full
+};
+
+class HttpServer {
+ public:
+  // scheduler, tokenizer, chat template and metrics must outlive the server.
+  HttpServer(engine::Scheduler& scheduler, const tokenizer::Tokenizer& tokenizer, const ChatTemplate& chat,
+             Metrics& metrics, ServerOptions options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds the listening socket; throws tandem::Error when it cannot. Returns the bound port.
+  int bind();
+  // Serves connections until stop(); call after bind().
+  void serve();
+  // New generation requests get 503 from now on; running ones continue.
+  void begin_drain();
+  // Stops listening; serve() returns once the connections in progress are done. Safe from any thread.
+  void stop();
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem::server

@@ -1,0 +1,73 @@
+#include "tandem/server/metrics.h"
+
+#include <sstream>
+
+namespace tandem::server {
+
+void Metrics::request(const std::string& endpoint, int status) {
+  std::lock_guard lock(mutex_);
+  ++requests_[{endpoint, status}];
+}
+
+void Metrics::first_token(double seconds) {
+  std::lock_guard lock(mutex_);
+  for (int i = 0; i < kTtftBuckets; ++i) ttft_le_[i] += seconds <= kTtftLe[i] ? 1 : 0;
+  ++ttft_count_;
+  ttft_sum_ += seconds;
+}
+
+std::string Metrics::render(const engine::SchedulerStats& s) const {
+  std::ostringstream o;
+  auto family = [&](const char* name, const char* type, const char* help) {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
+  };
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    family(name, "counter", help);
+    o << name << ' ' << v << '\n';
+  };
+  auto gauge = [&](const char* name, const char* help, int64_t v) {
+    family(name, "gauge", help);
+    o << name << ' ' << v << '\n';
+  };
+  {
+    std::lock_guard lock(mutex_);
+    family("tandem_requests_total", "counter", "HTTP requests answered, by endpoint and status code.");
+    for (const auto& [key, n] : requests_)
+      o << "tandem_requests_total{endpoint=\"" << key.first << "\",status=\"" << key.second << "\"} " << n
+        << '\n';
+    family("tandem_time_to_first_token_seconds", "histogram",
+           "Time from a generation request's arrival to its first token.");
+    for (int i = 0; i < kTtftBuckets; ++i)
+      o << "tandem_time_to_first_token_seconds_bucket{le=\"" << kTtftLe[i] << "\"} " << ttft_le_[i] << '\n';
+    o << "tandem_time_to_first_token_seconds_bucket{le=\"+Inf\"} " << ttft_count_ << '\n'
+      << "tandem_time_to_first_token_seconds_sum " << ttft_sum_ << '\n'
+      << "tandem_time_to_first_token_seconds_count " << ttft_count_ << '\n';
+  }
+  counter("tandem_prompt_tokens_total", "Prompt tokens of finished requests.", s.prompt_tokens);
+  counter("tandem_prompt_tokens_cached_total", "Prompt tokens reused from the prefix cache.",
+          s.cached_tokens);
+  counter("tandem_prompt_tokens_evaluated_total", "Prompt tokens run through the model.",
+          s.evaluated_prompt_tokens);
+  counter("tandem_generated_tokens_total", "Tokens generated (end-of-generation tokens included).",
+          s.generated_tokens);
+  gauge("tandem_queue_depth", "Requests waiting for a running slot.", s.waiting);
+  gauge("tandem_running_sequences", "Sequences prefilling or decoding.", s.running);
+  family("tandem_forward_rows", "histogram",
+         "Rows per model forward (decode rows, prompt chunks, verify windows).");
+  for (int i = 0; i < engine::SchedulerStats::kBuckets; ++i)
+    o << "tandem_forward_rows_bucket{le=\"" << engine::SchedulerStats::kRowBuckets[i] << "\"} "
+      << s.rows_le[i] << '\n';
+  o << "tandem_forward_rows_bucket{le=\"+Inf\"} " << s.forwards << '\n'
+    << "tandem_forward_rows_sum " << s.rows << '\n'
+    << "tandem_forward_rows_count " << s.forwards << '\n';
+  counter("tandem_draft_tokens_total", "Tokens proposed by drafters and verified.", s.drafted);
+  counter("tandem_draft_accepted_total", "Drafted tokens the target accepted.", s.accepted);
+  family("tandem_finished_requests_total", "counter", "Generations finished, by reason.");
+  for (auto f :
+       {engine::Finish::kStop, engine::Finish::kLength, engine::Finish::kCancelled, engine::Finish::kError})
+    o << "tandem_finished_requests_total{reason=\"" << engine::finish_name(f) << "\"} "
+      << s.finished[static_cast<int>(f)] << '\n';
+  return o.str();
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,348 @@
+#include "tandem/server/openai_api.h"
+
+#include <cmath>
+#include <limits>
+
+namespace tandem::server {
+
+using nlohmann::json;
+
+json ApiError::to_json() const {
+  json e = {{"message", what()}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
+  if (!param.empty()) e["param"] = param;
+  if (!code.empty()) e["code"] = code;
+  return json{{"error", e}};
+}
+
+ApiError bad_request(const std::string& message, const std::string& param) {
+  return ApiError(400, "invalid_request_error", message, param);
+}
+
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+namespace {
+
+const char* type_name(const json& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  return "an object";
+}
+
+[[noreturn]] void wrong_type(const std::string& field, const char* want, const json& got) {
+  throw bad_request("'" + field + "' must be " + want + ", not " + type_name(got), field);
+}
+
+// Optional fields: absent and null both mean "use the default".
+const json* field(const json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+double number_in(const json& body, const char* name, double fallback, double lo, double hi) {
+  const json* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_number()) wrong_type(name, "a number", *v);
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi)
+    throw bad_request(
+        "'" + std::string(name) + "' must be between " + dump(lo) + " and " + dump(hi) + ", got " + dump(*v),
+        name);
+  return x;
+}
+
+std::optional<int64_t> integer(const json& body, const char* name) {
+  const json* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer()) {
+    // 5.0 is accepted as 5, as JSON does not distinguish them.
+    if (v->is_number_float()) {
+      const double d = v->get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) return static_cast<int64_t>(d);
+    }
+    wrong_type(name, "an integer", *v);
+  }
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    throw bad_request("'" + std::string(name) + "' is too large", name);
+  return v->get<int64_t>();
+}
+
+bool boolean(const json& body, const char* name, bool fallback) {
+  const json* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_boolean()) wrong_type(name, "a boolean", *v);
+  return v->get<bool>();
+}
+
+std::string message_content(const json& m, size_t i) {
+  const std::string where = "messages[" + std::to_string(i) + "].content";
+  auto it = m.find("content");
+  if (it == m.end() || it->is_null()) return {};  // an assistant turn with tool calls only
+  if (it->is_string()) return it->get<std::string>();
+  if (!it->is_array()) wrong_type(where, "a string or an array of text parts", *it);
+  std::string text;
+  for (const json& part : *it) {
+    if (!part.is_object()) wrong_type(where, "a string or an array of text parts", part);
+    auto type = part.find("type");
+    auto t = part.find("text");
+    if (type == part.end() || *type != "text" || t == part.end() || !t->is_string())
+      throw bad_request("only text content parts are supported (" + where + ")", where);
+    text += t->get<std::string>();
+  }
+  return text;
+}
+
+void parse_messages(const json& body, CompletionRequest& r) {
+  auto it = body.find("messages");
+  if (it == body.end()) throw bad_request("'messages' is required", "messages");
+  if (!it->is_array()) wrong_type("messages", "an array", *it);
+  if (it->empty()) throw bad_request("'messages' must hold at least one message", "messages");
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) wrong_type(where, "an object", m);
+    auto role = m.find("role");
+    if (role == m.end()) throw bad_request("'" + where + ".role' is required", where + ".role");
+    if (!role->is_string()) wrong_type(where + ".role", "a string", *role);
+    ChatMessage msg{role->get<std::string>(), message_content(m, i)};
+    if (msg.role == "developer") msg.role = "system";
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool")
+      throw bad_request(
+          "'" + where + ".role' must be system, user, assistant or tool, got '" + msg.role + "'",
+          where + ".role");
+    r.messages.push_back(std::move(msg));
+  }
+}
+
+void parse_prompt(const json& body, CompletionRequest& r, const ApiLimits& limits) {
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) throw bad_request("'prompt' is required", "prompt");
+  const json& p = *it;
+  auto ids = [&](const json& arr) {
+    for (const json& x : arr) {
+      if (!x.is_number_integer()) wrong_type("prompt", "a string, an array of strings or of token ids", x);
+      const int64_t id = x.get<int64_t>();
+      if (id < 0 || id >= limits.n_vocab)
+        throw bad_request("token id " + std::to_string(id) + " in 'prompt' is outside the vocabulary (0.." +
+                              std::to_string(limits.n_vocab - 1) + ")",
+                          "prompt");
+      r.prompt_ids.push_back(static_cast<int32_t>(id));
+    }
+    if (r.prompt_ids.empty()) throw bad_request("'prompt' is empty", "prompt");
+  };
+  if (p.is_string()) {
+    r.prompt = p.get<std::string>();
+  } else if (p.is_array()) {
+    if (p.empty()) throw bad_request("'prompt' is empty", "prompt");
+    if (p[0].is_number()) {
+      ids(p);
+    } else {
+      if (p.size() != 1) throw bad_request("only one prompt per request is supported", "prompt");
+      if (p[0].is_string())
+        r.prompt = p[0].get<std::string>();
+      else if (p[0].is_array())
+        ids(p[0]);
+      else
+        wrong_type("prompt", "a string, an array of strings or of token ids", p[0]);
+    }
+  } else {
+    wrong_type("prompt", "a string, an array of strings or of token ids", p);
+  }
+  if (r.prompt_ids.empty() && r.prompt.empty()) throw bad_request("'prompt' is empty", "prompt");
+}
+
+void parse_stop(const json& body, CompletionRequest& r) {
+  const json* v = field(body, "stop");
+  if (!v) return;
+  if (v->is_string()) {
+    r.stop.push_back(v->get<std::string>());
+  } else if (v->is_array()) {
+    if (v->size() > 4) throw bad_request("'stop' holds at most 4 sequences", "stop");
+    for (const json& s : *v) {
+      if (!s.is_string()) wrong_type("stop", "a string or an array of strings", s);
+      r.stop.push_back(s.get<std::string>());
+    }
+  } else {
+    wrong_type("stop", "a string or an array of strings", *v);
+  }
+  std::erase_if(r.stop, [](const std::string& s) { return s.empty(); });
+}
+
+void parse_logprobs(const json& body, CompletionRequest& r) {
+  if (!r.chat) {
+    // Completions: logprobs is the number of alternatives, 0..5.
+    if (auto n = integer(body, "logprobs")) {
+      if (*n < 0 || *n > 5) throw bad_request("'logprobs' must be between 0 and 5", "logprobs");
+      r.top_logprobs = static_cast<int>(*n);
+    }
+    return;
+  }
+  const bool on = boolean(body, "logprobs", false);
+  const auto top = integer(body, "top_logprobs");
+  if (top && (*top < 0 || *top > 20))
+    throw bad_request("'top_logprobs' must be between 0 and 20", "top_logprobs");
+  if (top && !on) throw bad_request("'top_logprobs' requires 'logprobs': true", "top_logprobs");
+  if (on) r.top_logprobs = top ? static_cast<int>(*top) : 0;
+}
+
+}  // namespace
+
+CompletionRequest parse_request(const std::string& body, bool chat, const ApiLimits& limits) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    std::string why = e.what();
+    if (why.find("UTF-8") != std::string::npos || why.find("utf-8") != std::string::npos)
+      throw bad_request("the request body is not valid UTF-8");
+    throw bad_request("the request body is not valid JSON: " + why);
+  }
+  if (!j.is_object())
+    throw bad_request(std::string("the request body must be a JSON object, not ") + type_name(j));
+  CompletionRequest r;
+  r.chat = chat;
+  auto model = j.find("model");
+  if (model == j.end() || model->is_null()) throw bad_request("'model' is required", "model");
+  if (!model->is_string()) wrong_type("model", "a string", *model);
+  r.model = model->get<std::string>();
+  if (r.model != limits.model_name)
+    throw ApiError(
+        404, "invalid_request_error",
+        "The model '" + r.model + "' does not exist; this server serves '" + limits.model_name + "'", "model",
+        "model_not_found");
+  if (chat)
+    parse_messages(j, r);
+  else
+    parse_prompt(j, r, limits);
+
+  auto max_tokens = integer(j, "max_tokens");
+  if (chat) {
+    if (auto m = integer(j, "max_completion_tokens")) max_tokens = m;
+  }
+  if (max_tokens && *max_tokens <= 0)
+    throw bad_request("'max_tokens' must be at least 1, got " + std::to_string(*max_tokens), "max_tokens");
+  r.max_tokens = max_tokens;
+  if (auto n = integer(j, "n"); n && *n != 1) throw bad_request("only n = 1 is supported", "n");
+  r.temperature = number_in(j, "temperature", 1.0, 0.0, 2.0);
+  r.top_p = number_in(j, "top_p", 1.0, 0.0, 1.0);
+  if (r.top_p <= 0) throw bad_request("'top_p' must be greater than 0", "top_p");
+  r.presence_penalty = number_in(j, "presence_penalty", 0.0, -2.0, 2.0);
+  r.frequency_penalty = number_in(j, "frequency_penalty", 0.0, -2.0, 2.0);
+  if (const json* s = field(j, "seed")) {
+    if (!s->is_number_integer()) wrong_type("seed", "an integer", *s);
+    r.seed = s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
+  }
+  parse_stop(j, r);
+  parse_logprobs(j, r);
+  r.stream = boolean(j, "stream", false);
+  r.ignore_eos = boolean(j, "ignore_eos", false);
+  if (const json* so = field(j, "stream_options")) {
+    if (!so->is_object()) wrong_type("stream_options", "an object", *so);
+    r.include_usage = boolean(*so, "include_usage", false);
+  }
+  return r;
+}
+
+json usage_json(const engine::Usage& u) {
+  json j = {{"prompt_tokens", u.prompt_tokens},
+            {"completion_tokens", u.completion_tokens},
+            {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+  j["prompt_tokens_details"] = {{"cached_tokens", u.cached_tokens}};
+  return j;
+}
+
+namespace {
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+json logprobs_json(const CompletionRequest& req, const std::vector<Choice::Logprob>& lps) {
+  if (req.chat) {
+    json content = json::array();
+    for (const auto& lp : lps) {
+      json top = json::array();
+      for (const auto& [tok, v] : lp.top)
+        top.push_back({{"token", tok}, {"logprob", v}, {"bytes", bytes_of(tok)}});
+      content.push_back({{"token", lp.token},
+                         {"logprob", lp.logprob},
+                         {"bytes", bytes_of(lp.token)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
+  for (const auto& lp : lps) {
+    tokens.push_back(lp.token);
+    token_logprobs.push_back(lp.logprob);
+    json alt = json::object();
+    for (const auto& [tok, v] : lp.top) alt[tok] = v;
+    top.push_back(alt);
+    offsets.push_back(lp.text_offset);
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_logprobs},
+          {"top_logprobs", top},
+          {"text_offset", offsets}};
+}
+
+json base_json(const CompletionRequest& req, const std::string& id, int64_t created, const char* object) {
+  return {{"id", id},
+          {"object", object},
+          {"created", created},
+          {"model", req.model},
+          {"system_fingerprint", "tandem"}};
+}
+
+}  // namespace
+
+json response_json(const CompletionRequest& req, const std::string& id, int64_t created, const Choice& c,
+                   const engine::Usage& usage) {
+  json j = base_json(req, id, created, req.chat ? "chat.completion" : "text_completion");
+  json choice = {{"index", 0}, {"finish_reason", c.finish_reason}};
+  choice["logprobs"] = c.want_logprobs ? logprobs_json(req, c.logprobs) : json(nullptr);
+  if (req.chat)
+    choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+  else
+    choice["text"] = c.text;
+  j["choices"] = json::array({choice});
+  j["usage"] = usage_json(usage);
+  return j;
+}
+
+json chunk_json(const CompletionRequest& req, const std::string& id, int64_t created,
+                const std::string& delta, const std::vector<Choice::Logprob>& logprobs, bool want_logprobs,
+                const std::string& finish_reason, bool first) {
+  json j = base_json(req, id, created, req.chat ? "chat.completion.chunk" : "text_completion");
+  json choice = {{"index", 0}};
+  choice["finish_reason"] = finish_reason.empty() ? json(nullptr) : json(finish_reason);
+  choice["logprobs"] = want_logprobs && !logprobs.empty() ? logprobs_json(req, logprobs) : json(nullptr);
+  if (req.chat) {
+    json d = json::object();
+    if (first) d["role"] = "assistant";
+    if (!delta.empty() || first) d["content"] = delta;
+    choice["delta"] = d;
+  } else {
+    choice["text"] = delta;
+  }
+  j["choices"] = json::array({choice});
+  if (req.include_usage) j["usage"] = nullptr;
+  return j;
+}
+
+json usage_chunk_json(const CompletionRequest& req, const std::string& id, int64_t created,
+                      const engine::Usage& usage) {
+  json j = base_json(req, id, created, req.chat ? "chat.completion.chunk" : "text_completion");
+  j["choices"] = json::array();
+  j["usage"] = usage_json(usage);
+  return j;
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,101 @@
+// OpenAI API requests and responses, as plain data: parsing and validation of request bodies (every failure
+// an ApiError carrying the HTTP status and an OpenAI-style error object) and the JSON of responses and
+// streamed chunks. No I/O and no model here, so every rule is tested without a server.
+//
+// One extension: "ignore_eos": true generates through end-of-generation tokens, up to max_tokens.
+// Unknown fields are ignored, as OpenAI does; fields Tandem cannot honour (n > 1, several prompts, non-text
+// message parts) are rejected rather than silently changed.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tandem/engine/stream.h"
+#include "tandem/server/chat_template.h"
+
+namespace tandem::server {
+
+// An error answered to a client: HTTP status plus the fields of OpenAI's {"error": {...}} object.
+struct ApiError : std::runtime_error {
+  ApiError(int status, std::string type, const std::string& message, std::string param = {},
+           std::string code = {})
+      : std::runtime_error(message),
+        status(status),
+        type(std::move(type)),
+        param(std::move(param)),
+        code(std::move(code)) {}
+  int status;
+  std::string type;   // invalid_request_error, authentication_error, not_found_error, server_error, ...
+  std::string param;  // the offending request field, when there is one
+  std::string code;   // a machine-readable code, when there is one
+  nlohmann::json to_json() const;
+};
+
+ApiError bad_request(const std::string& message, const std::string& param = {});
+
+struct CompletionRequest {
+  bool chat = false;
+  std::string model;
+  // Completions: the prompt as text, or as token ids when prompt_ids is non-empty. Chat: messages.
+  std::string prompt;
+  std::vector<int32_t> prompt_ids;
+  std::vector<ChatMessage> messages;
+  std::optional<int64_t> max_tokens;  // absent: completions 16, chat up to the context
+  double temperature = 1.0;
+  double top_p = 1.0;
+  double presence_penalty = 0, frequency_penalty = 0;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  int top_logprobs = -1;  // < 0: no logprobs
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool ignore_eos = false;     // extension: generate through end-of-generation tokens (benchmarks, tests)
+};
+
+// Limits a request is checked against.
+struct ApiLimits {
+  std::string model_name;  // the one model served: requests must name it
+  int64_t n_vocab = 0;
+};
+
+// Parses and validates a request body for /v1/completions (chat = false) or /v1/chat/completions. Throws
+// ApiError: 400 for malformed JSON, invalid UTF-8, wrong types, missing fields and out-of-range values; 404
+// for a model name other than the one served.
+CompletionRequest parse_request(const std::string& body, bool chat, const ApiLimits& limits);
+
+// Response assembly for one choice.
+struct Choice {
+  std::string text;
+  std::string finish_reason;  // "stop" | "length"
+  struct Logprob {
+    std::string token;  // the token's bytes (may be an incomplete UTF-8 sequence)
+    double logprob = 0;
+    std::vector<std::pair<std::string, double>> top;
+    int64_t text_offset = 0;  // completions: offset of the token's text in the completion
+  };
+  std::vector<Logprob> logprobs;
+  bool want_logprobs = false;
+};
+
+nlohmann::json usage_json(const engine::Usage& usage);
+// The full (non-streamed) response.
+nlohmann::json response_json(const CompletionRequest& req, const std::string& id, int64_t created,
+                             const Choice& choice, const engine::Usage& usage);
+// One streamed chunk carrying `delta` text (and its logprobs); finish_reason empty until the last one.
+// first: a chat stream's first chunk also carries the role.
+nlohmann::json chunk_json(const CompletionRequest& req, const std::string& id, int64_t created,
+                          const std::string& delta, const std::vector<Choice::Logprob>& logprobs,
+                          bool want_logprobs, const std::string& finish_reason, bool first);
+// The closing chunk of a stream with stream_options.include_usage: no choices, the usage.
+nlohmann::json usage_chunk_json(const CompletionRequest& req, const std::string& id, int64_t created,
+                                const engine::Usage& usage);
+
+// JSON text safe for any string content: invalid UTF-8 becomes U+FFFD instead of throwing.
+std::string dump(const nlohmann::json& j);
+
+}  // namespace tandem::server

@@ -1,0 +1,242 @@
+#include "tandem/speculative/calibration.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "tandem/engine/session.h"
+#include "tandem/sampling/rng.h"
+#include "tandem/util/error.h"
+
+namespace tandem::speculative {
+namespace {
+
+constexpr size_t kSample = size_t{1} << 20;
+
+uint64_t hash_bytes(uint64_t h, const char* data, size_t n) {
+  uint64_t word = 0;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    std::memcpy(&word, data + i, 8);
+    h = sampling::mix64(h ^ word);
+  }
+  word = 0;
+  if (i < n) {
+    std::memcpy(&word, data + i, n - i);
+    h = sampling::mix64(h ^ word ^ (uint64_t{n - i} << 56));
+  }
+  return h;
+}
+
+// Minimum seconds of `repeats` calls to fn.
+template <typename Fn>
+double time_min(int repeats, Fn&& fn) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+// A deterministic token sequence inside the vocabulary (the costs do not depend on which tokens run).
+std::vector<int32_t> filler_tokens(int64_t n, int64_t n_vocab) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    ids[static_cast<size_t>(i)] =
+        static_cast<int32_t>(sampling::mix64(static_cast<uint64_t>(i)) % static_cast<uint64_t>(n_vocab));
+  return ids;
+}
+
+nlohmann::json read_cache(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return nlohmann::json::object();
+  try {
+    nlohmann::json j = nlohmann::json::parse(in);
+    if (j.is_object() && j.contains("entries") && j["entries"].is_array()) return j;
+  } catch (const std::exception&) {
+  }
+  return nlohmann::json::object();
+}
+
+bool same_key(const nlohmann::json& e, const std::string& hash, const std::string& cpu, int threads) {
+  return e.value("model_hash", "") == hash && e.value("cpu", "") == cpu && e.value("threads", 0) == threads;
+}
+
+}  // namespace
+
+CostModel Calibration::cost_model(const std::string& draft_hash) const {
+  CostModel c;
+  c.verify = verify;
+  if (c.verify.size() < 2) c.verify = {1.0, 1.0};
+  if (!draft_hash.empty()) {
+    auto it = draft_per_token.find(draft_hash);
+    if (it != draft_per_token.end()) c.draft_per_token = it->second;
+  }
+  return c;
+}
+
+std::string file_fingerprint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot read '" + path + "' to fingerprint it");
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<uint64_t>(in.tellg());
+  uint64_t h = sampling::mix64(size);
+  std::vector<char> buf(kSample);
+  const uint64_t offsets[] = {0, size / 2 > kSample / 2 ? size / 2 - kSample / 2 : 0,
+                              size > kSample ? size - kSample : 0};
+  for (uint64_t off : offsets) {
+    in.clear();
+    in.seekg(static_cast<std::streamoff>(off));
+    in.read(buf.data(), static_cast<std::streamsize>(std::min<uint64_t>(kSample, size - off)));
+    h = hash_bytes(h, buf.data(), static_cast<size_t>(in.gcount()));
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string key = line.substr(0, line.find_last_not_of(" \t", colon - 1) + 1);
+    if (key == "model name" || key == "Model" || key == "Hardware") {
+      const auto start = line.find_first_not_of(" \t", colon + 1);
+      return start == std::string::npos ? "unknown" : line.substr(start);
+    }
+  }
+  return "unknown";
+}
+
+std::string calibration_file_path() {
+  namespace fs = std::filesystem;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    return (fs::path(xdg) / "tandem" / "calibration.json").string();
+  if (const char* home = std::getenv("HOME"); home && *home)
+    return (fs::path(home) / ".cache" / "tandem" / "calibration.json").string();
+  return (fs::path(".cache") / "tandem" / "calibration.json").string();
+}
+
+std::optional<Calibration> load_calibration(const std::string& path, const std::string& model_hash,
+                                            const std::string& cpu, int threads) {
+  const nlohmann::json j = read_cache(path);
+  if (!j.contains("entries")) return std::nullopt;
+  for (const auto& e : j["entries"]) {
+    if (!same_key(e, model_hash, cpu, threads)) continue;
+    try {
+      Calibration c;
+      c.model_hash = model_hash;
+      c.cpu = cpu;
+      c.threads = threads;
+      c.decode_seconds = e.value("decode_seconds", 0.0);
+      c.verify = e.at("verify").get<std::vector<double>>();
+      if (e.contains("draft_per_token"))
+        c.draft_per_token = e["draft_per_token"].get<std::map<std::string, double>>();
+      if (c.verify.size() < 2) return std::nullopt;
+      return c;
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+void store_calibration(const std::string& path, const Calibration& c) {
+  namespace fs = std::filesystem;
+  nlohmann::json j = read_cache(path);
+  if (!j.contains("entries")) j = {{"version", 1}, {"entries", nlohmann::json::array()}};
+  nlohmann::json entries = nlohmann::json::array();
+  std::map<std::string, double> drafts = c.draft_per_token;
+  for (const auto& e : j["entries"]) {
+    if (!same_key(e, c.model_hash, c.cpu, c.threads)) {
+      entries.push_back(e);
+      continue;
+    }
+    // Keep the draft models measured earlier against the same target unless this calibration re-measured
+    // them.
+    if (e.contains("draft_per_token") && e["draft_per_token"].is_object())
+      for (const auto& [hash, cost] : e["draft_per_token"].items())
+        if (cost.is_number()) drafts.emplace(hash, cost.get<double>());
+  }
+  entries.push_back({{"model_hash", c.model_hash},
+                     {"cpu", c.cpu},
+                     {"threads", c.threads},
+                     {"decode_seconds", c.decode_seconds},
+                     {"verify", c.verify},
+                     {"draft_per_token", drafts}});
+  j["entries"] = std::move(entries);
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp);
+    if (!out) throw Error("cannot write the calibration cache '" + tmp + "'");
+    out << j.dump(2) << "\n";
+    if (!out) throw Error("cannot write the calibration cache '" + tmp + "'");
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) throw Error("cannot replace the calibration cache '" + path + "': " + ec.message());
+}
+
+Calibration calibrate(const model::Model& target, const std::string& target_path, const model::Model* draft,
+                      const std::string& draft_path, ThreadPool& pool, const CalibrateOptions& o) {
+  if (o.max_rows < 1 || o.context < 1 || o.repeats < 1)
+    throw Error("calibration needs max_rows, context and repeats >= 1");
+  Calibration c;
+  c.model_hash = file_fingerprint(target_path);
+  c.cpu = cpu_model_name();
+  c.threads = pool.size();
+
+  engine::SessionOptions so;
+  so.n_ctx = o.context + o.max_rows + 1;
+  so.batch = std::max<int64_t>(256, o.max_rows);
+  engine::Session session(target, pool, so);
+  const auto tokens = filler_tokens(o.context + o.max_rows, session.n_vocab());
+  const std::span<const int32_t> all(tokens);
+  session.eval(all.first(static_cast<size_t>(o.context)));
+  const std::span<const int32_t> window = all.subspan(static_cast<size_t>(o.context));
+
+  std::vector<double> best(static_cast<size_t>(o.max_rows) + 1, std::numeric_limits<double>::infinity());
+  const auto run_rows = [&](int rows) {
+    session.eval(window.first(static_cast<size_t>(rows)), /*all_logits=*/true);
+    session.truncate(o.context);
+  };
+  run_rows(1);  // warm up caches and thread team
+  for (int rep = 0; rep < o.repeats; ++rep)
+    for (int r = 1; r <= o.max_rows; ++r)
+      best[static_cast<size_t>(r)] =
+          std::min(best[static_cast<size_t>(r)], time_min(1, [&] { run_rows(r); }));
+  c.decode_seconds = best[1];
+  c.verify.assign(best.size(), 1.0);
+  for (int r = 2; r <= o.max_rows; ++r)
+    c.verify[static_cast<size_t>(r)] = std::max(1.0, best[static_cast<size_t>(r)] / best[1]);
+
+  if (draft) {
+    engine::Session ds(*draft, pool, so);
+    const auto dt = filler_tokens(o.context + 1, ds.n_vocab());
+    const std::span<const int32_t> dall(dt);
+    ds.eval(dall.first(static_cast<size_t>(o.context)));
+    const double seconds = time_min(o.repeats * 2 + 1, [&] {
+      ds.eval(dall.subspan(static_cast<size_t>(o.context), 1));
+      ds.truncate(o.context);
+    });
+    c.draft_per_token[file_fingerprint(draft_path)] = seconds / c.decode_seconds;
+  }
+  return c;
+}
+
+}  // namespace tandem::speculative

@@ -1,0 +1,57 @@
+// Measured costs that the gate plans with: the target's forward time by row count relative to one decode row,
+// and a draft model's decode time per token relative to the target's. Measured on the machine that serves and
+// cached in a JSON file, one entry per (target file, CPU model, threads).
+//
+// Cache file: $XDG_CACHE_HOME/tandem/calibration.json, else $HOME/.cache/tandem/calibration.json.
+// Model identity: file_fingerprint(), a 64-bit hash of the file's size and three 1 MiB samples (head, middle,
+// tail), in hex. It reads at most 3 MiB, so it is quick for any model; two files that agree on size and all
+// three samples are treated as the same model.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tandem/model/model.h"
+#include "tandem/speculative/gate.h"
+#include "tandem/util/thread_pool.h"
+
+namespace tandem::speculative {
+
+struct Calibration {
+  std::string model_hash;  // file_fingerprint() of the target
+  std::string cpu;         // cpu_model_name()
+  int threads = 0;
+  double decode_seconds = 0;   // one-row target forward
+  std::vector<double> verify;  // [rows] cost relative to one row; index 0 unused, verify[1] == 1
+  std::map<std::string, double> draft_per_token;  // draft model fingerprint -> its decode cost / target's
+
+  // The gate's cost model; draft_hash names a calibrated draft model ("" for drafters of negligible cost).
+  CostModel cost_model(const std::string& draft_hash = "") const;
+};
+
+std::string file_fingerprint(const std::string& path);
+std::string cpu_model_name();
+std::string calibration_file_path();
+
+// The cached entry for (model_hash, cpu, threads), if any. A missing or unreadable cache file gives nullopt.
+std::optional<Calibration> load_calibration(const std::string& path, const std::string& model_hash,
+                                            const std::string& cpu, int threads);
+// Adds or replaces the entry with the same key (written atomically: temporary file, then rename). Throws
+// tandem::Error when the file cannot be written.
+void store_calibration(const std::string& path, const Calibration& calibration);
+
+struct CalibrateOptions {
+  int max_rows = 17;  // verify windows measured: 1..max_rows rows
+  int context = 64;   // tokens in the cache before the measured forwards
+  int repeats = 5;    // each row count is timed this often (interleaved); the minimum is kept
+};
+
+// Measures the target (and, when given, a draft model) with `pool`. model_path/draft_path name the files for
+// the fingerprints.
+Calibration calibrate(const model::Model& target, const std::string& target_path, const model::Model* draft,
+                      const std::string& draft_path, ThreadPool& pool, const CalibrateOptions& options);
+
+}  // namespace tandem::speculative

@@ -1,0 +1,117 @@
+#include "tandem/speculative/gate.h"
+
+#include <algorithm>
+
+#include "tandem/util/error.h"
+
+namespace tandem::speculative {
+
+double CostModel::verify_cost(int rows) const {
+  if (rows <= 1) return 1.0;
+  const int n = static_cast<int>(verify.size()) - 1;  // largest measured row count
+  if (rows <= n) return verify[static_cast<size_t>(rows)];
+  if (n < 2) return static_cast<double>(rows);  // nothing measured beyond one row: assume linear
+  const double slope = std::max(0.0, verify[static_cast<size_t>(n)] - verify[static_cast<size_t>(n - 1)]);
+  return verify[static_cast<size_t>(n)] + slope * (rows - n);
+}
+
+CostModel CostModel::linear(double per_row, double draft_per_token, int max_rows) {
+  CostModel c;
+  c.verify.assign(static_cast<size_t>(max_rows) + 1, 1.0);
+  for (int r = 1; r <= max_rows; ++r) c.verify[static_cast<size_t>(r)] = 1.0 + per_row * (r - 1);
+  c.draft_per_token = draft_per_token;
+  return c;
+}
+
+Gate::Gate(const GateSettings& s, CostModel costs, int max_depth, int min_depth)
+    : settings_(s), costs_(std::move(costs)), max_depth_(max_depth), min_depth_(min_depth) {
+  if (max_depth < 1) throw Error("the gate's maximum draft depth must be at least 1");
+  if (min_depth < 1 || min_depth > max_depth)
+    throw Error("the minimum draft depth must be between 1 and the maximum (" + std::to_string(max_depth) +
+                ")");
+  if (!(s.prior_accepted >= 0) || !(s.prior_rejected >= 0) || !(s.prior_accepted + s.prior_rejected > 0))
+    throw Error("the gate's prior counts must be >= 0 and not both 0");
+  if (!(s.decay > 0 && s.decay <= 1) || !(s.idle_decay > 0 && s.idle_decay <= 1))
+    throw Error("the gate's decay and idle decay must be in (0, 1]");
+  if (!(s.margin >= 0)) throw Error("the gate's margin must be >= 0");
+  if (s.probe_interval < 1 || s.max_probe_interval < s.probe_interval)
+    throw Error("the gate's probe interval must be >= 1 and <= its maximum");
+  if (s.probe_depth < 1) throw Error("the gate's probe depth must be at least 1");
+  accepted_.assign(static_cast<size_t>(max_depth), s.prior_accepted);
+  rejected_.assign(static_cast<size_t>(max_depth), s.prior_rejected);
+  interval_ = s.probe_interval;
+}
+
+double Gate::acceptance(int position) const {
+  const auto i = static_cast<size_t>(position - 1);
+  const double total = accepted_[i] + rejected_[i];
+  // Counts that decayed to nothing keep the prior's ratio (uniform decay never changes a ratio).
+  if (!(total > 1e-12))
+    return settings_.prior_accepted / (settings_.prior_accepted + settings_.prior_rejected);
+  return accepted_[i] / total;
+}
+
+double Gate::expected_rate(int depth) const {
+  double expected = 1.0, chain = 1.0;
+  for (int k = 1; k <= depth; ++k) {
+    chain *= acceptance(k);
+    expected += chain;
+  }
+  return expected / costs_.round_cost(depth);
+}
+
+int Gate::best_depth(int limit) const {
+  const int top = std::min(max_depth_, limit);
+  int best = 0;
+  double best_rate = 1.0 + settings_.margin;
+  for (int d = min_depth_; d <= top; ++d) {
+    const double rate = expected_rate(d);
+    if (rate >= best_rate) {
+      best_rate = rate;
+      best = d;
+    }
+  }
+  return best;
+}
+
+Gate::Decision Gate::decide(int limit) {
+  Decision decision;
+  decision.depth = best_depth(limit);
+  if (decision.depth > 0) {
+    idle_rounds_ = 0;
+    interval_ = settings_.probe_interval;
+    return decision;
+  }
+  if (++idle_rounds_ >= interval_) {
+    idle_rounds_ = 0;
+    decision.probe = true;
+    // The next probe is due only if this one leaves the gate idle, so it comes after twice the wait.
+    interval_ = std::min(settings_.max_probe_interval, interval_ * 2);
+  }
+  return decision;
+}
+
+void Gate::record(std::span<const double> outcomes) {
+  const size_t n = std::min(outcomes.size(), accepted_.size());
+  for (size_t i = 0; i < n; ++i) {
+    const double a = std::clamp(outcomes[i], 0.0, 1.0);
+    accepted_[i] = accepted_[i] * settings_.decay + a;
+    rejected_[i] = rejected_[i] * settings_.decay + (1.0 - a);
+  }
+}
+
+void Gate::record_round(int drafted, int accepted) {
+  const int observed = std::min(drafted, accepted + 1);
+  for (int i = 0; i < observed && i < max_depth_; ++i) {
+    const double a = i < accepted ? 1.0 : 0.0;
+    accepted_[static_cast<size_t>(i)] = accepted_[static_cast<size_t>(i)] * settings_.decay + a;
+    rejected_[static_cast<size_t>(i)] = rejected_[static_cast<size_t>(i)] * settings_.decay + (1.0 - a);
+  }
+}
+
+void Gate::record_idle() {
+  for (double& a : accepted_) a *= settings_.idle_decay;
+  for (double& r : rejected_) r *= settings_.idle_decay;
+}
+
+}  // namespace tandem::speculative

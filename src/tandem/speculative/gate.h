@@ -1,0 +1,98 @@
+// The adaptive draft gate: decides, round by round, how many tokens to draft (0: a plain step) from what the
+// drafter has been accepting and what a verify window costs on this machine.
+//
+// Model. Every draft position i = 1..max_depth keeps accepted and rejected counts (a_i, r_i), starting from
+// the prior (prior_accepted, prior_rejected); a_i / (a_i + r_i) estimates the chance that draft i is accepted
+// given that drafts 1..i-1 were. The expected tokens of a round drafting d are
+//   E(d) = 1 + sum_{k=1..d} prod_{i=1..k} a_i / (a_i + r_i)
+// (the target always adds one token), and its cost, in units of one plain decode step, is
+//   C(d) = verify_cost(d + 1 rows) + d * draft_cost_per_token   (CostModel, from calibration.h).
+// The gate drafts the depth d >= min_depth that maximises E(d) / C(d), but only when that rate exceeds a
+// plain step's (1 token per unit) by the margin: E(d) / C(d) >= 1 + margin.
+//
+// Learning. A verified round that drafted d and accepted k observes positions 1..min(k + 1, d): each observed
+// position's counts are multiplied by `decay`, then positions 1..k gain an acceptance and position k + 1
+// (when k < d) a rejection. A round without drafts multiplies every count by `idle_decay`, which keeps the
+// estimated rates but lightens the evidence, so the next observation moves them more.
+//
+// Probes. After `probe_interval` rounds without drafts the gate asks for a probe: the drafter proposes
+// `probe_depth` tokens that are not verified; the loop compares them with the tokens the target then produces
+// in plain steps and reports the outcome through record() (fractional acceptance probabilities when
+// sampling). Each probe that still leaves the gate drafting nothing doubles the interval, up to
+// max_probe_interval; a decision to draft resets it.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace tandem::speculative {
+
+// Defaults chosen for a CPU target: a prior of 60% acceptance weighing 5 rounds, evidence that halves in
+// about 7 rounds, and a probe every 8 idle rounds backing off to one per 128.
+struct GateSettings {
+  double prior_accepted = 3.0;
+  double prior_rejected = 2.0;
+  double decay = 0.9;        // kept by an observed position's counts per round
+  double idle_decay = 0.98;  // kept by every count per round without drafts
+  double margin = 0.05;      // required relative gain over a plain step
+  int probe_interval = 8;    // idle rounds before the first probe
+  int max_probe_interval = 128;
+  int probe_depth = 4;
+};
+
+// What a round costs, in units of one plain (one-row) target decode step.
+struct CostModel {
+  // verify[r] = cost of a target forward over r rows (index 0 unused, verify[1] == 1). Rows past the end are
+  // extrapolated linearly from the last two entries.
+  std::vector<double> verify;
+  double draft_per_token = 0.0;  // drafter cost of one proposed token
+
+  double verify_cost(int rows) const;
+  double round_cost(int depth) const { return verify_cost(depth + 1) + depth * draft_per_token; }
+  // A cost model without measurements: every extra row costs `per_row` of a decode step.
+  static CostModel linear(double per_row, double draft_per_token, int max_rows = 17);
+};
+
+class Gate {
+ public:
+  // max_depth >= 1: the deepest round the gate plans; min_depth in [1, max_depth]: the shallowest one it
+  // drafts.
+  Gate(const GateSettings& settings, CostModel costs, int max_depth, int min_depth = 1);
+
+  struct Decision {
+    int depth = 0;       // tokens to draft and verify (0: a plain step)
+    bool probe = false;  // depth == 0; draft settings().probe_depth tokens without verifying them
+  };
+  // The next round's plan; `limit` caps the depth (remaining tokens, context). Counts idle rounds for probes.
+  Decision decide(int limit);
+
+  // Outcomes of observed draft positions 1..outcomes.size(): 1 accepted, 0 rejected, or a probability.
+  void record(std::span<const double> outcomes);
+  // A verified round: `drafted` tokens of which `accepted` were accepted.
+  void record_round(int drafted, int accepted);
+  // A round without drafts.
+  void record_idle();
+
+  // The expected rate E(d) / C(d) of drafting d (d = 0: 1, a plain step), and the acceptance estimate of
+  // draft position i (1-based).
+  double expected_rate(int depth) const;
+  double acceptance(int position) const;
+  // The depth in [min_depth, min(max_depth, limit)] with the best expected rate, or 0 when none beats a plain
+  // step by the margin.
+  int best_depth(int limit) const;
+
+  const GateSettings& settings() const { return settings_; }
+  const CostModel& costs() const { return costs_; }
+  int probe_interval() const { return interval_; }
+
+ private:
+  GateSettings settings_;
+  CostModel costs_;
+  int max_depth_, min_depth_;
+  std::vector<double> accepted_, rejected_;  // [max_depth], position i at index i - 1
+  int idle_rounds_ = 0;
+  int interval_;  // idle rounds before the next probe
+};
+
+}  // namespace tandem::speculative

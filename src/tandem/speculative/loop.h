@@ -1,0 +1,55 @@
+// Speculative generation of one sequence: each round a draft source proposes up to d tokens, the target
+// checks the window [last committed token, drafts] in one forward, verify.h keeps the accepted prefix and the
+// target's next token, and both caches roll back to what was kept. Accepted tokens are never recomputed.
+//
+// The output is the target's: greedy runs produce exactly the tokens of engine::generate, and sampled runs
+// draw every token from exactly the distribution engine::generate would draw it from (verify.h). The adaptive
+// gate (gate.h) chooses each round's depth, 0 meaning a plain decode step.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tandem/engine/generate.h"
+#include "tandem/engine/session.h"
+#include "tandem/speculative/draft_source.h"
+#include "tandem/speculative/gate.h"
+
+namespace tandem::speculative {
+
+struct SpecOptions {
+  engine::GenerateOptions generate;  // max_tokens, sampling, sequence_id: as for engine::generate
+  int draft_max = 8;                 // drafts per round at most (>= 1)
+  int draft_min = 1;                 // a shorter proposal is not verified; the round is a plain step instead
+  bool use_gate = true;              // false: always draft draft_max (where tokens and context allow)
+  GateSettings gate;
+  CostModel costs;  // the gate's costs; empty verify: CostModel::linear(0.25, 0) is assumed
+};
+
+struct SpecStats : engine::GenerateStats {
+  int64_t target_forwards = 0;           // after the prompt: plain steps plus verify rounds
+  int64_t rounds = 0;                    // verify rounds (with drafts)
+  int64_t drafted = 0;                   // drafts verified
+  int64_t accepted = 0;                  // drafts accepted
+  int64_t probes = 0;                    // unverified probe proposals
+  std::vector<int64_t> depth_histogram;  // [draft_max + 1]: target forwards by the number of drafts verified
+
+  double acceptance() const { return drafted > 0 ? static_cast<double>(accepted) / drafted : 0.0; }
+  // Accepted drafts per verify round (the target's own token not counted).
+  double mean_accepted() const { return rounds > 0 ? static_cast<double>(accepted) / rounds : 0.0; }
+  double tokens_per_forward() const {
+    return target_forwards > 0 ? static_cast<double>(generated) / target_forwards : 0.0;
+  }
+  double tokens_per_second() const { return generate_seconds > 0 ? generated / generate_seconds : 0.0; }
+  // Adds another run's counts (histograms of the same size).
+  void add(const SpecStats& other);
+};
+
+// Generates after `prompt` (non-empty) on an empty target session, like engine::generate. `source` is begun
+// here. The end-of-generation token, when reached, is passed to on_token and ends the run.
+SpecStats generate_speculative(engine::Session& target, DraftSource& source, std::span<const int32_t> prompt,
+                               const SpecOptions& options, const engine::TokenFn& on_token,
+                               const engine::EogFn& is_eog);
+
+}  // namespace tandem::speculative

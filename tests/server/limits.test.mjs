@@ -1,0 +1,89 @@
+// Authentication, the bounded queue (503 with Retry-After) and draining on SIGTERM, on a server with one
+// running slot and one queue place.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import { startServer, sleep, MODEL_NAME } from './harness.mjs';
+
+const KEY = 'test-key-123';
+let server;
+
+before(async () => {
+  server = await startServer(['-c', '2048', '--parallel', '1', '--queue', '1', '--api-key', KEY]);
+});
+
+after(async () => {
+  if (server.proc.exitCode === null) await server.stop();
+});
+
+const auth = { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' };
+const long = (extra = {}) => JSON.stringify({
+  model: MODEL_NAME, prompt: 'Once upon a time', max_tokens: 2000, ignore_eos: true, stream: true, ...extra,
+});
+
+test('an API key is required everywhere but /health', async () => {
+  assert.equal((await fetch(`${server.url}/health`)).status, 200);
+  for (const headers of [{}, { authorization: 'Bearer wrong' }, { authorization: KEY }]) {
+    const res = await fetch(`${server.url}/v1/models`, { headers });
+    assert.equal(res.status, 401);
+    assert.equal(typeof (await res.json()).error.message, 'string');
+  }
+  const bad = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'wrong', maxRetries: 0 });
+  await assert.rejects(bad.models.list(), (e) => e instanceof OpenAI.AuthenticationError);
+  const good = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0 });
+  assert.equal((await good.models.list()).data[0].id, MODEL_NAME);
+});
+
+test('past the running slots and the queue: 503 with Retry-After', async () => {
+  const controllers = [];
+  const answers = await Promise.all(Array.from({ length: 4 }, async (_, i) => {
+    await sleep(i * 20);  // in order: the first runs, the second waits, the rest are refused
+    const c = new AbortController();
+    controllers.push(c);
+    const res = await fetch(`${server.url}/v1/completions`, { method: 'POST', headers: auth, body: long(), signal: c.signal });
+    return { status: res.status, retry: res.headers.get('retry-after'), body: res.status === 200 ? null : await res.json() };
+  }));
+  const refused = answers.filter((a) => a.status === 503);
+  assert.equal(answers.filter((a) => a.status === 200).length, 2, JSON.stringify(answers));
+  assert.equal(refused.length, 2);
+  for (const r of refused) {
+    assert.ok(Number(r.retry) >= 1);
+    assert.equal(typeof r.body.error.message, 'string');
+  }
+  for (const c of controllers) c.abort();
+  // Both slots come back: a new request is served.
+  for (let i = 0; ; ++i) {
+    const res = await fetch(`${server.url}/v1/completions`, {
+      method: 'POST', headers: auth, body: JSON.stringify({ model: MODEL_NAME, prompt: 'Hi', max_tokens: 2 }),
+    });
+    if (res.status === 200) break;
+    assert.ok(i < 100, 'the aborted requests still hold the server after 5 s');
+    await res.text();
+    await sleep(50);
+  }
+});
+
+test('SIGTERM drains: running requests finish, new ones are refused, exit 0', async () => {
+  const res = await fetch(`${server.url}/v1/completions`, {
+    method: 'POST', headers: auth, body: long({ max_tokens: 1500 }),
+  });
+  assert.equal(res.status, 200);
+  const reader = res.body.getReader();
+  const decoder = new TextDecoder();
+  let sse = decoder.decode((await reader.read()).value);
+  server.proc.kill('SIGTERM');
+  await sleep(200);
+  const refused = await fetch(`${server.url}/v1/completions`, {
+    method: 'POST', headers: auth, body: JSON.stringify({ model: MODEL_NAME, prompt: 'Hi', max_tokens: 2 }),
+  }).then((r) => r.status, () => 'refused');
+  assert.ok(refused === 503 || refused === 'refused', `a request after SIGTERM got ${refused}`);
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    sse += decoder.decode(value);
+  }
+  assert.ok(sse.trimEnd().endsWith('data: [DONE]'), sse.slice(-200));
+  assert.match(sse, /"finish_reason":"length"/);
+  const { code } = await server.exited;
+  assert.equal(code, 0, server.log());
+});

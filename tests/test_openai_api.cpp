@@ -1,0 +1,169 @@
+// OpenAI request validation (each bad input -> the right status and an error object naming the field),
+// response shapes, and the text assembler's stop-sequence handling.
+#include <gtest/gtest.h>
+
+#include "tandem/server/openai_api.h"
+#include "tandem/server/text_assembler.h"
+#include "tandem/tokenizer/tokenizer.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace tandem::server;
+using nlohmann::json;
+
+const ApiLimits kLimits{"m", 512};
+
+// The ApiError a body raises (status 0 when it parses).
+ApiError error_of(const std::string& body, bool chat) {
+  try {
+    parse_request(body, chat, kLimits);
+  } catch (const ApiError& e) {
+    return e;
+  }
+  return ApiError(0, "", "parsed");
+}
+
+TEST(OpenAiApi, ParsesCompletion) {
+  auto r = parse_request(
+      R"({"model":"m","prompt":"Once","max_tokens":5,"temperature":0,"top_p":0.5,"seed":7,"stop":["a","b"],
+          "logprobs":2,"stream":true,"stream_options":{"include_usage":true},"user":"x","echo":false})",
+      false, kLimits);
+  EXPECT_EQ(r.prompt, "Once");
+  EXPECT_EQ(*r.max_tokens, 5);
+  EXPECT_EQ(r.temperature, 0);
+  EXPECT_EQ(r.top_p, 0.5);
+  EXPECT_EQ(*r.seed, 7u);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(r.top_logprobs, 2);
+  EXPECT_TRUE(r.stream && r.include_usage);
+  auto ids = parse_request(R"({"model":"m","prompt":[1,2,3]})", false, kLimits);
+  EXPECT_EQ(ids.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_FALSE(ids.max_tokens.has_value());
+}
+
+TEST(OpenAiApi, ParsesChat) {
+  auto r = parse_request(
+      R"({"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"hi"}]}],
+          "logprobs":true,"top_logprobs":3,"max_completion_tokens":9,"stop":"x"})",
+      true, kLimits);
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[1].content, "hi");
+  EXPECT_EQ(r.top_logprobs, 3);
+  EXPECT_EQ(*r.max_tokens, 9);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
+}
+
+TEST(OpenAiApi, RejectsBadInput) {
+  struct Case {
+    const char* body;
+    bool chat;
+    int status;
+    const char* param;
+  };
+  const Case cases[] = {
+      {"{not json", false, 400, ""},
+      {"[1,2]", false, 400, ""},
+      {"", false, 400, ""},
+      {"{\"model\":\"m\",\"prompt\":\"\xff\xfe\"}", false, 400, ""},  // invalid UTF-8
+      {R"({"prompt":"x"})", false, 400, "model"},
+      {R"({"model":3,"prompt":"x"})", false, 400, "model"},
+      {R"({"model":"other","prompt":"x"})", false, 404, "model"},
+      {R"({"model":"m"})", false, 400, "prompt"},
+      {R"({"model":"m","prompt":7})", false, 400, "prompt"},
+      {R"({"model":"m","prompt":["a","b"]})", false, 400, "prompt"},
+      {R"({"model":"m","prompt":[1,99999]})", false, 400, "prompt"},
+      {R"({"model":"m","prompt":"x","max_tokens":0})", false, 400, "max_tokens"},
+      {R"({"model":"m","prompt":"x","max_tokens":-3})", false, 400, "max_tokens"},
+      {R"({"model":"m","prompt":"x","max_tokens":"5"})", false, 400, "max_tokens"},
+      {R"({"model":"m","prompt":"x","temperature":3})", false, 400, "temperature"},
+      {R"({"model":"m","prompt":"x","temperature":"hot"})", false, 400, "temperature"},
+      {R"({"model":"m","prompt":"x","top_p":0})", false, 400, "top_p"},
+      {R"({"model":"m","prompt":"x","n":2})", false, 400, "n"},
+      {R"({"model":"m","prompt":"x","stop":[1]})", false, 400, "stop"},
+      {R"({"model":"m","prompt":"x","stop":["a","b","c","d","e"]})", false, 400, "stop"},
+      {R"({"model":"m","prompt":"x","logprobs":9})", false, 400, "logprobs"},
+      {R"({"model":"m","prompt":"x","stream":"yes"})", false, 400, "stream"},
+      {R"({"model":"m","prompt":"x","presence_penalty":5})", false, 400, "presence_penalty"},
+      {R"({"model":"m","prompt":"x","seed":1.5})", false, 400, "seed"},
+      {R"({"model":"m"})", true, 400, "messages"},
+      {R"({"model":"m","messages":[]})", true, 400, "messages"},
+      {R"({"model":"m","messages":"hi"})", true, 400, "messages"},
+      {R"({"model":"m","messages":[{"content":"x"}]})", true, 400, "messages[0].role"},
+      {R"({"model":"m","messages":[{"role":"wizard","content":"x"}]})", true, 400, "messages[0].role"},
+      {R"({"model":"m","messages":[{"role":"user","content":5}]})", true, 400, "messages[0].content"},
+      {R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]})", true, 400,
+       "messages[0].content"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2})", true, 400,
+       "top_logprobs"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", true,
+       400, "top_logprobs"},
+  };
+  for (const Case& c : cases) {
+    ApiError e = error_of(c.body, c.chat);
+    EXPECT_EQ(e.status, c.status) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body;
+    const json j = e.to_json();
+    EXPECT_TRUE(j["error"]["message"].is_string()) << c.body;
+    EXPECT_TRUE(j["error"]["type"].is_string()) << c.body;
+    EXPECT_FALSE(dump(j).empty());
+  }
+}
+
+TEST(OpenAiApi, ResponseShapes) {
+  CompletionRequest chat;
+  chat.chat = true;
+  chat.model = "m";
+  chat.include_usage = true;
+  Choice c;
+  c.text = "hello";
+  c.finish_reason = "stop";
+  tandem::engine::Usage u{4, 2, 1};
+  json full = response_json(chat, "id1", 5, c, u);
+  EXPECT_EQ(full["object"], "chat.completion");
+  EXPECT_EQ(full["choices"][0]["message"]["content"], "hello");
+  EXPECT_EQ(full["usage"]["total_tokens"], 6);
+  EXPECT_EQ(full["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
+  json first = chunk_json(chat, "id1", 5, "", {}, false, "", true);
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(first["usage"].is_null());
+  json last = usage_chunk_json(chat, "id1", 5, u);
+  EXPECT_TRUE(last["choices"].empty());
+  CompletionRequest comp;
+  comp.model = "m";
+  Choice lp;
+  lp.want_logprobs = true;
+  lp.text = "ab";
+  lp.finish_reason = "length";
+  lp.logprobs.push_back({"a", -0.5, {{"a", -0.5}, {"b", -1.0}}, 0});
+  json cj = response_json(comp, "id2", 5, lp, u);
+  EXPECT_EQ(cj["object"], "text_completion");
+  EXPECT_EQ(cj["choices"][0]["logprobs"]["tokens"][0], "a");
+  EXPECT_EQ(cj["choices"][0]["logprobs"]["top_logprobs"][0]["b"], -1.0);
+  // Invalid UTF-8 in a token never breaks serialization.
+  lp.logprobs[0].token = "\xe2\x82";
+  EXPECT_NO_THROW(dump(response_json(comp, "id3", 5, lp, u)));
+}
+
+TEST(TextAssembler, CutsAtStopSequencesAndNeverSendsThem) {
+  auto file = tandem::gguf::File::open(tandem::testing::shared_path("models/stories260K.gguf"));
+  auto tok = tandem::tokenizer::Tokenizer::from_gguf(file);
+  const auto ids = tok->encode("Once upon a time there was a cat.", false, false);
+  const std::string all = tok->decode(ids);
+  for (const std::string stop : {"time", "a cat", "was", "zzz"}) {
+    TextAssembler a(*tok, {stop}, true);
+    std::string sent;
+    std::vector<Choice::Logprob> lps;
+    for (int32_t id : ids) {
+      sent += a.push({id, -1.0, {}}, lps);
+      if (a.stopped()) break;
+    }
+    sent += a.finish();
+    const size_t at = all.find(stop);
+    EXPECT_EQ(sent, at == std::string::npos ? all : all.substr(0, at)) << stop;
+    EXPECT_EQ(a.stopped(), at != std::string::npos) << stop;
+    EXPECT_EQ(lps.size(), static_cast<size_t>(a.tokens()));
+  }
+}
+
+}  // namespace

@@ -1,0 +1,326 @@
+// Unit tests of the speculative pieces that need no model run: verification (greedy and rejection sampling),
+// the adaptive gate, n-gram lookup, the replay drafter, the vocabulary check and the calibration cache.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "tandem/gguf/reader.h"
+#include "tandem/model/model.h"
+#include "tandem/speculative/calibration.h"
+#include "tandem/speculative/draft_model.h"
+#include "tandem/speculative/gate.h"
+#include "tandem/speculative/ngram.h"
+#include "tandem/speculative/replay.h"
+#include "tandem/speculative/verify.h"
+#include "tandem/util/error.h"
+#include "test_util.h"
+
+namespace tandem::speculative {
+namespace {
+
+using sampling::Distribution;
+
+Distribution dist(std::vector<int32_t> ids, std::vector<float> probs) {
+  Distribution d;
+  d.ids = std::move(ids);
+  d.probs = std::move(probs);
+  return d;
+}
+
+// Upper quantile of chi-square with k degrees of freedom at false-alarm rate 1e-4 (Wilson-Hilferty; within a
+// few percent of the exact value for k >= 2).
+double chi2_critical_1e4(int k) {
+  const double z = 3.7190;  // standard normal upper 1e-4 quantile
+  const double a = 2.0 / (9.0 * k);
+  return k * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
+}
+
+TEST(SpeculativeVerify, GreedyAcceptsMatchingPrefixThenTargetToken) {
+  sampling::Params params;
+  params.temperature = 0.0f;
+  sampling::Sampler sampler(params);
+  std::vector<Distribution> p = {dist({5}, {1}), dist({7}, {1}), dist({9}, {1}), dist({11}, {1})};
+  VerifyScratch scratch;
+  const std::vector<int32_t> all_match = {5, 7, 9};
+  auto out = verify(all_match, p, {}, sampler, 0, 10, scratch);
+  EXPECT_EQ(out.accepted, 3);
+  EXPECT_EQ(out.token, 11);  // bonus
+  const std::vector<int32_t> second_wrong = {5, 8, 9};
+  out = verify(second_wrong, p, {}, sampler, 0, 10, scratch);
+  EXPECT_EQ(out.accepted, 1);
+  EXPECT_EQ(out.token, 7);  // the target's correction
+  out = verify({}, std::span<const Distribution>(p.data(), 1), {}, sampler, 0, 10, scratch);
+  EXPECT_EQ(out.accepted, 0);
+  EXPECT_EQ(out.token, 5);
+}
+
+// Rejection sampling must commit tokens distributed as p, whatever q is (sampled drafts) and for
+// deterministic drafts. Checked by chi-square over many RNG keys with the draft drawn from q by the same
+// counter-based RNG.
+void check_first_token_follows_p(const Distribution& p, const Distribution* q, int32_t fixed_draft) {
+  sampling::Params params;
+  params.temperature = 1.0f;
+  params.seed = 1234;
+  sampling::Sampler sampler(params);
+  VerifyScratch scratch;
+  std::vector<Distribution> ps = {p, p};
+  std::map<int32_t, int> counts;
+  const int n = 40000;
+  for (int s = 0; s < n; ++s) {
+    const uint64_t pos = 100;
+    const int32_t x = q ? sampler.draw(*q, static_cast<uint64_t>(s), pos, kDrawDraft) : fixed_draft;
+    const std::vector<int32_t> drafts = {x};
+    std::vector<Distribution> qs;
+    if (q) qs.push_back(*q);
+    const auto out = verify(drafts, ps, qs, sampler, static_cast<uint64_t>(s), pos, scratch);
+    ++counts[out.accepted == 1 ? x : out.token];
+  }
+  double chi2 = 0;
+  for (size_t i = 0; i < p.ids.size(); ++i) {
+    const double expected = n * p.probs[i];
+    const double observed = counts[p.ids[i]];
+    chi2 += (observed - expected) * (observed - expected) / expected;
+    counts.erase(p.ids[i]);
+  }
+  EXPECT_TRUE(counts.empty()) << "a token outside p's support was committed";
+  EXPECT_LT(chi2, chi2_critical_1e4(static_cast<int>(p.ids.size()) - 1));
+}
+
+TEST(SpeculativeVerify, RejectionSamplingPreservesTheTargetDistribution) {
+  const Distribution p = dist({1, 2, 3, 4}, {0.1f, 0.2f, 0.3f, 0.4f});
+  const Distribution q = dist({0, 2, 3, 4}, {0.4f, 0.3f, 0.2f, 0.1f});  // includes a token p lacks
+  check_first_token_follows_p(p, &q, -1);
+  check_first_token_follows_p(p, nullptr, 3);  // deterministic draft inside p
+  check_first_token_follows_p(p, nullptr, 7);  // deterministic draft outside p
+}
+
+TEST(SpeculativeVerify, AcceptanceProbability) {
+  const Distribution p = dist({1, 2}, {0.25f, 0.75f});
+  const Distribution q = dist({1, 2}, {0.5f, 0.5f});
+  EXPECT_DOUBLE_EQ(acceptance_probability(1, p, &q), 0.5);
+  EXPECT_DOUBLE_EQ(acceptance_probability(2, p, &q), 1.0);
+  EXPECT_DOUBLE_EQ(acceptance_probability(2, p, nullptr), 0.75);
+  EXPECT_DOUBLE_EQ(acceptance_probability(3, p, nullptr), 0.0);
+}
+
+TEST(SpeculativeGate, DraftsDeepWhenAcceptanceIsHighAndCheap) {
+  GateSettings s;
+  Gate gate(s, CostModel::linear(0.05, 0.0), 8);
+  for (int i = 0; i < 50; ++i) gate.record_round(8, 8);
+  EXPECT_EQ(gate.decide(8).depth, 8);
+  EXPECT_EQ(gate.decide(3).depth, 3);  // capped by the limit
+  EXPECT_GT(gate.acceptance(1), 0.95);
+}
+
+TEST(SpeculativeGate, StopsDraftingWhenNothingIsAcceptedThenProbesWithBackoff) {
+  GateSettings s;
+  s.probe_interval = 4;
+  s.max_probe_interval = 16;
+  Gate gate(s, CostModel::linear(0.3, 0.1), 4);
+  for (int i = 0; i < 40; ++i) gate.record_round(4, 0);
+  EXPECT_EQ(gate.best_depth(4), 0);
+  std::vector<int> probe_rounds;
+  for (int round = 1; round <= 60; ++round) {
+    const auto d = gate.decide(4);
+    EXPECT_EQ(d.depth, 0);
+    if (d.probe) {
+      probe_rounds.push_back(round);
+      const double rejected[] = {0.0};
+      gate.record(rejected);
+    } else {
+      gate.record_idle();
+    }
+  }
+  // Intervals 4, 8, 16, 16, ...
+  ASSERT_GE(probe_rounds.size(), 4u);
+  EXPECT_EQ(probe_rounds[0], 4);
+  EXPECT_EQ(probe_rounds[1], 12);
+  EXPECT_EQ(probe_rounds[2], 28);
+  EXPECT_EQ(probe_rounds[3], 44);
+}
+
+TEST(SpeculativeGate, ExpectedRateFollowsTheFormula) {
+  GateSettings s;
+  s.prior_accepted = 8;
+  s.prior_rejected = 2;  // 0.8 at every position
+  CostModel c;
+  c.verify = {1.0, 1.0, 1.2, 1.3};
+  c.draft_per_token = 0.1;
+  Gate gate(s, c, 3);
+  EXPECT_NEAR(gate.expected_rate(2), (1 + 0.8 + 0.64) / (1.3 + 0.2), 1e-12);
+  EXPECT_NEAR(c.verify_cost(5), 1.5, 1e-12);  // linear extrapolation
+  // Idle decay keeps the rates.
+  for (int i = 0; i < 100; ++i) gate.record_idle();
+  EXPECT_NEAR(gate.acceptance(1), 0.8, 1e-9);
+  // A fresh observation now weighs more than the decayed prior.
+  gate.record_round(1, 0);
+  EXPECT_LT(gate.acceptance(1), 0.5);
+}
+
+TEST(SpeculativeGate, RejectsBadSettings) {
+  GateSettings s;
+  s.decay = 0;
+  EXPECT_THROW(Gate(s, CostModel::linear(0.1, 0), 4), Error);
+  EXPECT_THROW(Gate(GateSettings{}, CostModel::linear(0.1, 0), 4, 5), Error);
+}
+
+TEST(SpeculativeNgram, LongestMostRecentMatchAndPeriodicExtension) {
+  NgramSource src({1, 3});
+  Draft d;
+  // "1 2 3 9 ... 1 2 3" : the 3-gram 1 2 3 matched at 0 proposes 9 8.
+  const std::vector<int32_t> text = {1, 2, 3, 9, 8, 5, 2, 3, 7, 1, 2, 3};
+  src.propose(text, 2, d);
+  EXPECT_EQ(d.tokens, (std::vector<int32_t>{9, 8}));
+  EXPECT_FALSE(d.sampled);
+  // Only the 2-gram "2 3" matches most recently at index 6: proposes 7.
+  const std::vector<int32_t> text2 = {2, 3, 9, 4, 2, 3, 7, 5, 2, 3};
+  src.propose(text2, 1, d);
+  EXPECT_EQ(d.tokens, (std::vector<int32_t>{7}));
+  // A repeating pattern continues through the proposal itself.
+  const std::vector<int32_t> loop = {4, 5, 4, 5};
+  src.propose(loop, 5, d);
+  EXPECT_EQ(d.tokens, (std::vector<int32_t>{4, 5, 4, 5, 4}));
+  // No match: an empty proposal.
+  const std::vector<int32_t> fresh = {1, 2, 3};
+  src.propose(fresh, 4, d);
+  EXPECT_TRUE(d.tokens.empty());
+  EXPECT_THROW(NgramSource({3, 2}), Error);
+}
+
+TEST(SpeculativeReplay, CorruptsAtTheRequestedRate) {
+  ReplaySource src(0.7, 512, 9);
+  std::vector<int32_t> ref(2000);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] = static_cast<int32_t>(i % 512);
+  src.set_reference(ref);
+  src.begin(std::span<const int32_t>(ref.data(), 1), {});
+  Draft d;
+  int same = 0, total = 0;
+  for (size_t start = 1; start + 8 < ref.size(); start += 8) {
+    src.propose(std::span<const int32_t>(ref.data(), start), 8, d);
+    ASSERT_EQ(d.tokens.size(), 8u);
+    for (size_t i = 0; i < 8; ++i) {
+      same += d.tokens[i] == ref[start + i];
+      ASSERT_GE(d.tokens[i], 0);
+      ASSERT_LT(d.tokens[i], 512);
+    }
+    total += 8;
+  }
+  EXPECT_NEAR(static_cast<double>(same) / total, 0.7, 0.04);
+  src.propose(ref, 4, d);  // past the reference: nothing to replay
+  EXPECT_TRUE(d.tokens.empty());
+}
+
+// A vocabulary-only GGUF v3 file in memory.
+struct VocabFile {
+  std::vector<uint8_t> bytes;
+  void u32(uint32_t v) {
+    bytes.insert(bytes.end(), reinterpret_cast<uint8_t*>(&v), reinterpret_cast<uint8_t*>(&v) + 4);
+  }
+  void u64(uint64_t v) {
+    bytes.insert(bytes.end(), reinterpret_cast<uint8_t*>(&v), reinterpret_cast<uint8_t*>(&v) + 8);
+  }
+  void str(const std::string& s) {
+    u64(s.size());
+    bytes.insert(bytes.end(), s.begin(), s.end());
+  }
+  VocabFile(const std::vector<std::string>& tokens, int bos) {
+    u32(0x46554747);  // "GGUF"
+    u32(3);
+    u64(0);  // tensors
+    u64(3);  // metadata entries
+    str("tokenizer.ggml.tokens");
+    u32(9);  // array
+    u32(8);  // of strings
+    u64(tokens.size());
+    for (const auto& t : tokens) str(t);
+    str("tokenizer.ggml.token_type");
+    u32(9);
+    u32(5);  // of i32
+    u64(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) u32(1);
+    str("tokenizer.ggml.bos_token_id");
+    u32(4);  // u32
+    u32(static_cast<uint32_t>(bos));
+    while (bytes.size() % 32) bytes.push_back(0);
+  }
+  gguf::File parse() const { return gguf::File::parse(bytes.data(), bytes.size(), "vocab"); }
+};
+
+TEST(SpeculativeVocabulary, NamesTheFirstDifference) {
+  const VocabFile a({"<s>", "a", "b", "c"}, 0), same({"<s>", "a", "b", "c"}, 0);
+  const VocabFile text({"<s>", "a", "x", "c"}, 0), size({"<s>", "a", "b"}, 0), bos({"<s>", "a", "b", "c"}, 1);
+  const auto fa = a.parse();
+  EXPECT_EQ(vocabulary_difference(fa, same.parse()), "");
+  EXPECT_EQ(vocabulary_difference(fa, text.parse()),
+            "token 2 is \"b\" in the target but \"x\" in the draft model");
+  EXPECT_EQ(vocabulary_difference(fa, size.parse()), "the target has 4 tokens, the draft model 3");
+  EXPECT_EQ(vocabulary_difference(fa, bos.parse()),
+            "tokenizer.ggml.bos_token_id is 0 in the target but 1 in the draft model");
+}
+
+TEST(SpeculativeVocabulary, RefusesAModelWithAnotherVocabulary) {
+  const auto target = model::Model::load(testing::shared_path("models/stories260K.gguf"));
+  const auto good = model::Model::load(testing::shared_path("models/llama2xs-tok512.gguf"));
+  const auto other = model::Model::load(testing::shared_path("models/synth/synth-qwen2-d64-Q8_0.gguf"));
+  EXPECT_NO_THROW(check_same_vocabulary(*target, *good));
+  try {
+    check_same_vocabulary(*target, *other);
+    FAIL() << "a draft model with another vocabulary was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("vocabulary differs"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tokens"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SpeculativeCalibration, CacheRoundTripPerKey) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tandem-calib-" + std::to_string(::getpid()));
+  const std::string path = (dir / "calibration.json").string();
+  Calibration c;
+  c.model_hash = "abc";
+  c.cpu = "cpu x";
+  c.threads = 2;
+  c.decode_seconds = 0.01;
+  c.verify = {1, 1, 1.1, 1.25};
+  c.draft_per_token = {{"d1", 0.2}};
+  store_calibration(path, c);
+  Calibration other = c;
+  other.threads = 4;
+  other.verify = {1, 1, 2};
+  other.draft_per_token.clear();
+  store_calibration(path, other);
+  const auto back = load_calibration(path, "abc", "cpu x", 2);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->verify, c.verify);
+  EXPECT_DOUBLE_EQ(back->cost_model("d1").draft_per_token, 0.2);
+  EXPECT_DOUBLE_EQ(back->cost_model("").draft_per_token, 0.0);
+  EXPECT_EQ(load_calibration(path, "abc", "cpu x", 4)->verify, other.verify);
+  EXPECT_FALSE(load_calibration(path, "abc", "cpu y", 2).has_value());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(SpeculativeCalibration, FingerprintAndMeasurement) {
+  const std::string path = testing::shared_path("models/stories260K.gguf");
+  EXPECT_EQ(file_fingerprint(path), file_fingerprint(path));
+  EXPECT_NE(file_fingerprint(path), file_fingerprint(testing::shared_path("models/llama2xs-tok512.gguf")));
+  const auto m = model::Model::load(path);
+  ThreadPool pool(1);
+  CalibrateOptions o;
+  o.max_rows = 4;
+  o.repeats = 2;
+  const Calibration c = calibrate(*m, path, m.get(), path, pool, o);
+  ASSERT_EQ(c.verify.size(), 5u);
+  EXPECT_EQ(c.verify[1], 1.0);
+  for (double v : c.verify) EXPECT_GE(v, 1.0);
+  EXPECT_GT(c.draft_per_token.at(file_fingerprint(path)), 0.0);
+}
+
+}  // namespace
+}  // namespace tandem::speculative

@@ -1,0 +1,204 @@
+// Greedy speculative decoding on the two real tiny models (same tok512 vocabulary): its output must equal
+// plain greedy decoding token for token, for every public prompt, with a draft model and with n-gram lookup,
+// at every depth 1..8, gate on and off. The verify window's logits must equal plain decode logits bit for
+// bit, and after any number of rounds the target cache must behave exactly like the cache of plain decoding
+// of the same tokens.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tandem/engine/generate.h"
+#include "tandem/engine/session.h"
+#include "tandem/model/model.h"
+#include "tandem/speculative/draft_model.h"
+#include "tandem/speculative/loop.h"
+#include "tandem/speculative/ngram.h"
+#include "test_util.h"
+
+namespace tandem::speculative {
+namespace {
+
+constexpr int64_t kTokens = 48;  // as many as the goldens hold
+
+std::vector<std::vector<int32_t>> public_prompts() {
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* name : {"golden/stories260K.public.jsonl", "golden/llama2xs.public.jsonl"}) {
+    std::ifstream in(testing::shared_path(name));
+    std::string line;
+    while (std::getline(in, line))
+      if (!line.empty())
+        prompts.push_back(nlohmann::json::parse(line).at("prompt_ids").get<std::vector<int32_t>>());
+  }
+  return prompts;
+}
+
+struct Pair {
+  std::unique_ptr<model::Model> target, draft;
+};
+
+engine::SessionOptions session_options() {
+  engine::SessionOptions o;
+  o.kv_type = cache::KvType::kF16;
+  return o;
+}
+
+std::vector<int32_t> plain_greedy(const model::Model& m, ThreadPool& pool, std::span<const int32_t> prompt,
+                                  int64_t max_tokens) {
+  engine::Session s(m, pool, session_options());
+  engine::GenerateOptions g;
+  g.max_tokens = max_tokens;
+  g.sampling.temperature = 0.0f;
+  std::vector<int32_t> out;
+  engine::generate(
+      s, prompt, g, [&](int32_t t) { return out.push_back(t), true; }, nullptr);
+  return out;
+}
+
+std::vector<int32_t> spec_greedy(const model::Model& m, ThreadPool& pool, DraftSource& source,
+                                 std::span<const int32_t> prompt, int depth, bool gate,
+                                 SpecStats* stats = nullptr) {
+  engine::Session s(m, pool, session_options());
+  SpecOptions o;
+  o.generate.max_tokens = kTokens;
+  o.generate.sampling.temperature = 0.0f;
+  o.draft_max = depth;
+  o.use_gate = gate;
+  // Cheap verify windows, so the gate drafts at various depths rather than never.
+  o.costs = CostModel::linear(0.05, 0.02);
+  o.gate.probe_interval = 2;
+  std::vector<int32_t> out;
+  const SpecStats st = generate_speculative(
+      s, source, prompt, o, [&](int32_t t) { return out.push_back(t), true; }, nullptr);
+  if (stats) *stats = st;
+  EXPECT_EQ(s.length(), static_cast<int64_t>(prompt.size() + out.size()) - 1);
+  return out;
+}
+
+class SpeculativeGreedy : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    stories_ = model::Model::load(testing::shared_path("models/stories260K.gguf")).release();
+    xs_ = model::Model::load(testing::shared_path("models/llama2xs-tok512.gguf")).release();
+  }
+  static void TearDownTestSuite() {
+    delete stories_;
+    delete xs_;
+  }
+  static model::Model* stories_;
+  static model::Model* xs_;
+};
+model::Model* SpeculativeGreedy::stories_ = nullptr;
+model::Model* SpeculativeGreedy::xs_ = nullptr;
+
+TEST_F(SpeculativeGreedy, IdenticalToPlainForEveryPromptDrafterDepthAndGate) {
+  ThreadPool pool(1);
+  const auto prompts = public_prompts();
+  ASSERT_EQ(prompts.size(), 16u);
+  const model::Model* pairs[2][2] = {{stories_, xs_}, {xs_, stories_}};
+  for (const auto& pair : pairs) {
+    const model::Model& target = *pair[0];
+    DraftModelSource model_source(*pair[1], target, pool, session_options());
+    NgramSource ngram({1, 4});
+    DraftSource* sources[] = {&model_source, &ngram};
+    SpecStats total;
+    for (const auto& prompt : prompts) {
+      const auto plain = plain_greedy(target, pool, prompt, kTokens);
+      ASSERT_EQ(plain.size(), static_cast<size_t>(kTokens));
+      for (DraftSource* source : sources) {
+        for (int depth = 1; depth <= 8; ++depth) {
+          for (bool gate : {false, true}) {
+            SpecStats st;
+            const auto spec = spec_greedy(target, pool, *source, prompt, depth, gate, &st);
+            ASSERT_EQ(spec, plain) << "source " << source->kind() << " depth " << depth << " gate " << gate
+                                   << " target " << target.file().path() << " prompt length "
+                                   << prompt.size();
+            if (!gate) {
+              EXPECT_GT(st.rounds, 0);
+            }
+            total.add(st);
+          }
+        }
+      }
+    }
+    EXPECT_GT(total.accepted, 0);
+    EXPECT_LT(total.accepted, total.drafted);  // rejections were exercised too
+  }
+}
+
+// The rows of one verify window compute the same bits as the same tokens decoded one at a time.
+TEST_F(SpeculativeGreedy, WindowLogitsEqualPlainDecodeBitForBit) {
+  ThreadPool pool(2);
+  const auto prompts = public_prompts();
+  for (const model::Model* m : {stories_, xs_}) {
+    const auto& prompt = prompts[0];
+    const auto cont = plain_greedy(*m, pool, prompt, 12);
+    const auto V = static_cast<size_t>(m->config().n_vocab);
+    engine::Session plain(*m, pool, session_options()), window(*m, pool, session_options());
+    plain.eval(prompt);
+    std::vector<float> expected;
+    for (int32_t t : cont) {
+      const auto l = plain.eval(std::span<const int32_t>(&t, 1));
+      expected.insert(expected.end(), l.begin(), l.end());
+    }
+    window.eval(prompt);
+    for (size_t w : {size_t{1}, size_t{3}, size_t{8}}) {
+      window.truncate(static_cast<int64_t>(prompt.size()));
+      for (size_t b = 0; b < cont.size(); b += w) {
+        const size_t n = std::min(w, cont.size() - b);
+        const auto l = window.eval(std::span<const int32_t>(cont).subspan(b, n), true);
+        ASSERT_EQ(std::memcmp(l.data(), expected.data() + b * V, n * V * sizeof(float)), 0)
+            << "window of " << w << " at " << b;
+      }
+    }
+  }
+}
+
+// Stops a speculative run after k tokens (mid-window included), then checks the target cache by evaluating
+// the same probe continuation on it and on a cache built by plain one-token decoding: the logits must be
+// identical.
+TEST_F(SpeculativeGreedy, TargetCacheEqualsPlainDecodingAfterAnyNumberOfRounds) {
+  ThreadPool pool(1);
+  const auto prompts = public_prompts();
+  const auto& prompt = prompts[1];
+  DraftModelSource source(*xs_, *stories_, pool, session_options());
+  const auto V = static_cast<size_t>(stories_->config().n_vocab);
+  for (int64_t stop_after : {1, 2, 5, 9, 17, 30}) {
+    for (bool sample : {false, true}) {
+      engine::Session target(*stories_, pool, session_options());
+      SpecOptions o;
+      o.generate.max_tokens = 100;
+      o.generate.sampling.temperature = sample ? 1.0f : 0.0f;
+      o.generate.sampling.seed = 5;
+      o.draft_max = 4;
+      o.use_gate = false;
+      std::vector<int32_t> text(prompt.begin(), prompt.end());
+      generate_speculative(
+          target, source, prompt, o,
+          [&](int32_t t) {
+            text.push_back(t);
+            return static_cast<int64_t>(text.size() - prompt.size()) < stop_after;
+          },
+          nullptr);
+      ASSERT_EQ(target.length(), static_cast<int64_t>(text.size()) - 1);
+      engine::Session plain(*stories_, pool, session_options());
+      plain.eval(std::span<const int32_t>(prompt).first(1));
+      for (size_t i = 1; i + 1 < text.size(); ++i) plain.eval(std::span<const int32_t>(text).subspan(i, 1));
+      ASSERT_EQ(plain.length(), target.length());
+      const std::vector<int32_t> probe = {text.back(), 300, 301, 302};
+      const auto a = target.eval(probe, true);
+      const std::vector<float> from_spec(a.begin(), a.end());
+      const auto b = plain.eval(probe, true);
+      ASSERT_EQ(std::memcmp(from_spec.data(), b.data(), probe.size() * V * sizeof(float)), 0)
+          << "after " << stop_after << " tokens, sampling " << sample;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::speculative
