@@ -113,6 +113,33 @@ TEST_P(CacheModel, RollbackInsideAWindowIsBitIdentical) {
   EXPECT_TRUE(same_bits(got, want));
 }
 
+// Rollback to a block's first position, or to 0, releases that block and with it the key anchor of
+// quantized caches; the re-prefill writes the same anchor again, so the bits match a sequence that never
+// went further.
+TEST_P(CacheModel, RollbackToABlockStartIsBitIdentical) {
+  const auto prompt = tokens(40, 17, V());
+  const auto first = tokens(20, 18, V());
+  const auto second = tokens(10, 19, V());
+  for (const size_t keep : {size_t{0}, size_t{32}}) {
+    Session a(*model_, pool_, options());
+    a.eval(prompt);
+    decode(a, first);
+    a.truncate(static_cast<int64_t>(keep));
+    const std::span<const int32_t> rest(prompt.data() + keep, prompt.size() - keep);
+    const auto l = a.eval(rest);
+    std::vector<float> got(l.begin(), l.end());
+    const auto got_next = decode(a, second);
+    got.insert(got.end(), got_next.begin(), got_next.end());
+
+    Session b(*model_, pool_, options());
+    const auto lb = b.eval(prompt);
+    std::vector<float> want(lb.begin(), lb.end());
+    const auto want_next = decode(b, second);
+    want.insert(want.end(), want_next.begin(), want_next.end());
+    EXPECT_TRUE(same_bits(got, want)) << "keep " << keep;
+  }
+}
+
 TEST_P(CacheModel, VerifyWindowRowsEqualSingleRows) {
   const auto prompt = tokens(45, 7, V());
   const auto window = tokens(9, 8, V());

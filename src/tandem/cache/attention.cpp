@@ -13,6 +13,7 @@ void attend(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q
   const KvStore& store = cache.store();
   const KvCodec& kc = store.key_codec();
   const KvCodec& vc = store.value_codec();
+  const KeyAnchor* anchor = store.key_anchor();
   const BlockPool& pool = cache.pool_of(layer);
   const int64_t B = store.block_size();
   float prepared[2 * kMaxHeadDim];
@@ -24,8 +25,12 @@ void attend(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q
     const int64_t off = pos % B, n = std::min(B - off, last - pos + 1);
     const int32_t blk = cache.block_of(layer, pos);
     TANDEM_CHECK(blk >= 0, "attention reads a released block");
-    kc.dots(prepared, pool.keys(blk, layer, kv_head) + static_cast<size_t>(off) * kc.row_bytes(), n,
-            scores + (pos - first));
+    float* s = scores + (pos - first);
+    kc.dots(prepared, pool.keys(blk, layer, kv_head) + static_cast<size_t>(off) * kc.row_bytes(), n, s);
+    if (anchor) {
+      const float qa = anchor->dot(q, pool.anchor(blk, layer, kv_head));
+      for (int64_t j = 0; j < n; ++j) s[j] += qa;
+    }
     pos += n;
   }
   const int64_t count = last - first + 1;

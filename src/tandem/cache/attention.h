@@ -14,7 +14,8 @@ struct AttentionParams {
 };
 
 // out[head_dim_v] = sum_j softmax_j(s_j) * V[j], s_j = scale * q·K[j], over positions j in [first, last] of
-// `layer` and KV head `kv_head` of the cache. q: [head_dim] f32; scores: scratch of at least last - first + 1
+// `layer` and KV head `kv_head` of the cache (for an anchored key cache, q·K[j] = q·(K[j] - a) + q·a with the
+// anchor a of K[j]'s block). q: [head_dim] f32; scores: scratch of at least last - first + 1
 // floats. The reduction order is fixed by the positions alone, so a row gives the same bits whichever batch
 // it runs in. Thread safe for concurrent calls on one cache (it only reads).
 void attend(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t first, int64_t last,

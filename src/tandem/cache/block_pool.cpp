@@ -8,14 +8,15 @@
 namespace tandem::cache {
 
 BlockPool::BlockPool(std::vector<int64_t> layers, int64_t n_layer, int64_t n_head_kv, size_t key_row,
-                     size_t value_row, int64_t block_size, int64_t n_blocks)
+                     size_t value_row, int64_t block_size, int64_t n_blocks, size_t anchor_bytes)
     : layers_(std::move(layers)),
       slot_(static_cast<size_t>(n_layer), -1),
       n_head_kv_(n_head_kv),
       block_size_(block_size),
       n_blocks_(n_blocks),
       key_row_(key_row),
-      value_row_(value_row) {
+      value_row_(value_row),
+      anchor_bytes_(anchor_bytes) {
   TANDEM_CHECK(block_size > 0 && n_blocks > 0 && n_head_kv > 0, "bad block pool shape");
   TANDEM_CHECK(n_blocks < INT32_MAX, "too many KV blocks");
   for (size_t i = 0; i < layers_.size(); ++i) {
@@ -25,7 +26,8 @@ BlockPool::BlockPool(std::vector<int64_t> layers, int64_t n_layer, int64_t n_hea
   key_run_ = static_cast<size_t>(block_size) * key_row;
   value_run_ = static_cast<size_t>(block_size) * value_row;
   values_at_ = layers_.size() * static_cast<size_t>(n_head_kv) * key_run_;
-  block_bytes_ = values_at_ + layers_.size() * static_cast<size_t>(n_head_kv) * value_run_;
+  anchors_at_ = values_at_ + layers_.size() * static_cast<size_t>(n_head_kv) * value_run_;
+  block_bytes_ = anchors_at_ + layers_.size() * static_cast<size_t>(n_head_kv) * anchor_bytes;
   const size_t total = block_bytes_ * static_cast<size_t>(n_blocks);
   try {
     data_.assign(total, 0);

@@ -22,23 +22,29 @@ KvStore::KvStore(const model::Config& c, const KvStoreOptions& options)
   key_codec_ = KvCodec::create(options.type, c.head_dim, c.n_head_kv, options.seed);
   value_codec_ =
       KvCodec::create(options.type, c.head_dim_v, c.n_head_kv, options.seed ^ 0x5851F42D4C957F2Dull);
+  if (kv_type_anchors_keys(options.type)) key_anchor_ = std::make_unique<KeyAnchor>(c.head_dim);
+  const size_t ab = key_anchor_ ? key_anchor_->bytes() : 0;
   std::vector<int64_t> full_layers, sliding_layers;
   for (int64_t l = 0; l < c.n_layer; ++l)
     (c.sliding(l) && c.sliding_window > 0 ? sliding_layers : full_layers).push_back(l);
   const size_t kr = key_codec_->row_bytes(), vr = value_codec_->row_bytes();
   full_ = std::make_unique<BlockPool>(full_layers, c.n_layer, c.n_head_kv, kr, vr, options.block_size,
-                                      options.n_blocks);
+                                      options.n_blocks, ab);
   if (!sliding_layers.empty()) {
     window_ = c.sliding_window;
     const int64_t n = options.n_sliding_blocks > 0 ? options.n_sliding_blocks : options.n_blocks;
-    sliding_ =
-        std::make_unique<BlockPool>(sliding_layers, c.n_layer, c.n_head_kv, kr, vr, options.block_size, n);
+    sliding_ = std::make_unique<BlockPool>(sliding_layers, c.n_layer, c.n_head_kv, kr, vr, options.block_size,
+                                           n, ab);
   }
   if (options.prefix_reuse) index_ = std::make_unique<PrefixIndex>(*full_, sliding_.get());
 }
 
 size_t KvStore::bytes_per_token() const {
-  return static_cast<size_t>(n_layer_ * n_head_kv_) * (key_codec_->row_bytes() + value_codec_->row_bytes());
+  const auto heads = static_cast<size_t>(n_layer_ * n_head_kv_);
+  const size_t rows = heads * (key_codec_->row_bytes() + value_codec_->row_bytes());
+  const size_t anchors = key_anchor_ ? heads * key_anchor_->bytes() : 0;
+  const auto B = static_cast<size_t>(options_.block_size);
+  return rows + (anchors + B - 1) / B;
 }
 
 int32_t KvStore::allocate(bool sliding) {
@@ -160,9 +166,18 @@ void KvCache::store(int64_t layer, int64_t pos, const float* k, const float* v) 
   TANDEM_CHECK(blk >= 0 && p.refs(blk) == 1, "store into a block that is missing or shared");
   const KvCodec& kc = store_->key_codec();
   const KvCodec& vc = store_->value_codec();
+  const KeyAnchor* anchor = store_->key_anchor();
   const size_t off = static_cast<size_t>(pos % B);
+  float residual[kMaxHeadDim];
   for (int64_t h = 0; h < store_->n_head_kv(); ++h) {
-    kc.encode(k + h * kc.dim(), h, p.keys(blk, layer, h) + off * kc.row_bytes());
+    const float* kh = k + h * kc.dim();
+    if (anchor) {
+      uint8_t* a = p.anchor(blk, layer, h);
+      if (off == 0) anchor->set(kh, a);
+      anchor->subtract(a, kh, residual);
+      kh = residual;
+    }
+    kc.encode(kh, h, p.keys(blk, layer, h) + off * kc.row_bytes());
     vc.encode(v + h * vc.dim(), h, p.values(blk, layer, h) + off * vc.row_bytes());
   }
 }

@@ -11,6 +11,16 @@
 // most `rollback` positions past the furthest length reached (it throws tandem::Error when the window it
 // would need is gone). rollback defaults to 32, enough for any verify window the engine uses.
 //
+// Quantized key caches (q8_0, q4, q4r) are anchored (KeyAnchor in kv_codec.h): every block keeps, per layer
+// and KV head, an f16 anchor equal to the key of the block's first position, written when that position is
+// stored; each key of the block is stored as k - anchor. The anchor is a pure function of the sequence's
+// tokens up to the block's first position, so it needs no state outside the block: sequences sharing a block
+// share its anchor, copy-on-write copies it, rollback into a block keeps it (the first row stays), and a
+// rollback to the block's start releases the block, so a re-prefill writes the same anchor again. Being per
+// block, it also follows the slow drift of the low-frequency RoPE channels over a long context, and it
+// survives the release of old sliding-window blocks. Positions of a sequence are stored in increasing order
+// (the forward does), so the first position of a block is stored before the others.
+//
 // Not thread safe: one thread appends, truncates and shares; attention may read concurrently with itself.
 #pragma once
 
@@ -50,11 +60,14 @@ class KvStore {
   int64_t n_head_kv() const { return n_head_kv_; }
   int64_t window() const { return window_; }  // 0 when no layer slides
   bool sliding(int64_t layer) const { return sliding_ && sliding_->has_layer(layer); }
-  // Encoded bytes of one position over every layer (keys and values).
+  // Encoded bytes of one position over every layer (keys and values, plus the key anchors' share, rounded
+  // up).
   size_t bytes_per_token() const;
 
   const KvCodec& key_codec() const { return *key_codec_; }
   const KvCodec& value_codec() const { return *value_codec_; }
+  // The key anchor of an anchored store; nullptr when keys are stored as they are (f32, f16).
+  const KeyAnchor* key_anchor() const { return key_anchor_.get(); }
   BlockPool& pool(bool sliding) { return sliding ? *sliding_ : *full_; }
   const BlockPool& pool(bool sliding) const { return sliding ? *sliding_ : *full_; }
   bool has_sliding() const { return sliding_ != nullptr; }
@@ -68,6 +81,7 @@ class KvStore {
   KvStoreOptions options_;
   int64_t n_layer_, n_head_kv_, window_ = 0;
   std::unique_ptr<KvCodec> key_codec_, value_codec_;
+  std::unique_ptr<KeyAnchor> key_anchor_;
   std::unique_ptr<BlockPool> full_, sliding_;
   std::unique_ptr<PrefixIndex> index_;
 };

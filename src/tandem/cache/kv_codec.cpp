@@ -43,6 +43,19 @@ int64_t kv_block_size(int64_t dim) {
               std::to_string(dim) + "); use --kv-type f16");
 }
 
+int64_t kv_q8_block_size(int64_t dim) {
+  const int64_t b = kv_block_size(dim);
+  return b == dim && b % 2 == 0 ? b / 2 : b;
+}
+
+Q4Format q4_format(int64_t dim) {
+  return Q4Format{true, kv_block_size(dim)};
+}
+
+bool kv_type_anchors_keys(KvType type) {
+  return type == KvType::kQ8_0 || type == KvType::kQ4 || type == KvType::kQ4R;
+}
+
 namespace {
 
 // f16 -> f32 for every half value, built once and read-only afterwards.
@@ -132,9 +145,9 @@ class F16Codec final : public KvCodec {
 class Q8Codec final : public KvCodec {
  public:
   explicit Q8Codec(int64_t dim)
-      : KvCodec(KvType::kQ8_0, dim, static_cast<size_t>(dim / kv_block_size(dim) * (2 + kv_block_size(dim))),
-                dim),
-        b_(kv_block_size(dim)),
+      : KvCodec(KvType::kQ8_0, dim,
+                static_cast<size_t>(dim / kv_q8_block_size(dim) * (2 + kv_q8_block_size(dim))), dim),
+        b_(kv_q8_block_size(dim)),
         table_(half_table()) {}
   void encode(const float* x, int64_t, uint8_t* row) const override {
     for (int64_t k = 0; k < dim(); k += b_, row += 2 + b_) {
@@ -186,15 +199,19 @@ class Q8Codec final : public KvCodec {
   const float* table_;
 };
 
-// Row: per block [f16 d][f16 m][nibbles b/2]. With a rotation, rows hold the rotated vector.
+// Row: per group [f16 d][f16 m (asymmetric form only)][nibbles g/2]. With a rotation, rows hold the rotated
+// vector. Both forms decode as x = d * n + m; the symmetric one has the implied m = -8 d.
 class Q4Codec final : public KvCodec {
  public:
-  Q4Codec(int64_t dim, bool rotate, int64_t n_heads, uint64_t seed)
+  Q4Codec(int64_t dim, bool rotate, const Q4Format& format, int64_t n_heads, uint64_t seed)
       : KvCodec(rotate ? KvType::kQ4R : KvType::kQ4, dim,
-                static_cast<size_t>(dim / kv_block_size(dim) * (4 + kv_block_size(dim) / 2)),
-                dim + dim / kv_block_size(dim)),
-        b_(kv_block_size(dim)),
+                static_cast<size_t>(dim / format.group * (header(format) + format.group / 2)),
+                dim + dim / format.group),
+        g_(format.group),
+        header_(header(format)),
+        symmetric_(format.symmetric),
         table_(half_table()) {
+    TANDEM_CHECK(g_ >= 2 && g_ % 2 == 0 && dim % g_ == 0, "bad 4-bit group size");
     if (rotate) rotation_ = std::make_unique<HeadRotation>(dim, n_heads, seed);
   }
   void encode(const float* x, int64_t head, uint8_t* row) const override {
@@ -203,69 +220,91 @@ class Q4Codec final : public KvCodec {
       rotation_->rotate(x, head, tmp);
       x = tmp;
     }
-    const int64_t half = b_ / 2;
-    for (int64_t k = 0; k < dim(); k += b_, row += 4 + half) {
-      float mn = x[k], mx = x[k];
-      for (int64_t i = 1; i < b_; ++i) mn = std::min(mn, x[k + i]), mx = std::max(mx, x[k + i]);
-      const uint16_t d16 = f32_to_fp16((mx - mn) / 15.0f), m16 = f32_to_fp16(mn);
-      const float d = fp16_to_f32(d16), m = fp16_to_f32(m16);
-      const float id = d > 0 ? 1.0f / d : 0.0f;
-      store_u16(row, d16);
-      store_u16(row + 2, m16);
+    const int64_t half = g_ / 2;
+    for (int64_t k = 0; k < dim(); k += g_, row += header_ + half) {
+      float d, m;
+      if (symmetric_) {
+        // The element of largest magnitude maps exactly to level 0 (d < 0 when it is positive), so the
+        // 16 levels cover [-8|d|, 7|d|] on the side that needs the range.
+        float far = 0;
+        for (int64_t i = 0; i < g_; ++i)
+          if (std::fabs(x[k + i]) > std::fabs(far)) far = x[k + i];
+        const uint16_t d16 = f32_to_fp16(far / -8.0f);
+        store_u16(row, d16);
+        d = fp16_to_f32(d16);
+        m = -8.0f * d;
+      } else {
+        float mn = x[k], mx = x[k];
+        for (int64_t i = 1; i < g_; ++i) mn = std::min(mn, x[k + i]), mx = std::max(mx, x[k + i]);
+        const uint16_t d16 = f32_to_fp16((mx - mn) / 15.0f), m16 = f32_to_fp16(mn);
+        store_u16(row, d16);
+        store_u16(row + 2, m16);
+        d = fp16_to_f32(d16);
+        m = fp16_to_f32(m16);
+      }
+      const float id = d != 0 ? 1.0f / d : 0.0f;
       auto level = [&](float v) {
         return static_cast<uint8_t>(std::clamp(std::nearbyint((v - m) * id), 0.0f, 15.0f));
       };
       for (int64_t i = 0; i < half; ++i)
-        row[4 + i] = static_cast<uint8_t>(level(x[k + i]) | (level(x[k + half + i]) << 4));
+        row[header_ + i] = static_cast<uint8_t>(level(x[k + i]) | (level(x[k + half + i]) << 4));
     }
   }
   void decode(const uint8_t* row, int64_t head, float* x) const override {
-    const int64_t half = b_ / 2;
-    for (int64_t k = 0; k < dim(); k += b_, row += 4 + half) {
-      const float d = table_[load_u16(row)], m = table_[load_u16(row + 2)];
+    const int64_t half = g_ / 2;
+    for (int64_t k = 0; k < dim(); k += g_, row += header_ + half) {
+      float d, m;
+      scale_and_min(row, d, m);
+      const uint8_t* nib = row + header_;
       for (int64_t i = 0; i < half; ++i) {
-        x[k + i] = d * static_cast<float>(row[4 + i] & 15) + m;
-        x[k + half + i] = d * static_cast<float>(row[4 + i] >> 4) + m;
+        x[k + i] = d * static_cast<float>(nib[i] & 15) + m;
+        x[k + half + i] = d * static_cast<float>(nib[i] >> 4) + m;
       }
     }
     if (rotation_) rotation_->unrotate(x, head, x);
   }
-  // prepared = [R q (dim)][sum of R q over each block (dim / b)].
+  // prepared = [R q (dim)][sum of R q over each group (dim / g)].
   void prepare_query(const float* q, int64_t head, float* prepared) const override {
     if (rotation_) {
       rotation_->rotate(q, head, prepared);
     } else {
       std::copy_n(q, dim(), prepared);
     }
-    for (int64_t k = 0, blk = 0; k < dim(); k += b_, ++blk) {
+    for (int64_t k = 0, grp = 0; k < dim(); k += g_, ++grp) {
       float sum = 0;
-      for (int64_t i = 0; i < b_; ++i) sum += prepared[k + i];
-      prepared[dim() + blk] = sum;
+      for (int64_t i = 0; i < g_; ++i) sum += prepared[k + i];
+      prepared[dim() + grp] = sum;
     }
   }
   void dots(const float* q, const uint8_t* rows, int64_t n, float* s) const override {
-    const int64_t half = b_ / 2;
+    const int64_t half = g_ / 2;
     const float* qsum = q + dim();
     for (int64_t j = 0; j < n; ++j) {
       const uint8_t* row = rows + static_cast<size_t>(j) * row_bytes();
       float sum = 0;
-      for (int64_t k = 0, blk = 0; k < dim(); k += b_, ++blk, row += 4 + half) {
-        const float lo = dot8(q + k, row + 4, half, [](uint8_t v) { return float(v & 15); });
-        const float hi = dot8(q + k + half, row + 4, half, [](uint8_t v) { return float(v >> 4); });
-        sum += table_[load_u16(row)] * (lo + hi) + table_[load_u16(row + 2)] * qsum[blk];
+      for (int64_t k = 0, grp = 0; k < dim(); k += g_, ++grp, row += header_ + half) {
+        const uint8_t* nib = row + header_;
+        const float lo = dot8(q + k, nib, half, [](uint8_t v) { return float(v & 15); });
+        const float hi = dot8(q + k + half, nib, half, [](uint8_t v) { return float(v >> 4); });
+        float d, m;
+        scale_and_min(row, d, m);
+        sum += d * (lo + hi) + m * qsum[grp];
       }
       s[j] = sum;
     }
   }
   void accumulate(const float* p, const uint8_t* rows, int64_t n, float* acc) const override {
-    const int64_t half = b_ / 2;
+    const int64_t half = g_ / 2;
     for (int64_t j = 0; j < n; ++j) {
       const uint8_t* row = rows + static_cast<size_t>(j) * row_bytes();
-      for (int64_t k = 0; k < dim(); k += b_, row += 4 + half) {
-        const float pd = p[j] * table_[load_u16(row)], pm = p[j] * table_[load_u16(row + 2)];
+      for (int64_t k = 0; k < dim(); k += g_, row += header_ + half) {
+        float d, m;
+        scale_and_min(row, d, m);
+        const float pd = p[j] * d, pm = p[j] * m;
+        const uint8_t* nib = row + header_;
         for (int64_t i = 0; i < half; ++i) {
-          acc[k + i] += pd * static_cast<float>(row[4 + i] & 15) + pm;
-          acc[k + half + i] += pd * static_cast<float>(row[4 + i] >> 4) + pm;
+          acc[k + i] += pd * static_cast<float>(nib[i] & 15) + pm;
+          acc[k + half + i] += pd * static_cast<float>(nib[i] >> 4) + pm;
         }
       }
     }
@@ -279,7 +318,15 @@ class Q4Codec final : public KvCodec {
   }
 
  private:
-  int64_t b_;
+  static int64_t header(const Q4Format& f) { return f.symmetric ? 2 : 4; }
+  void scale_and_min(const uint8_t* group, float& d, float& m) const {
+    d = table_[load_u16(group)];
+    m = symmetric_ ? -8.0f * d : table_[load_u16(group + 2)];
+  }
+
+  int64_t g_;       // elements per scale
+  int64_t header_;  // bytes before a group's nibbles
+  bool symmetric_;
   const float* table_;
   std::unique_ptr<HeadRotation> rotation_;
 };
@@ -321,11 +368,29 @@ std::unique_ptr<KvCodec> KvCodec::create(KvType type, int64_t dim, int64_t n_hea
     case KvType::kQ8_0:
       return std::make_unique<Q8Codec>(dim);
     case KvType::kQ4:
-      return std::make_unique<Q4Codec>(dim, false, n_heads, seed);
+      return std::make_unique<Q4Codec>(dim, false, q4_format(dim), n_heads, seed);
     case KvType::kQ4R:
-      return std::make_unique<Q4Codec>(dim, true, n_heads, seed);
+      return std::make_unique<Q4Codec>(dim, true, q4_format(dim), n_heads, seed);
   }
   throw Error("unknown KV cache type");
+}
+
+KeyAnchor::KeyAnchor(int64_t dim) : dim_(dim), table_(half_table()) {
+  TANDEM_CHECK(dim > 0 && dim <= kMaxHeadDim, "bad key anchor size");
+}
+
+void KeyAnchor::set(const float* k, uint8_t* anchor) const {
+  for (int64_t i = 0; i < dim_; ++i) store_u16(anchor + 2 * i, f32_to_fp16(k[i]));
+}
+
+void KeyAnchor::subtract(const uint8_t* anchor, const float* k, float* out) const {
+  for (int64_t i = 0; i < dim_; ++i) out[i] = k[i] - table_[load_u16(anchor + 2 * i)];
+}
+
+float KeyAnchor::dot(const float* q, const uint8_t* anchor) const {
+  float a[kMaxHeadDim];  // anchors need not be 2-byte aligned inside a block
+  for (int64_t i = 0; i < dim_; ++i) a[i] = table_[load_u16(anchor + 2 * i)];
+  return dot8(q, a, dim_, [](float v) { return v; });
 }
 
 HeadRotation::HeadRotation(int64_t dim, int64_t n_heads, uint64_t seed)

@@ -10,18 +10,30 @@
 // Types:
 //   f32   the vector as is.
 //   f16   IEEE half per element (round to nearest even).
-//   q8_0  blocks of b elements: f16 scale d, int8 q[b]; x = d * q, d = max|x| / 127 (as GGUF Q8_0).
-//   q4    blocks of b elements with a scale and a minimum (asymmetric, as GGUF Q4_1): f16 d, f16 m, 4-bit
-//         n[b]; x = d * n + m with d = (max - min) / 15, m = min. Element i sits in byte i % (b/2), low
-//         nibble for i < b/2, high nibble otherwise.
-//   q4r   q4 after a fixed, seeded, per-head orthogonal rotation R (TurboQuant-style): rows hold q4(R x).
-//         R is a randomized Hadamard transform (H D / sqrt(dim), D random signs) when dim is a power of two,
-//         else a random orthogonal matrix (QR of a seeded Gaussian matrix). Since R is orthogonal,
+//   q8_0  blocks of b8 elements: f16 scale d, int8 q[b8]; x = d * q, d = max|x| / 127 (as GGUF Q8_0).
+//   q4    blocks of b elements, symmetric: f16 scale d, 4-bit n[b]; x = d * (n - 8), where d = -x_far / 8 for
+//         the element x_far of largest magnitude (it lands exactly on level 0). Element i sits in byte
+//         i % (b/2), low nibble for i < b/2, high nibble otherwise.
+//   q4r   the q4 format after a fixed, seeded, per-head orthogonal rotation R (TurboQuant-style): rows hold
+//         q4(R x). R is a randomized Hadamard transform (H D / sqrt(dim), D random signs) when dim is a power
+//         of two, else a random orthogonal matrix (QR of a seeded Gaussian matrix). Since R is orthogonal,
 //         q·x = (R q)·(R x): attention rotates the query once, accumulates values in the rotated domain and
 //         rotates the sum back once (finish_values). The rotation spreads an outlier channel over the whole
 //         head, so one block scale fits every element better.
 // The block b is 32 when dim is a multiple of 32, else the largest even divisor of dim below 32 (head size 8
-// gives blocks of 8).
+// gives blocks of 8). q8_0 halves b when it would span the whole head vector (b8 = 4 for head size 8): the
+// RoPE pairs of a small head differ in magnitude by 10x in real models, and one scale over all of them cost
+// q8_0 3x in KL divergence on the head-size-8 models (2 more bytes per row).
+//
+// Why q4 and q4r share a symmetric, scale-only format rather than scale and minimum (as GGUF Q4_1): after a
+// rotation (and after key anchoring, see KeyAnchor) the coordinates are centred, so a stored minimum mostly
+// repeats -max; the symmetric form spends its 2 header bytes on the scale alone. Measured with tandem kld
+// (mean KLD, anchored keys, q4 / q4r), scale+min vs symmetric: stories260K 0.079 / 0.060 at 340 B/token vs
+// 0.157 / 0.116 at 260; llama2xs 0.096 / 0.067 vs 0.146 / 0.109; synth d256 (head 64) 0.0104 / 0.0120 at
+// 528 vs 0.0140 / 0.0142 at 480. Scale+min buys 1.3-2x lower KLD for 31% (head 8) or 10% (head 64) more
+// bytes, well short of what those bits give as finer levels, and the rotation's relative gain is the same
+// in both. One scale over the whole rotated head vector (saving 2 bytes per 32 elements) measured worse on
+// head size 64 (q4r 0.018 vs 0.014), so q4r keeps per-block scales.
 #pragma once
 
 #include <cstddef>
@@ -79,6 +91,39 @@ class KvCodec {
   int64_t prepared_size_;
 };
 
+// The scalar 4-bit format q4 and q4r share (see above).
+struct Q4Format {
+  bool symmetric;  // scale only (x = d * (n - 8)); else scale and minimum (x = d * n + m)
+  int64_t group;   // elements per scale
+};
+Q4Format q4_format(int64_t dim);
+
+// Whether a store of this type anchors its keys (see KeyAnchor).
+bool kv_type_anchors_keys(KvType type);
+
+// Key anchoring. Keys of real models carry a large, slowly varying offset in some channels (the low-frequency
+// RoPE pairs), which sets every block scale and wastes the quantizer's levels on it. An anchored key cache
+// stores the residual k - a through the codec, where the anchor a [dim] is kept in f16 once per (cache
+// block, layer, KV head), and attention adds q·a back to every score of that block: q·k = q·(k - a) + q·a
+// exactly in real arithmetic, so only the residual is quantized. Values are not anchored (their error
+// matters far less). How the anchor is chosen is the cache's contract (kv_cache.h).
+class KeyAnchor {
+ public:
+  explicit KeyAnchor(int64_t dim);
+  int64_t dim() const { return dim_; }
+  size_t bytes() const { return static_cast<size_t>(dim_) * 2; }
+  // anchor [bytes()] = f16(k); k [dim].
+  void set(const float* k, uint8_t* anchor) const;
+  // out [dim] = k - anchor; out may alias k.
+  void subtract(const uint8_t* anchor, const float* k, float* out) const;
+  // q·anchor, summed in an order fixed by dim alone.
+  float dot(const float* q, const uint8_t* anchor) const;
+
+ private:
+  int64_t dim_;
+  const float* table_;
+};
+
 // A fixed per-head orthogonal rotation (see q4r above). Exposed for tests.
 class HeadRotation {
  public:
@@ -96,8 +141,10 @@ class HeadRotation {
   std::vector<float> matrix_;  // [n_heads, dim, dim] row-major (dense form)
 };
 
-// The quantization block a q8_0 or q4 codec uses for head vectors of `dim` elements (see above); throws
-// tandem::Error when dim has no even divisor <= 32.
+// The quantization block of q4 and q4r for head vectors of `dim` elements (see above); throws tandem::Error
+// when dim has no even divisor <= 32.
 int64_t kv_block_size(int64_t dim);
+// The block of q8_0: kv_block_size(dim), halved when that would be the whole head vector (see above).
+int64_t kv_q8_block_size(int64_t dim);
 
 }  // namespace tandem::cache
