@@ -21,7 +21,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -38,12 +40,15 @@ double peak_rss_mb() {
   return 0;
 }
 
-void progress(const char* what) { std::fprintf(stderr, "\rbench: %-48s", what), std::fflush(stderr); }
+void progress(const char* what) {
+  std::fprintf(stderr, "\rbench: %-48s", what), std::fflush(stderr);
+}
 
 // Token ids that exist in every vocabulary: cycle through the first ids past the specials.
 std::vector<int32_t> tokens(int64_t n, int64_t n_vocab, int64_t salt) {
   std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<int32_t>(3 + (i * 7 + salt) % (n_vocab - 3));
+  for (int64_t i = 0; i < n; ++i)
+    t[static_cast<size_t>(i)] = static_cast<int32_t>(3 + (i * 7 + salt) % (n_vocab - 3));
   return t;
 }
 
@@ -52,7 +57,8 @@ std::vector<int32_t> tokens(int64_t n, int64_t n_vocab, int64_t salt) {
 void add_bench_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "bench",
-      "Measure memory read bandwidth, decode tok/s and its roofline fraction, prefill tok/s (64 and 512 tokens), "
+      "Measure memory read bandwidth, decode tok/s and its roofline fraction, prefill tok/s (64 and 512 "
+      "tokens), "
       "the verify cost curve cost(n)/cost(1) and peak RSS. -c sets the context decode and verify run at "
       "(default 256).");
   struct Opts {
@@ -80,8 +86,8 @@ void add_bench_command(CLI::App& app) {
     so.batch = 512;
     engine::Session session(*model, pool, so);
 
-    // Bandwidth: stream the mapped weights themselves when they are much larger than any cache (they are resident
-    // anyway, so the peak RSS does not grow); otherwise a temporary buffer.
+    // Bandwidth: stream the mapped weights themselves when they are much larger than any cache (they are
+    // resident anyway, so the peak RSS does not grow); otherwise a temporary buffer.
     progress("memory bandwidth");
     const auto& tensors = model->file().tensors();
     const uint8_t* lo = nullptr;

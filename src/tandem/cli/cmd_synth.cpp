@@ -1,4 +1,5 @@
-// tandem synth / tandem quantize: random-weight checkpoints of real shapes, and re-quantization of a GGUF file.
+// tandem synth / tandem quantize: random-weight checkpoints of real shapes, and re-quantization of a GGUF
+// file.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -11,7 +12,8 @@
 namespace tandem::cli {
 
 void add_synth_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("synth", "Write a random-weight checkpoint of a real model's shapes (for benchmarks)");
+  auto* cmd = app.add_subcommand(
+      "synth", "Write a random-weight checkpoint of a real model's shapes (for benchmarks)");
   struct Opts {
     std::string preset, type = "Q4_0", out;
     int threads = 0;
@@ -34,13 +36,15 @@ void add_synth_command(CLI::App& app) {
     const auto t0 = std::chrono::steady_clock::now();
     model::write_synthetic_model(preset, type, o->out, pool, o->seed);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "wrote %s (%s, %s): %.1f MB in %.1f s\n", o->out.c_str(), std::string(preset.name).c_str(),
-                 std::string(type.name).c_str(), static_cast<double>(std::filesystem::file_size(o->out)) / 1e6, s);
+    std::fprintf(stderr, "wrote %s (%s, %s): %.1f MB in %.1f s\n", o->out.c_str(),
+                 std::string(preset.name).c_str(), std::string(type.name).c_str(),
+                 static_cast<double>(std::filesystem::file_size(o->out)) / 1e6, s);
   });
 }
 
 void add_quantize_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("quantize", "Re-quantize the matrices of a GGUF file: tandem quantize IN OUT TYPE");
+  auto* cmd =
+      app.add_subcommand("quantize", "Re-quantize the matrices of a GGUF file: tandem quantize IN OUT TYPE");
   struct Opts {
     std::string in, out, type;
     int threads = 0;

@@ -9,7 +9,8 @@ bool cpu_supports(Target t) {
       return true;
 #if defined(__x86_64__) && defined(__GNUC__)
     case Target::kAVX2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
     case Target::kAVX512:
       return cpu_supports(Target::kAVX2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&

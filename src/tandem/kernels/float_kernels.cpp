@@ -78,7 +78,8 @@ void matmul_rows_t(const uint8_t* w, size_t w_row_bytes, int64_t o0, int64_t o1,
   for (int64_t o = o0; o < o1; ++o) {
     const uint8_t* wrow = w + static_cast<size_t>(o) * w_row_bytes;
     int64_t r = 0;
-    for (; r + 4 <= n_rows; r += 4) dot_tile<T, 4>(wrow, kk, x + r * x_stride, x_stride, y + r * y_stride + o, y_stride);
+    for (; r + 4 <= n_rows; r += 4)
+      dot_tile<T, 4>(wrow, kk, x + r * x_stride, x_stride, y + r * y_stride + o, y_stride);
     const float* xr = x + r * x_stride;
     float* yr = y + r * y_stride + o;
     switch (n_rows - r) {
@@ -127,19 +128,22 @@ HWY_INLINE void axpy(float p, const uint8_t* vrow, float* out, size_t dim) {
   const size_t n = hn::Lanes(df);
   const auto pv = hn::Set(df, p);
   size_t i = 0;
-  for (; i + n <= dim; i += n) hn::StoreU(hn::MulAdd(pv, load_w<T>(df, vrow, i), hn::LoadU(df, out + i)), df, out + i);
+  for (; i + n <= dim; i += n)
+    hn::StoreU(hn::MulAdd(pv, load_w<T>(df, vrow, i), hn::LoadU(df, out + i)), df, out + i);
   for (; i < dim; ++i) out[i] += p * scalar_w<T>(vrow, i);
 }
 
 template <DType T>
 void dots_t(const float* q, const uint8_t* rows, int64_t n, int64_t dim, float* s) {
   constexpr size_t es = T == DType::F32 ? 4 : 2;
-  for (int64_t j = 0; j < n; ++j) s[j] = dot_q<T>(q, rows + static_cast<size_t>(j * dim) * es, static_cast<size_t>(dim));
+  for (int64_t j = 0; j < n; ++j)
+    s[j] = dot_q<T>(q, rows + static_cast<size_t>(j * dim) * es, static_cast<size_t>(dim));
 }
 template <DType T>
 void accumulate_t(const float* p, const uint8_t* rows, int64_t n, int64_t dim, float* acc) {
   constexpr size_t es = T == DType::F32 ? 4 : 2;
-  for (int64_t j = 0; j < n; ++j) axpy<T>(p[j], rows + static_cast<size_t>(j * dim) * es, acc, static_cast<size_t>(dim));
+  for (int64_t j = 0; j < n; ++j)
+    axpy<T>(p[j], rows + static_cast<size_t>(j * dim) * es, acc, static_cast<size_t>(dim));
 }
 void DotsF16(const float* q, const uint16_t* rows, int64_t n, int64_t dim, float* s) {
   dots_t<DType::F16>(q, reinterpret_cast<const uint8_t*>(rows), n, dim, s);

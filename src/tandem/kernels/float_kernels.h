@@ -1,6 +1,7 @@
 // Float kernels written once with Highway and dispatched at run time to the best target the CPU supports
 // (AVX2, AVX-512, NEON, ...): dot products of F32/F16/BF16 weight rows with f32 activation rows, and the
-// attention primitives over f32/f16 cache rows. Each row's reduction order is fixed (it never depends on the other rows).
+// attention primitives over f32/f16 cache rows. Each row's reduction order is fixed (it never depends on the
+// other rows).
 #pragma once
 
 #include <cstdint>
@@ -9,8 +10,8 @@
 
 namespace tandem::kernels {
 
-// For each weight row o in [o0, o1) (row o at w + o * w_row_bytes, k elements of `type`: F32, F16 or BF16) and
-// each activation row r < n_rows (x + r * x_stride, k floats): y[r * y_stride + o] = dot(W[o], x[r]).
+// For each weight row o in [o0, o1) (row o at w + o * w_row_bytes, k elements of `type`: F32, F16 or BF16)
+// and each activation row r < n_rows (x + r * x_stride, k floats): y[r * y_stride + o] = dot(W[o], x[r]).
 void float_matmul_rows(DType type, const uint8_t* w, size_t w_row_bytes, int64_t o0, int64_t o1, int64_t k,
                        const float* x, int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride);
 

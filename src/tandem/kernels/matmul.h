@@ -1,12 +1,13 @@
 // Matrix multiplication of activations by a weight matrix in its file format, for any number of rows.
 //
-// The kernel is chosen by row class once per call: one row (decode), a window of 2..16 rows (speculative verify:
-// each weight row is decoded once and applied to every row of the window) and many rows (prefill: activation
-// rows in cache-sized chunks). Quantized weights multiply 8-bit activations (each activation row quantized once
-// per call, 32-element blocks) with integer dot products; F32/F16/BF16 weights multiply f32 activations.
+// The kernel is chosen by row class once per call: one row (decode), a window of 2..16 rows (speculative
+// verify: each weight row is decoded once and applied to every row of the window) and many rows (prefill:
+// activation rows in cache-sized chunks). Quantized weights multiply 8-bit activations (each activation row
+// quantized once per call, 32-element blocks) with integer dot products; F32/F16/BF16 weights multiply f32
+// activations.
 //
-// Every row's result depends only on that row (fixed reduction order per output element, the same in every row
-// class), so a row computes the same bits alone, inside a verify window or in a batch: the basis of exact
+// Every row's result depends only on that row (fixed reduction order per output element, the same in every
+// row class), so a row computes the same bits alone, inside a verify window or in a batch: the basis of exact
 // speculative and batched decoding.
 #pragma once
 
@@ -20,7 +21,8 @@
 
 namespace tandem::kernels {
 
-// Row classes (the boundaries are part of the kernel contract, not tuning knobs: results do not depend on them).
+// Row classes (the boundaries are part of the kernel contract, not tuning knobs: results do not depend on
+// them).
 constexpr int64_t kMaxWindowRows = 16;  // 2..16 rows: a verify window
 constexpr int64_t kPrefillChunk = 64;   // many rows: activation rows per pass over the weights
 
@@ -35,7 +37,9 @@ class MatmulScratch {
   int64_t max_rows() const { return max_rows_; }
   Target target() const { return target_; }
   ActSuper* activations() { return act_.data(); }
-  UnpackedSuper* unpack_buffer(int thread) { return unpacked_.data() + static_cast<size_t>(thread) * supers_; }
+  UnpackedSuper* unpack_buffer(int thread) {
+    return unpacked_.data() + static_cast<size_t>(thread) * supers_;
+  }
   // Grows the activation buffer (called outside the steady state only: the first call with more rows).
   void reserve_rows(int64_t rows);
 
@@ -49,8 +53,8 @@ class MatmulScratch {
 };
 
 // y[r][o] = sum_k W[o][k] * x[r][k]
-//   w: [rows = N, cols = K] in its block format; x: [n_rows, K] f32 (row stride K); y: [n_rows, N] f32 (stride N).
-//   scratch: made for at least pool.size() threads and K columns.
+//   w: [rows = N, cols = K] in its block format; x: [n_rows, K] f32 (row stride K); y: [n_rows, N] f32
+//   (stride N). scratch: made for at least pool.size() threads and K columns.
 void matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y, ThreadPool& pool,
             MatmulScratch& scratch);
 
@@ -60,7 +64,8 @@ void matmul_reference(const MatrixView& w, const float* x, int64_t n_rows, float
 // The quantized kernels of a target.
 const QuantKernels& quant_kernels(Target t);
 
-// Dot product of two f32 vectors with a fixed reduction order (8 interleaved partial sums, combined pairwise).
+// Dot product of two f32 vectors with a fixed reduction order (8 interleaved partial sums, combined
+// pairwise).
 float dot_f32(const float* a, const float* b, int64_t n);
 
 }  // namespace tandem::kernels

@@ -6,7 +6,8 @@
 
 namespace tandem::kernels {
 
-// y = x / sqrt(mean(x^2) + eps) * w   (w may be null: no scaling). x and y may alias. Sum of squares in double.
+// y = x / sqrt(mean(x^2) + eps) * w   (w may be null: no scaling). x and y may alias. Sum of squares in
+// double.
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
 
 // Rotary position embedding of one head vector in place. Rotates the first n_rot dims:

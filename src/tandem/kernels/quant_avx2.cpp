@@ -1,6 +1,6 @@
 // Quantized dot products on AVX2: vpmaddubsw multiplies unsigned weight codes (at most 127, so pairs never
-// saturate) by signed activation codes and vpmaddwd sums pairs into 32-bit lanes. Q8_0 codes stay signed and use
-// the sign trick |w| * sign(x, w). Up to 4 activation rows share each loaded weight vector.
+// saturate) by signed activation codes and vpmaddwd sums pairs into 32-bit lanes. Q8_0 codes stay signed and
+// use the sign trick |w| * sign(x, w). Up to 4 activation rows share each loaded weight vector.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -17,7 +17,9 @@
 namespace tandem::kernels {
 namespace avx2_target {
 
-inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+inline float half_to_float(uint16_t h) {
+  return _cvtsh_ss(h);
+}
 
 // The two bit-level helpers quant_unpack.inc expects (compilers vectorize the plain loops poorly).
 inline void nibbles32(const uint8_t* qs, uint8_t* u) {
@@ -30,11 +32,13 @@ inline void nibbles32(const uint8_t* qs, uint8_t* u) {
 inline void fifth_bits32(const uint8_t* qh, uint8_t* u) {
   uint32_t bits;
   std::memcpy(&bits, qh, 4);
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int32_t>(bits)),
-      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i spread =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(bits)),
+                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2,
+                                           2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
   const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
-  const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+  const __m256i high =
+      _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
   __m256i* p = reinterpret_cast<__m256i*>(u);
   _mm256_storeu_si256(p, _mm256_or_si256(_mm256_loadu_si256(p), high));
 }
@@ -56,7 +60,9 @@ void dot_tile(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_
       const __m256i u = _mm256_load_si256(reinterpret_cast<const __m256i*>(W.u + 32 * q));
       const __m256i u_abs = kSigned ? _mm256_sign_epi8(u, u) : u;
       // Lanes 0..3 take group 2q's scale, lanes 4..7 group 2q + 1's.
-      const __m256 a = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadl_pi(_mm_setzero_ps(), reinterpret_cast<const __m64*>(W.a + 2 * q))), spread);
+      const __m256 a = _mm256_permutevar8x32_ps(
+          _mm256_castps128_ps256(_mm_loadl_pi(_mm_setzero_ps(), reinterpret_cast<const __m64*>(W.a + 2 * q))),
+          spread);
       for (int r = 0; r < NR; ++r) {
         const ActSuper& X = x[r * x_stride + s];
         __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(X.q + 32 * q));
@@ -125,6 +131,8 @@ const QuantKernels& quant_kernels_avx2() {
 
 #else
 namespace tandem::kernels {
-const QuantKernels& quant_kernels_avx2() { return quant_kernels_scalar(); }
+const QuantKernels& quant_kernels_avx2() {
+  return quant_kernels_scalar();
+}
 }  // namespace tandem::kernels
 #endif

@@ -20,7 +20,9 @@
 namespace tandem::kernels {
 namespace avx512_target {
 
-inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+inline float half_to_float(uint16_t h) {
+  return _cvtsh_ss(h);
+}
 
 // The two bit-level helpers quant_unpack.inc expects (compilers vectorize the plain loops poorly).
 inline void nibbles32(const uint8_t* qs, uint8_t* u) {
@@ -33,19 +35,21 @@ inline void nibbles32(const uint8_t* qs, uint8_t* u) {
 inline void fifth_bits32(const uint8_t* qh, uint8_t* u) {
   uint32_t bits;
   std::memcpy(&bits, qh, 4);
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int32_t>(bits)),
-      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i spread =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(bits)),
+                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2,
+                                           2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
   const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
-  const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+  const __m256i high =
+      _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
   __m256i* p = reinterpret_cast<__m256i*>(u);
   _mm256_storeu_si256(p, _mm256_or_si256(_mm256_loadu_si256(p), high));
 }
 
 #include "tandem/kernels/quant_unpack.inc"
 
-// Each row keeps the same three accumulators and the same operation sequence whatever NR is, so its result does
-// not depend on the rows beside it.
+// Each row keeps the same three accumulators and the same operation sequence whatever NR is, so its result
+// does not depend on the rows beside it.
 template <int NR>
 void dot_tile(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, float* y,
               int64_t y_stride) {
@@ -72,7 +76,8 @@ void dot_tile(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_
       }
     }
     const __m512 b = _mm512_load_ps(W.b);
-    for (int r = 0; r < NR; ++r) acc_b[r] = _mm512_fmadd_ps(b, _mm512_load_ps(x[r * x_stride + s].bs), acc_b[r]);
+    for (int r = 0; r < NR; ++r)
+      acc_b[r] = _mm512_fmadd_ps(b, _mm512_load_ps(x[r * x_stride + s].bs), acc_b[r]);
   }
   for (int r = 0; r < NR; ++r)
     y[r * y_stride] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r])) + _mm512_reduce_add_ps(acc_b[r]);
@@ -81,7 +86,8 @@ void dot_tile(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_
 void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
               bool /*signed_codes: never set on this target*/, float* y, int64_t y_stride) {
   int64_t r = 0;
-  for (; r + 4 <= n_rows; r += 4) dot_tile<4>(w, n_super, x + r * x_stride, x_stride, y + r * y_stride, y_stride);
+  for (; r + 4 <= n_rows; r += 4)
+    dot_tile<4>(w, n_super, x + r * x_stride, x_stride, y + r * y_stride, y_stride);
   const ActSuper* xr = x + r * x_stride;
   float* yr = y + r * y_stride;
   switch (n_rows - r) {
@@ -110,6 +116,8 @@ const QuantKernels& quant_kernels_avx512() {
 
 #else
 namespace tandem::kernels {
-const QuantKernels& quant_kernels_avx512() { return quant_kernels_scalar(); }
+const QuantKernels& quant_kernels_avx512() {
+  return quant_kernels_scalar();
+}
 }  // namespace tandem::kernels
 #endif

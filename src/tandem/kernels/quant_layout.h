@@ -1,13 +1,13 @@
 // Internal layouts of the quantized matmul kernels (not a file format).
 //
-// Every quantized weight type is brought, 256 elements at a time, into one form: unsigned 8-bit codes u with a
-// float scale a and offset b per 16 elements, so that weight = a * u + b. Activation rows are quantized once per
-// matmul into 8-bit codes q with a float scale per 32 elements (as the reference's Q8_0 blocks), plus the sum of
-// the codes per 16 elements. A dot product over 16 elements is then
+// Every quantized weight type is brought, 256 elements at a time, into one form: unsigned 8-bit codes u with
+// a float scale a and offset b per 16 elements, so that weight = a * u + b. Activation rows are quantized
+// once per matmul into 8-bit codes q with a float scale per 32 elements (as the reference's Q8_0 blocks),
+// plus the sum of the codes per 16 elements. A dot product over 16 elements is then
 //     sum(w * x) = dx * (a * sum(u * q) + b * sum(q)),
-// an integer dot product of u8 by s8 (VNNI vpdpbusd; AVX2 vpmaddubsw + vpmaddwd) followed by float scaling per
-// 4-element lane. Weight rows are unpacked once per matmul row pass and then applied to every activation row of a
-// window, so a verify window reads (and decodes) its weights once.
+// an integer dot product of u8 by s8 (VNNI vpdpbusd; AVX2 vpmaddubsw + vpmaddwd) followed by float scaling
+// per 4-element lane. Weight rows are unpacked once per matmul row pass and then applied to every activation
+// row of a window, so a verify window reads (and decodes) its weights once.
 //
 // Lane l of a super-block covers elements 4l..4l+3 (the lanes of vpdpbusd and of vpmaddwd alike).
 #pragma once
@@ -25,21 +25,23 @@ constexpr int kGroups = 16;      // 16-element groups per super-block
 // 256 weights of one row, unpacked. For Q8_0 on targets without an unsigned-by-signed multiply that tolerates
 // 255 (AVX2's vpmaddubsw saturates), u holds the signed codes instead and b is zero (`signed_codes`).
 struct alignas(64) UnpackedSuper {
-  uint8_t u[kSuper];   // codes, element order
-  float a[kGroups];    // scale of each 16-element group (lanes 4g..4g+3)
-  float b[kGroups];    // offset of each 16-element group
+  uint8_t u[kSuper];  // codes, element order
+  float a[kGroups];   // scale of each 16-element group (lanes 4g..4g+3)
+  float b[kGroups];   // offset of each 16-element group
 };
 
 // 256 activations of one row, quantized.
 struct alignas(64) ActSuper {
-  int8_t q[kSuper];    // codes in [-127, 127]
-  float d[kLanes];     // scale of each lane (the scale of its 32-element block, repeated)
-  float bs[kGroups];   // sum of the 16 codes of each group times its block scale
+  int8_t q[kSuper];   // codes in [-127, 127]
+  float d[kLanes];    // scale of each lane (the scale of its 32-element block, repeated)
+  float bs[kGroups];  // sum of the 16 codes of each group times its block scale
 };
 
 static_assert(sizeof(UnpackedSuper) == 384 && sizeof(ActSuper) == 576);
 
-inline int64_t super_count(int64_t k) { return (k + kSuper - 1) / kSuper; }
+inline int64_t super_count(int64_t k) {
+  return (k + kSuper - 1) / kSuper;
+}
 
 // Whether activations for this weight type take one scale per 256 elements (K-quants) rather than per 32.
 bool per_super_activations(DType t);
@@ -47,20 +49,20 @@ bool per_super_activations(DType t);
 // Whether matmul takes the quantized path for this weight type (else the float path: F32, F16, BF16).
 bool is_quantized_weight(DType t);
 
-// One SIMD target's quantized kernels. The unpack and activation quantization give bit-identical results on every
-// target (integer work and exactly rounded scalar float operations); dot results differ between targets only in
-// float summation order, and for one target never depend on how many rows are processed together.
+// One SIMD target's quantized kernels. The unpack and activation quantization give bit-identical results on
+// every target (integer work and exactly rounded scalar float operations); dot results differ between targets
+// only in float summation order, and for one target never depend on how many rows are processed together.
 struct QuantKernels {
   bool signed_q8;  // Q8_0 codes stay signed (see UnpackedSuper)
   // Unpacks one weight row of k elements (k a multiple of the type's block size) into super_count(k) supers;
   // the tail of the last super is zero.
   void (*unpack_row)(DType type, const uint8_t* row, int64_t k, bool signed_q8, UnpackedSuper* out);
-  // Quantizes one activation row of k floats into super_count(k) supers (tail zero): one scale per 32 elements,
-  // or with per_super one per 256 (for K-quant weights, as the reference's Q8_K).
+  // Quantizes one activation row of k floats into super_count(k) supers (tail zero): one scale per 32
+  // elements, or with per_super one per 256 (for K-quant weights, as the reference's Q8_K).
   void (*quantize_row)(const float* x, int64_t k, bool per_super, ActSuper* out);
   // y[r * y_stride] = dot(w, x + r * x_stride) for r < n_rows: w and each x row span n_super supers.
-  void (*dot_rows)(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
-                   bool signed_codes, float* y, int64_t y_stride);
+  void (*dot_rows)(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride,
+                   int64_t n_rows, bool signed_codes, float* y, int64_t y_stride);
 };
 
 // Kernels of one target (Target values from cpu_target.h; a target not compiled in gives the scalar kernels).

@@ -11,7 +11,9 @@
 namespace tandem::kernels {
 namespace scalar_target {
 
-inline float half_to_float(uint16_t h) { return fp16_to_f32(h); }
+inline float half_to_float(uint16_t h) {
+  return fp16_to_f32(h);
+}
 
 // The two bit-level helpers quant_unpack.inc expects, in plain C++.
 inline void nibbles32(const uint8_t* __restrict qs, uint8_t* __restrict u) {
@@ -37,7 +39,8 @@ float dot_one(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, bool s
     for (int l = 0; l < kLanes; ++l) {
       int32_t dot = 0;
       for (int i = 4 * l; i < 4 * l + 4; ++i)
-        dot += (signed_codes ? static_cast<int32_t>(static_cast<int8_t>(W.u[i])) : static_cast<int32_t>(W.u[i])) *
+        dot += (signed_codes ? static_cast<int32_t>(static_cast<int8_t>(W.u[i]))
+                             : static_cast<int32_t>(W.u[i])) *
                X.q[i];
       acc += static_cast<float>(dot) * (W.a[l / 4] * X.d[l]);
     }

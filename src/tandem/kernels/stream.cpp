@@ -24,7 +24,8 @@ double measure_read_bandwidth(const uint8_t* data, size_t bytes, ThreadPool& poo
   for (int p = 0; p < passes; ++p) {
     const auto t0 = std::chrono::steady_clock::now();
     pool.parallel_for(static_cast<int64_t>(lines), 1024, [&](int64_t a, int64_t b, int t) {
-      sink[static_cast<size_t>(t) * 8] ^= stream_xor(data + static_cast<size_t>(a) * 64, static_cast<size_t>(b - a) * 64);
+      sink[static_cast<size_t>(t) * 8] ^=
+          stream_xor(data + static_cast<size_t>(a) * 64, static_cast<size_t>(b - a) * 64);
     });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, static_cast<double>(lines * 64) / s / 1e9);

@@ -71,16 +71,16 @@ bool use_more_bits(int64_t layer, int64_t n_layer) {
 
 uint32_t llama_ftype(std::string_view name) {
   static const std::pair<std::string_view, uint32_t> ids[] = {
-      {"F32", 0},     {"F16", 1},     {"Q4_0", 2},    {"Q4_1", 3},    {"Q8_0", 7},    {"Q5_0", 8},
-      {"Q5_1", 9},    {"Q2_K", 10},   {"Q3_K_M", 12}, {"Q4_K_S", 14}, {"Q4_K_M", 15}, {"Q5_K_S", 16},
-      {"Q5_K_M", 17}, {"Q6_K", 18},   {"BF16", 32}};
+      {"F32", 0},     {"F16", 1},     {"Q4_0", 2},    {"Q4_1", 3},    {"Q8_0", 7},
+      {"Q5_0", 8},    {"Q5_1", 9},    {"Q2_K", 10},   {"Q3_K_M", 12}, {"Q4_K_S", 14},
+      {"Q4_K_M", 15}, {"Q5_K_S", 16}, {"Q5_K_M", 17}, {"Q6_K", 18},   {"BF16", 32}};
   for (const auto& [n, id] : ids)
     if (n == name) return id;
   return 0;
 }
 
-// The generated vocabulary: <unk>, <s>, </s>, the 256 byte tokens, then distinct letter strings, every other one
-// with the SentencePiece word-start marker.
+// The generated vocabulary: <unk>, <s>, </s>, the 256 byte tokens, then distinct letter strings, every other
+// one with the SentencePiece word-start marker.
 void add_vocabulary(gguf::Writer& w, int64_t n_vocab) {
   std::vector<std::string> tokens;
   std::vector<float> scores;
@@ -189,8 +189,8 @@ DType matrix_type(const FileType& ft, std::string_view tensor, int64_t cols, int
   return t;
 }
 
-void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::string& path, ThreadPool& pool,
-                           uint64_t seed) {
+void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::string& path,
+                           ThreadPool& pool, uint64_t seed) {
   gguf::Writer w;
   const std::string a(p.arch);
   w.add_string("general.architecture", a);
@@ -328,7 +328,8 @@ void copy_value(gguf::Writer& w, const std::string& key, const gguf::Value& v) {
 
 }  // namespace
 
-void quantize_model(const std::string& in_path, const std::string& out_path, const FileType& ft, ThreadPool& pool) {
+void quantize_model(const std::string& in_path, const std::string& out_path, const FileType& ft,
+                    ThreadPool& pool) {
   const gguf::File in = gguf::File::open(in_path);
   gguf::Writer w;
   const std::string arch(in.get_string("general.architecture").value_or(""));

@@ -1,6 +1,7 @@
-// Random-weight checkpoints of real model shapes (for benchmarks and tests), and re-quantization of GGUF files,
-// written with Tandem's own GGUF writer and reference quantizers. The vocabulary is generated (SentencePiece-style
-// "llama" tokenizer metadata: tokens, scores, token types), so the files load in any GGUF reader.
+// Random-weight checkpoints of real model shapes (for benchmarks and tests), and re-quantization of GGUF
+// files, written with Tandem's own GGUF writer and reference quantizers. The vocabulary is generated
+// (SentencePiece-style "llama" tokenizer metadata: tokens, scores, token types), so the files load in any
+// GGUF reader.
 #pragma once
 
 #include <cstdint>
@@ -26,9 +27,9 @@ const std::vector<SynthPreset>& synth_presets();
 // Throws tandem::Error listing the known names.
 const SynthPreset& find_synth_preset(std::string_view name);
 
-// A file type: the type of most matrices plus the rules that pick others, as the reference's quantize tool does
-// (the head in Q6_K for quantized types, attn_v and ffn_down in Q6_K on a subset of layers for the _M mixes, and
-// a 32-element type for matrices whose rows are not whole 256-element super-blocks).
+// A file type: the type of most matrices plus the rules that pick others, as the reference's quantize tool
+// does (the head in Q6_K for quantized types, attn_v and ffn_down in Q6_K on a subset of layers for the _M
+// mixes, and a 32-element type for matrices whose rows are not whole 256-element super-blocks).
 struct FileType {
   std::string_view name;  // "Q4_0", "Q4_K_M", ...
   DType base;
@@ -44,8 +45,9 @@ DType matrix_type(const FileType& ft, std::string_view tensor, int64_t cols, int
 void write_synthetic_model(const SynthPreset& preset, const FileType& type, const std::string& path,
                            ThreadPool& pool, uint64_t seed = 1);
 
-// Re-quantizes every matrix of a GGUF file (2-D tensors whose name ends in ".weight", norms excepted) to `type`,
-// copying metadata and other tensors unchanged.
-void quantize_model(const std::string& in_path, const std::string& out_path, const FileType& type, ThreadPool& pool);
+// Re-quantizes every matrix of a GGUF file (2-D tensors whose name ends in ".weight", norms excepted) to
+// `type`, copying metadata and other tensors unchanged.
+void quantize_model(const std::string& in_path, const std::string& out_path, const FileType& type,
+                    ThreadPool& pool);
 
 }  // namespace tandem::model

@@ -1,0 +1,92 @@
+// Batch invariance: a row's result is bit-identical whether it runs alone, inside a verify window or in a
+// prefill batch, for every weight type and SIMD target (matmul), and through a whole model forward (logits of
+// a synthetic model: one token at a time vs windows vs one batch).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include <unistd.h>
+
+#include "tandem/engine/session.h"
+#include "tandem/kernels/matmul.h"
+#include "tandem/model/model.h"
+#include "tandem/model/synth.h"
+#include "tandem/tensor/quant.h"
+
+namespace {
+
+using namespace tandem;
+using namespace tandem::kernels;
+
+TEST(BatchInvariance, MatmulRowsAreIndependentOfTheirBatch) {
+  const DType types[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1,
+                         DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K, DType::Q3_K,
+                         DType::Q4_K, DType::Q5_K, DType::Q6_K};
+  const int64_t k = 512, n = 40, max_rows = 70;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(max_rows * k)), row(static_cast<size_t>(k));
+  for (auto& v : x) v = dist(rng);
+  ThreadPool pool(2);
+  for (DType t : types) {
+    const size_t rb = row_bytes(t, k);
+    std::vector<uint8_t> w(rb * static_cast<size_t>(n));
+    for (int64_t o = 0; o < n; ++o) {
+      for (auto& v : row) v = dist(rng);
+      quantize_row(t, row.data(), w.data() + static_cast<size_t>(o) * rb, k);
+    }
+    const MatrixView view{t, n, k, rb, w.data()};
+    for (Target target : runnable_targets()) {
+      MatmulScratch scratch(pool.size(), k, max_rows, target);
+      std::vector<float> alone(static_cast<size_t>(max_rows * n));
+      for (int64_t r = 0; r < max_rows; ++r)
+        matmul(view, x.data() + r * k, 1, alone.data() + r * n, pool, scratch);
+      for (int64_t rows : {2, 3, 4, 5, 8, 12, 16, 17, 64, 70}) {
+        std::vector<float> batch(static_cast<size_t>(rows * n));
+        matmul(view, x.data(), rows, batch.data(), pool, scratch);
+        EXPECT_EQ(0, std::memcmp(batch.data(), alone.data(), batch.size() * sizeof(float)))
+            << dtype_name(t) << " " << target_name(target) << " rows=" << rows;
+      }
+    }
+  }
+}
+
+TEST(BatchInvariance, ForwardLogitsDoNotDependOnTheWindow) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("tandem_batch_inv_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  ThreadPool pool(2);
+  for (const char* type : {"Q4_0", "Q8_0", "Q4_K_M", "F16"}) {
+    const std::string path = (dir / (std::string(type) + ".gguf")).string();
+    model::write_synthetic_model(model::find_synth_preset("tiny-llama-d256"), model::find_file_type(type),
+                                 path, pool);
+    auto m = model::Model::load(path);
+    const int64_t V = m->config().n_vocab;
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 40; ++i) ids.push_back(3 + (i * 37) % static_cast<int32_t>(V - 3));
+    engine::SessionOptions so;
+    so.n_ctx = 64;
+    so.batch = 64;
+    // One batch of all tokens.
+    engine::Session batch(*m, pool, so);
+    const auto all = batch.eval(ids, /*all_logits=*/true);
+    const std::vector<float> want(all.begin(), all.end());
+    // One token at a time, then windows of 1..16 rows.
+    for (int64_t window : {1, 2, 5, 16}) {
+      engine::Session s(*m, pool, so);
+      for (size_t i = 0; i < ids.size(); i += static_cast<size_t>(window)) {
+        const size_t len = std::min(ids.size() - i, static_cast<size_t>(window));
+        const auto got = s.eval(std::span<const int32_t>(ids).subspan(i, len), /*all_logits=*/true);
+        ASSERT_EQ(
+            0, std::memcmp(got.data(), want.data() + i * static_cast<size_t>(V), got.size() * sizeof(float)))
+            << type << " window=" << window << " at token " << i;
+      }
+    }
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace

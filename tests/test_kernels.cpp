@@ -1,0 +1,259 @@
+// Matmul kernels against their scalar references, on every SIMD target this machine runs, with odd sizes and
+// misaligned rows. Tolerances:
+//   - weight unpacking and activation quantization: bit-identical on every target;
+//   - a target's quantized matmul vs the scalar target: |dy| <= 1e-5 * sum_k |w_k x_k| + 1e-6 (float order
+//   only);
+//   - quantized matmul vs the double-precision reference on dequantized weights: the activation rounding
+//   bound
+//     sum_k |w_k| * (s_k / 2 + 2^-10 |x_k|) + 1e-5 * sum_k |w_k x_k|, s_k the scale of x_k's activation
+//     block;
+//   - float weights (F32/F16/BF16, Highway, every compiled target): |dy| <= 1e-5 * sum_k |w_k x_k| + 1e-6.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "hwy/highway.h"
+#include "hwy/targets.h"
+#include "tandem/kernels/float_kernels.h"
+#include "tandem/kernels/matmul.h"
+#include "tandem/kernels/stream.h"
+#include "tandem/tensor/fp16.h"
+#include "tandem/tensor/quant.h"
+
+namespace {
+
+using namespace tandem;
+using namespace tandem::kernels;
+
+const DType kQuantTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0,
+                             DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+// A weight matrix stored one byte past an aligned address, so rows are misaligned.
+struct TestMatrix {
+  std::vector<uint8_t> storage;
+  MatrixView view;
+  std::vector<float> dequant;  // [rows, cols]
+};
+
+TestMatrix make_matrix(DType t, int64_t rows, int64_t cols, uint32_t seed) {
+  TestMatrix m;
+  const size_t rb = row_bytes(t, cols);
+  m.storage.resize(rb * static_cast<size_t>(rows) + 1);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> row(static_cast<size_t>(cols));
+  m.dequant.resize(static_cast<size_t>(rows * cols));
+  for (int64_t o = 0; o < rows; ++o) {
+    for (auto& v : row) v = dist(rng);
+    quantize_row(t, row.data(), m.storage.data() + 1 + static_cast<size_t>(o) * rb, cols);
+    dequantize_row(t, m.storage.data() + 1 + static_cast<size_t>(o) * rb, m.dequant.data() + o * cols, cols);
+  }
+  m.view = {t, rows, cols, rb, m.storage.data() + 1};
+  return m;
+}
+
+// Activations with outliers, stored one float past the start of the buffer.
+std::vector<float> make_activations(int64_t rows, int64_t cols, uint32_t seed) {
+  std::vector<float> x(static_cast<size_t>(rows * cols + 1));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (auto& v : x) v = dist(rng);
+  for (size_t i = 1; i < x.size(); i += 97) x[i] *= 20.0f;
+  return x;
+}
+
+std::vector<int64_t> sizes_for(DType t) {
+  if (traits(t).block_size == 256) return {256, 768, 2304};
+  return {32, 96, 288, 2080};
+}
+
+TEST(Kernels, UnpackAndActivationQuantizationAreBitIdenticalOnEveryTarget) {
+  const QuantKernels& ref = quant_kernels(Target::kScalar);
+  for (Target target : runnable_targets()) {
+    const QuantKernels& qk = quant_kernels(target);
+    for (DType t : kQuantTypes) {
+      for (int64_t k : sizes_for(t)) {
+        SCOPED_TRACE(std::string(target_name(target)) + " " + std::string(dtype_name(t)) +
+                     " k=" + std::to_string(k));
+        const TestMatrix m = make_matrix(t, 3, k, 7);
+        const size_t ns = static_cast<size_t>(super_count(k));
+        std::vector<UnpackedSuper> a(ns), b(ns);
+        for (int64_t o = 0; o < 3; ++o) {
+          std::memset(static_cast<void*>(a.data()), 0xAB, ns * sizeof(UnpackedSuper));
+          ref.unpack_row(t, m.view.row(o), k, qk.signed_q8, a.data());
+          qk.unpack_row(t, m.view.row(o), k, qk.signed_q8, b.data());
+          EXPECT_EQ(0, std::memcmp(a.data(), b.data(), ns * sizeof(UnpackedSuper)));
+        }
+        const auto x = make_activations(2, k, 9);
+        std::vector<ActSuper> xa(ns), xb(ns);
+        for (bool per_super : {false, true}) {
+          if (per_super && k % 256 != 0) continue;
+          ref.quantize_row(x.data() + 1, k, per_super, xa.data());
+          qk.quantize_row(x.data() + 1, k, per_super, xb.data());
+          EXPECT_EQ(0, std::memcmp(xa.data(), xb.data(), ns * sizeof(ActSuper)));
+        }
+      }
+    }
+  }
+}
+
+// Scale of the activation block holding element k of a row, as the kernels quantize it.
+float block_scale(const float* x, int64_t k, int64_t cols, bool per_super) {
+  const int64_t bs = per_super && cols % 256 == 0 ? 256 : 32;
+  const int64_t b0 = k / bs * bs;
+  float amax = 0;
+  for (int64_t i = b0; i < b0 + bs; ++i) amax = std::max(amax, std::fabs(x[i]));
+  return amax / 127.0f;
+}
+
+TEST(Kernels, QuantizedMatmulMatchesReferences) {
+  ThreadPool pool(2);
+  for (DType t : kQuantTypes) {
+    for (int64_t k : sizes_for(t)) {
+      const int64_t n = 37;
+      const TestMatrix m = make_matrix(t, n, k, 11);
+      for (int64_t rows : {1, 2, 3, 5, 16, 17, 70}) {
+        const auto xbuf = make_activations(rows, k, 13);
+        const float* x = xbuf.data() + 1;
+        std::vector<float> want(static_cast<size_t>(rows * n));
+        MatmulScratch scalar_scratch(pool.size(), k, rows, Target::kScalar);
+        matmul(m.view, x, rows, want.data(), pool, scalar_scratch);
+        // Scalar target against the double-precision reference, within the activation rounding bound.
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t o = 0; o < n; ++o) {
+            double exact = 0, bound = 0, mag = 0;
+            for (int64_t i = 0; i < k; ++i) {
+              const double w = m.dequant[static_cast<size_t>(o * k + i)], xv = x[r * k + i];
+              exact += w * xv;
+              mag += std::fabs(w * xv);
+              bound += std::fabs(w) * (0.5 * block_scale(x + r * k, i, k, per_super_activations(t)) +
+                                       std::ldexp(std::fabs(xv), -10));
+            }
+            ASSERT_NEAR(want[static_cast<size_t>(r * n + o)], exact, bound + 1e-5 * mag)
+                << dtype_name(t) << " k=" << k << " rows=" << rows << " r=" << r << " o=" << o;
+          }
+        }
+        for (Target target : runnable_targets()) {
+          if (target == Target::kScalar) continue;
+          std::vector<float> got(static_cast<size_t>(rows * n));
+          MatmulScratch scratch(pool.size(), k, rows, target);
+          matmul(m.view, x, rows, got.data(), pool, scratch);
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t o = 0; o < n; ++o) {
+              double mag = 0;
+              for (int64_t i = 0; i < k; ++i)
+                mag += std::fabs(m.dequant[static_cast<size_t>(o * k + i)] * x[r * k + i]);
+              ASSERT_NEAR(got[static_cast<size_t>(r * n + o)], want[static_cast<size_t>(r * n + o)],
+                          1e-5 * mag + 1e-6)
+                  << target_name(target) << " " << dtype_name(t) << " k=" << k << " rows=" << rows;
+            }
+        }
+      }
+    }
+  }
+}
+
+// Runs fn once per Highway target this machine supports (then restores normal dispatch).
+template <typename Fn>
+void for_each_hwy_target(Fn&& fn) {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    fn();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+TEST(Kernels, FloatMatmulMatchesReferenceOnEveryHighwayTarget) {
+  ThreadPool pool(2);
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) {
+    for (int64_t k : {1, 7, 16, 37, 100, 1031}) {
+      const int64_t n = 19;
+      const TestMatrix m = make_matrix(t, n, k, 21);
+      for (int64_t rows : {1, 3, 4, 9}) {
+        const auto xbuf = make_activations(rows, k, 23);
+        const float* x = xbuf.data() + 1;
+        std::vector<float> want(static_cast<size_t>(rows * n)), got(want.size());
+        matmul_reference(m.view, x, rows, want.data());
+        for_each_hwy_target([&] {
+          MatmulScratch scratch(pool.size(), k, rows);
+          matmul(m.view, x, rows, got.data(), pool, scratch);
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t o = 0; o < n; ++o) {
+              double mag = 0;
+              for (int64_t i = 0; i < k; ++i)
+                mag += std::fabs(m.dequant[static_cast<size_t>(o * k + i)] * x[r * k + i]);
+              ASSERT_NEAR(got[static_cast<size_t>(r * n + o)], want[static_cast<size_t>(r * n + o)],
+                          1e-5 * mag + 1e-6)
+                  << dtype_name(t) << " k=" << k << " rows=" << rows;
+            }
+        });
+      }
+    }
+  }
+}
+
+// Attention primitives: |ds| <= 1e-5 * sum |q k| + 1e-6 against double sums; accumulate likewise per element.
+TEST(Kernels, AttentionPrimitivesMatchScalarOnEveryHighwayTarget) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int64_t dim : {1, 40, 64, 67, 128}) {
+    const int64_t n = 9;
+    std::vector<float> q(static_cast<size_t>(dim) + 1), kf(static_cast<size_t>(n * dim) + 1),
+        p(static_cast<size_t>(n));
+    std::vector<uint16_t> kh(static_cast<size_t>(n * dim) + 1);
+    for (auto& v : q) v = dist(rng);
+    for (size_t i = 0; i < kf.size(); ++i) {
+      kh[i] = f32_to_fp16(dist(rng));
+      kf[i] = fp16_to_f32(kh[i]);
+    }
+    for (auto& v : p) v = std::fabs(dist(rng));
+    for_each_hwy_target([&] {
+      std::vector<float> s16(static_cast<size_t>(n)), s32(static_cast<size_t>(n));
+      std::vector<float> a16(static_cast<size_t>(dim), 0.5f), a32(static_cast<size_t>(dim), 0.5f);
+      dots_f16(q.data() + 1, kh.data() + 1, n, dim, s16.data());
+      dots_f32(q.data() + 1, kf.data() + 1, n, dim, s32.data());
+      accumulate_f16(p.data(), kh.data() + 1, n, dim, a16.data());
+      accumulate_f32(p.data(), kf.data() + 1, n, dim, a32.data());
+      for (int64_t j = 0; j < n; ++j) {
+        double exact = 0, mag = 0;
+        for (int64_t d = 0; d < dim; ++d) {
+          exact +=
+              static_cast<double>(q[static_cast<size_t>(1 + d)]) * kf[static_cast<size_t>(1 + j * dim + d)];
+          mag += std::fabs(q[static_cast<size_t>(1 + d)] * kf[static_cast<size_t>(1 + j * dim + d)]);
+        }
+        EXPECT_NEAR(s16[static_cast<size_t>(j)], exact, 1e-5 * mag + 1e-6);
+        EXPECT_NEAR(s32[static_cast<size_t>(j)], exact, 1e-5 * mag + 1e-6);
+      }
+      for (int64_t d = 0; d < dim; ++d) {
+        double exact = 0.5, mag = 0.5;
+        for (int64_t j = 0; j < n; ++j) {
+          exact += static_cast<double>(p[static_cast<size_t>(j)]) * kf[static_cast<size_t>(1 + j * dim + d)];
+          mag += std::fabs(p[static_cast<size_t>(j)] * kf[static_cast<size_t>(1 + j * dim + d)]);
+        }
+        EXPECT_NEAR(a16[static_cast<size_t>(d)], exact, 1e-5 * mag + 1e-6);
+        EXPECT_NEAR(a32[static_cast<size_t>(d)], exact, 1e-5 * mag + 1e-6);
+      }
+    });
+  }
+}
+
+TEST(Kernels, StreamReadCoversEveryWord) {
+  std::vector<uint8_t> buf(64 * 5, 0);
+  buf[3] = 0x5A;
+  buf[64 * 4 + 9] = 0x11;
+  uint64_t want = 0;
+  for (size_t i = 0; i < buf.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, buf.data() + i, 8);
+    want ^= w;
+  }
+  EXPECT_EQ(stream_xor(buf.data(), buf.size()), want);
+  ThreadPool pool(2);
+  EXPECT_GT(measure_read_bandwidth(buf.data(), buf.size(), pool, 1), 0.0);
+}
+
+}  // namespace
