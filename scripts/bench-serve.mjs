@@ -20,8 +20,16 @@ const { values: opt } = parseArgs({
     'api-key': { type: 'string' },
     junk: { type: 'string', default: '0' },
     json: { type: 'boolean', default: false },
+    help: { type: 'boolean', short: 'h', default: false },
   },
 });
+if (opt.help) {
+  console.log(`usage: node scripts/bench-serve.mjs [--url URL] [--model NAME] [--streams N] [--rounds N]
+       [--prompt-tokens N] [--max-tokens N] [--api-key KEY] [--junk N] [--json]
+N concurrent streamed completions against a running tandem serve (loopback only); reports aggregate and
+per-stream tokens/s and time to first token p50/p99. --junk N interleaves N malformed requests.`);
+  process.exit(0);
+}
 const url = new URL(opt.url);
 if (!['127.0.0.1', 'localhost', '[::1]'].includes(url.hostname)) {
   console.error('bench-serve: only loopback servers (127.0.0.1, localhost, [::1]) may be targeted');
