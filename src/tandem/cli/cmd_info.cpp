@@ -4,7 +4,10 @@
 #include <string>
 
 #include "tandem/cli/commands.h"
+#include "tandem/engine/session.h"
 #include "tandem/gguf/reader.h"
+#include "tandem/model/model.h"
+#include "tandem/util/error.h"
 
 namespace tandem::cli {
 
@@ -50,6 +53,27 @@ void add_info_command(CLI::App& app) {
     std::printf("tensors: %zu, %.2f MiB of weights\n", f.tensors().size(), total / 1048576.0);
     for (const auto& [name, e] : by_type)
       std::printf("  %-6s %4d tensors %10.2f MiB\n", name.c_str(), e.first, e.second / 1048576.0);
+    if (f.tensors().empty()) return;  // a vocabulary-only file
+    // Memory to run it: the mapped weights plus an f16 KV cache at the default context.
+    try {
+      auto model = model::Model::from_file(f);
+      const model::Config& c = model->config();
+      const int64_t ctx = engine::default_context(*model, 0);
+      const double kv_per_token =
+          static_cast<double>(c.n_layer * c.n_head_kv * (c.head_dim + c.head_dim_v) * 2);
+      std::printf(
+          "shape: %lld layers, width %lld, %lld heads (%lld KV), head size %lld, FFN %lld, vocab %lld\n",
+          static_cast<long long>(c.n_layer), static_cast<long long>(c.n_embd),
+          static_cast<long long>(c.n_head), static_cast<long long>(c.n_head_kv),
+          static_cast<long long>(c.head_dim), static_cast<long long>(c.n_ff),
+          static_cast<long long>(c.n_vocab));
+      std::printf(
+          "memory needed: %.1f MiB weights + %.1f MiB f16 KV cache at context %lld (%.0f bytes/token)\n",
+          total / 1048576.0, kv_per_token * static_cast<double>(ctx) / 1048576.0, static_cast<long long>(ctx),
+          kv_per_token);
+    } catch (const Error& e) {
+      std::printf("not runnable: %s\n", e.what());
+    }
   });
 }
 
