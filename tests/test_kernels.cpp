@@ -67,7 +67,7 @@ std::vector<float> make_activations(int64_t rows, int64_t cols, uint32_t seed) {
 
 std::vector<int64_t> sizes_for(DType t) {
   if (traits(t).block_size == 256) return {256, 768, 2304};
-  return {32, 96, 288, 2080};
+  return {32, 96, 288, 512, 2080};
 }
 
 TEST(Kernels, UnpackAndActivationQuantizationAreBitIdenticalOnEveryTarget) {

@@ -3,13 +3,16 @@
 // Every quantized weight type is brought, 256 elements at a time, into one form: unsigned 8-bit codes u with
 // a float scale a and offset b per 16 elements, so that weight = a * u + b. Activation rows are quantized
 // once per matmul into 8-bit codes q with a float scale per 32 elements (as the reference's Q8_0 blocks),
-// plus the sum of the codes per 16 elements. A dot product over 16 elements is then
+// plus the sum of the codes per 16 elements. A dot product over one 16-element group is then
 //     sum(w * x) = dx * (a * sum(u * q) + b * sum(q)),
-// an integer dot product of u8 by s8 (VNNI vpdpbusd; AVX2 vpmaddubsw + vpmaddwd) followed by float scaling
-// per 4-element lane. Weight rows are unpacked once per matmul row pass and then applied to every activation
+// an integer dot product of u8 by s8 (VNNI vpdpbusd; AVX2 vpmaddubsw + vpmaddwd) followed by one float
+// scaling per group. Weight rows are unpacked once per matmul row pass and then applied to every activation
 // row of a window, so a verify window reads (and decodes) its weights once.
 //
-// Lane l of a super-block covers elements 4l..4l+3 (the lanes of vpdpbusd and of vpmaddwd alike).
+// Codes are stored group-interleaved so that each 4-byte lane of a vector holds one group: position
+// 64 * q + 4 * g + i holds element 16 * g + 4 * q + i (g < 16 the group, q < 4 the quarter, i < 4). A 64-byte
+// vector of quarter q thus carries four elements of every group, and the integer sums of the four quarters
+// add up lane by lane to the 16 group sums before any float work.
 #pragma once
 
 #include <cstdint>
@@ -33,11 +36,16 @@ struct alignas(64) UnpackedSuper {
 // 256 activations of one row, quantized.
 struct alignas(64) ActSuper {
   int8_t q[kSuper];   // codes in [-127, 127]
-  float d[kLanes];    // scale of each lane (the scale of its 32-element block, repeated)
+  float d[kGroups];   // scale of each group (the scale of its 32-element block, repeated)
   float bs[kGroups];  // sum of the 16 codes of each group times its block scale
 };
 
-static_assert(sizeof(UnpackedSuper) == 384 && sizeof(ActSuper) == 576);
+static_assert(sizeof(UnpackedSuper) == 384 && sizeof(ActSuper) == 384);
+
+// Position in UnpackedSuper::u and ActSuper::q of element e of a super-block.
+constexpr int interleaved_position(int e) {
+  return 64 * ((e % 16) / 4) + 4 * (e / 16) + e % 4;
+}
 
 inline int64_t super_count(int64_t k) {
   return (k + kSuper - 1) / kSuper;

@@ -1,5 +1,6 @@
 // Portable quantized kernels: the reference the SIMD targets are tested against, and the fallback on CPUs
-// without a SIMD target. Sums run in lane order, one lane at a time.
+// without a SIMD target. Sums run in group order, one group at a time (an exact integer sum, then one
+// float scaling).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -29,6 +30,14 @@ inline void fifth_bits32(const uint8_t* qh, uint8_t* __restrict u) {
   for (int l = 0; l < 32; ++l) u[l] |= static_cast<uint8_t>(((bits >> l) & 1) << 4);
 }
 
+// Element order to group-interleaved order (quant_layout.h), as a transpose of 4-byte units.
+inline void interleave_groups(uint8_t* codes) {
+  uint8_t tmp[kSuper];
+  for (int g = 0; g < kGroups; ++g)
+    for (int q = 0; q < 4; ++q) std::memcpy(tmp + 64 * q + 4 * g, codes + 16 * g + 4 * q, 4);
+  std::memcpy(codes, tmp, kSuper);
+}
+
 #include "tandem/kernels/quant_unpack.inc"
 
 float dot_one(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, bool signed_codes) {
@@ -36,13 +45,14 @@ float dot_one(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, bool s
   for (int64_t s = 0; s < n_super; ++s) {
     const UnpackedSuper& W = w[s];
     const ActSuper& X = x[s];
-    for (int l = 0; l < kLanes; ++l) {
+    for (int g = 0; g < kGroups; ++g) {
       int32_t dot = 0;
-      for (int i = 4 * l; i < 4 * l + 4; ++i)
-        dot += (signed_codes ? static_cast<int32_t>(static_cast<int8_t>(W.u[i]))
-                             : static_cast<int32_t>(W.u[i])) *
-               X.q[i];
-      acc += static_cast<float>(dot) * (W.a[l / 4] * X.d[l]);
+      for (int q = 0; q < 4; ++q)
+        for (int i = 64 * q + 4 * g; i < 64 * q + 4 * g + 4; ++i)
+          dot += (signed_codes ? static_cast<int32_t>(static_cast<int8_t>(W.u[i]))
+                               : static_cast<int32_t>(W.u[i])) *
+                 X.q[i];
+      acc += static_cast<float>(dot) * (W.a[g] * X.d[g]);
     }
     for (int g = 0; g < kGroups; ++g) acc_b += W.b[g] * X.bs[g];
   }
