@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "tandem/util/utf8.h"
+
 namespace tandem::tokenizer {
 namespace {
 
@@ -129,23 +131,7 @@ void decode_utf8_lenient(std::string_view text, std::vector<uint32_t>& out) {
 }
 
 void append_utf8_raw(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < kMaxCp) {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += "\xEF\xBF\xBD";
-  }
+  utf8_append_raw(out, cp);
 }
 
 const ByteAlphabet& byte_alphabet() {

@@ -43,7 +43,11 @@ bool utf8_valid(std::string_view s) {
 }
 
 void utf8_append(std::string& out, uint32_t cp) {
-  if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) cp = 0xFFFD;
+  utf8_append_raw(out, cp >= 0xD800 && cp <= 0xDFFF ? 0xFFFD : cp);
+}
+
+void utf8_append_raw(std::string& out, uint32_t cp) {
+  if (cp > 0x10FFFF) cp = 0xFFFD;
   if (cp < 0x80) {
     out += static_cast<char>(cp);
   } else if (cp < 0x800) {
