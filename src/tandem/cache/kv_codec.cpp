@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "tandem/kernels/float_kernels.h"
 #include "tandem/tensor/fp16.h"
 #include "tandem/util/error.h"
 
@@ -100,14 +101,12 @@ class F32Codec final : public KvCodec {
   void prepare_query(const float* q, int64_t, float* prepared) const override {
     std::copy_n(q, dim(), prepared);
   }
+  // The SIMD attention primitives (one dispatch per block of rows); each row's reduction order is fixed.
   void dots(const float* q, const uint8_t* rows, int64_t n, float* s) const override {
-    const float* x = reinterpret_cast<const float*>(rows);
-    for (int64_t j = 0; j < n; ++j) s[j] = dot8(q, x + j * dim(), dim(), [](float v) { return v; });
+    kernels::dots_f32(q, reinterpret_cast<const float*>(rows), n, dim(), s);
   }
   void accumulate(const float* p, const uint8_t* rows, int64_t n, float* acc) const override {
-    const float* x = reinterpret_cast<const float*>(rows);
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t d = 0; d < dim(); ++d) acc[d] += p[j] * x[j * dim() + d];
+    kernels::accumulate_f32(p, reinterpret_cast<const float*>(rows), n, dim(), acc);
   }
   void finish_values(const float* acc, int64_t, float* out) const override { std::copy_n(acc, dim(), out); }
 };
@@ -126,14 +125,10 @@ class F16Codec final : public KvCodec {
     std::copy_n(q, dim(), prepared);
   }
   void dots(const float* q, const uint8_t* rows, int64_t n, float* s) const override {
-    const uint16_t* x = reinterpret_cast<const uint16_t*>(rows);
-    const float* t = table_;
-    for (int64_t j = 0; j < n; ++j) s[j] = dot8(q, x + j * dim(), dim(), [t](uint16_t h) { return t[h]; });
+    kernels::dots_f16(q, reinterpret_cast<const uint16_t*>(rows), n, dim(), s);
   }
   void accumulate(const float* p, const uint8_t* rows, int64_t n, float* acc) const override {
-    const uint16_t* x = reinterpret_cast<const uint16_t*>(rows);
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t d = 0; d < dim(); ++d) acc[d] += p[j] * table_[x[j * dim() + d]];
+    kernels::accumulate_f16(p, reinterpret_cast<const uint16_t*>(rows), n, dim(), acc);
   }
   void finish_values(const float* acc, int64_t, float* out) const override { std::copy_n(acc, dim(), out); }
 
