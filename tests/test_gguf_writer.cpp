@@ -389,3 +389,22 @@ TEST(GgufWriter, StreamsTensorDataWithoutCopyingIt) {
 }
 
 }  // namespace
+
+TEST(GgufReaderArrays, I32ArrayOutOfRangeIsAnErrorNamingTheKey) {
+  tandem::gguf::Writer w;
+  const int64_t big[] = {1, int64_t{1} << 40};
+  w.add_array("test.ids", std::span<const int64_t>(big));
+  const float nan_values[] = {1.0f, std::numeric_limits<float>::quiet_NaN()};
+  w.add_array("test.floats", std::span<const float>(nan_values));
+  std::vector<uint8_t> bytes;
+  w.write([&](std::span<const uint8_t> b) { bytes.insert(bytes.end(), b.begin(), b.end()); });
+  const auto f = tandem::gguf::File::parse(bytes.data(), bytes.size(), "ranges.gguf");
+  for (const char* key : {"test.ids", "test.floats"}) {
+    try {
+      (void)f.get_i32_array(key);
+      FAIL() << key << " was read as 32-bit integers";
+    } catch (const tandem::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+}

@@ -1,6 +1,7 @@
 #include "tandem/gguf/reader.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <unordered_set>
@@ -14,8 +15,8 @@ namespace {
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" little-endian
 constexpr uint64_t kMaxKeyBytes = 1 << 16;
 constexpr uint32_t kMaxDims = 4;
-// Counts are bounded by the bytes left, but an in-memory entry is larger than its encoding: reserve at most this
-// many up front and let the vectors grow with what the file really holds.
+// Counts are bounded by the bytes left, but an in-memory entry is larger than its encoding: reserve at most
+// this many up front and let the vectors grow with what the file really holds.
 constexpr uint64_t kMaxReserve = 1 << 16;
 
 // Bounds-checked little-endian reader over the file's bytes. Every read checks the remaining length first.
@@ -467,7 +468,18 @@ std::vector<int32_t> File::get_i32_array(std::string_view key) const {
   if (v->type != ValueType::ARRAY || v->elem_type == ValueType::STRING)
     wrong_type(name_, key, *v, "a numeric array");
   std::vector<int32_t> out(static_cast<size_t>(v->count));
-  for (uint64_t k = 0; k < v->count; ++k) out[k] = static_cast<int32_t>(v->elem_i64(k));
+  for (uint64_t k = 0; k < v->count; ++k) {
+    int64_t x = 0;
+    try {
+      x = v->elem_i64(k);
+    } catch (const Error& e) {
+      throw Error("GGUF file '" + name_ + "': metadata '" + std::string(key) + "': " + e.what());
+    }
+    if (x < INT32_MIN || x > INT32_MAX)
+      throw Error("GGUF file '" + name_ + "': metadata '" + std::string(key) + "' element " +
+                  std::to_string(k) + " (" + std::to_string(x) + ") does not fit a 32-bit integer");
+    out[k] = static_cast<int32_t>(x);
+  }
   return out;
 }
 
