@@ -18,31 +18,7 @@
 namespace tandem::kernels {
 namespace avx2_target {
 
-inline float half_to_float(uint16_t h) {
-  return _cvtsh_ss(h);
-}
-
-// The two bit-level helpers quant_unpack.inc expects (compilers vectorize the plain loops poorly).
-inline void nibbles32(const uint8_t* qs, uint8_t* u) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i m = _mm_set1_epi8(0x0F);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(u), _mm_and_si128(v, m));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(u + 16), _mm_and_si128(_mm_srli_epi16(v, 4), m));
-}
-
-inline void fifth_bits32(const uint8_t* qh, uint8_t* u) {
-  uint32_t bits;
-  std::memcpy(&bits, qh, 4);
-  const __m256i spread =
-      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(bits)),
-                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2,
-                                           2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
-  const __m256i high =
-      _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
-  __m256i* p = reinterpret_cast<__m256i*>(u);
-  _mm256_storeu_si256(p, _mm256_or_si256(_mm256_loadu_si256(p), high));
-}
+#include "tandem/kernels/quant_x86_helpers.inc"
 
 // Element order to group-interleaved order (quant_layout.h): a transpose of 4-byte units, 16 groups by 4
 // quarters.
