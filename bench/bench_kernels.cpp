@@ -1,5 +1,8 @@
 // Microbenchmarks of the matmul kernels, per weight type, row class and SIMD target:
 //   Matmul/TYPE/ROWS   whole matmul (2048 x 2048 weights) on one thread, best target
+//   MatmulHot/TYPE/ROWS  the same with 256 x 2048 weights, which stay in the L2 cache: the kernel's compute
+//                      throughput, with memory out of the way (decode-class rows should run far above DRAM
+//                      speed)
 //   Unpack/TYPE        decoding one 2048-element weight row into the kernel form
 //   DotRows/TYPE/ROWS  the integer dot product of one unpacked row with ROWS activation rows
 // Bytes/s counts weight bytes, so decode-class numbers compare directly with memory bandwidth.
@@ -50,10 +53,10 @@ std::vector<float> make_activations(int64_t rows, int64_t k) {
   return x;
 }
 
-void BM_Matmul(benchmark::State& state) {
+void run_matmul(benchmark::State& state, int64_t n) {
   const DType t = kTypes[state.range(0)];
   const int64_t rows = state.range(1);
-  const Weights w = make_weights(t, kN, kK);
+  const Weights w = make_weights(t, n, kK);
   const auto x = make_activations(rows, kK);
   std::vector<float> y(static_cast<size_t>(rows * kN));
   ThreadPool pool(1);
@@ -64,6 +67,14 @@ void BM_Matmul(benchmark::State& state) {
   }
   state.SetLabel(std::string(dtype_name(t)) + " rows=" + std::to_string(rows));
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(w.view.bytes()));
+}
+
+void BM_Matmul(benchmark::State& state) {
+  run_matmul(state, kN);
+}
+
+void BM_MatmulHot(benchmark::State& state) {
+  run_matmul(state, 256);
 }
 
 void BM_Unpack(benchmark::State& state) {
@@ -95,7 +106,7 @@ void BM_DotRows(benchmark::State& state) {
   for (int64_t r = 0; r < rows; ++r) qk.quantize_row(x.data() + r * kK, kK, false, act.data() + r * ns);
   std::vector<float> y(static_cast<size_t>(rows));
   for (auto _ : state) {
-    qk.dot_rows(buf.data(), ns, act.data(), ns, rows, false, y.data(), 1);
+    qk.dot_rows(buf.data(), ns, act.data(), ns, rows, DType::Q4_0, false, y.data(), 1);
     benchmark::DoNotOptimize(y.data());
   }
   state.SetLabel(std::string(target_name(target)) + " rows=" + std::to_string(rows));
@@ -116,6 +127,7 @@ void dot_args(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_Matmul)->Apply(matmul_args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MatmulHot)->Apply(matmul_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Unpack)->Apply(unpack_args);
 BENCHMARK(BM_DotRows)->Apply(dot_args);
 

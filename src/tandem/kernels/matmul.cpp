@@ -78,6 +78,13 @@ void matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y, Threa
 
   // Decode and verify windows: one pass over the weights, each weight row decoded once for all rows.
   // Prefill: the same per chunk of activation rows, so a chunk stays in cache while the weights stream by.
+  if (n_rows <= qk.direct_max_rows(w.type, K, signed_codes)) {
+    pool.parallel_for(N, kOutputGrain, [&](int64_t o0, int64_t o1, int) {
+      qk.direct_rows(w.type, w.row(o0), static_cast<int64_t>(w.row_bytes), o1 - o0, K, act, ns, n_rows,
+                     y + o0, N);
+    });
+    return;
+  }
   const int64_t chunk = n_rows <= kMaxWindowRows ? n_rows : kPrefillChunk;
   pool.parallel_for(N, kOutputGrain, [&](int64_t o0, int64_t o1, int thread) {
     UnpackedSuper* buf = scratch.unpack_buffer(thread);
@@ -85,7 +92,7 @@ void matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y, Threa
       const int64_t nr = std::min(chunk, n_rows - r0);
       for (int64_t o = o0; o < o1; ++o) {
         qk.unpack_row(w.type, w.row(o), K, signed_codes, buf);
-        qk.dot_rows(buf, ns, act + r0 * ns, ns, nr, signed_codes, y + r0 * N + o, N);
+        qk.dot_rows(buf, ns, act + r0 * ns, ns, nr, w.type, signed_codes, y + r0 * N + o, N);
       }
     }
   });

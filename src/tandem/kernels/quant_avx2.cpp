@@ -109,7 +109,7 @@ void dot_rows_t(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int6
 }
 
 void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
-              bool signed_codes, float* y, int64_t y_stride) {
+              DType /*type*/, bool signed_codes, float* y, int64_t y_stride) {
   if (signed_codes) return dot_rows_t<true>(w, n_super, x, x_stride, n_rows, y, y_stride);
   dot_rows_t<false>(w, n_super, x, x_stride, n_rows, y, y_stride);
 }
@@ -117,8 +117,12 @@ void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_
 }  // namespace avx2_target
 
 const QuantKernels& quant_kernels_avx2() {
-  static const QuantKernels k{true, avx2_target::unpack_row_impl, avx2_target::quantize_row_impl,
-                              avx2_target::dot_rows};
+  static const QuantKernels k{true,
+                              avx2_target::unpack_row_impl,
+                              avx2_target::quantize_row_impl,
+                              avx2_target::dot_rows,
+                              no_direct_rows,
+                              nullptr};
   return k;
 }
 

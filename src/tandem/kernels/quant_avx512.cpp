@@ -1,8 +1,10 @@
 // Quantized dot products on AVX-512 with VNNI: vpdpbusd multiplies the unsigned weight codes by the signed
 // activation codes, 64 elements per instruction. Up to 8 activation rows share each loaded weight vector.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "tandem/kernels/quant_layout.h"
 #include "tandem/tensor/blocks.h"
@@ -40,141 +42,281 @@ inline void interleave_groups(uint8_t* codes) {
 
 #include "tandem/kernels/quant_unpack.inc"
 
-// Scales of the 8 blocks of one super (f16 at a stride of `stride` bytes), each repeated for its two groups.
-inline __m512 block_scales8(const uint8_t* d, int64_t stride) {
-  uint16_t h[8];
-  for (int j = 0; j < 8; ++j) std::memcpy(&h[j], d + stride * j, 2);
-  const __m512 f =
-      _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))));
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), f);
+// Scales of the 8 blocks of one super, each repeated for its two groups: f16 words at word offsets
+// kStride * j of the 128 bytes at d, picked by one two-source word permute (no scalar gathering, which
+// would stall on store forwarding).
+template <int kStride>
+inline __m512 block_scales8(const uint8_t* d) {
+  static_assert(7 * kStride < 64, "the scales must lie in the first 128 bytes");
+  const __m512i idx = _mm512_setr_epi32(0, kStride * 0x10001, 2 * kStride * 0x10001, 3 * kStride * 0x10001,
+                                        4 * kStride * 0x10001, 5 * kStride * 0x10001, 6 * kStride * 0x10001,
+                                        7 * kStride * 0x10001, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i words = _mm512_permutex2var_epi16(_mm512_loadu_si512(d), idx, _mm512_loadu_si512(d + 64));
+  return _mm512_cvtph_ps(_mm512_castsi512_si256(words));
 }
 
-// Whole super-blocks of Q4_0 straight into the interleaved form (the same bits as unpack_row_impl): quarter
-// q, lane 2j takes the low nibbles of bytes 4q..4q+3 of block j, lane 2j + 1 their high nibbles.
-inline void unpack_q4_0_supers(const uint8_t* row, int64_t n_super, UnpackedSuper* out) {
+// One super-block held in registers in the unpacked form: the four quarter vectors of codes, the group
+// scales a and offsets b (the same bits unpack_row_impl stores).
+struct SuperRegs {
+  __m512i u[4];
+  __m512 a, b;
+};
+
+// Q4_0 (8 blocks from sb) into the interleaved form: quarter q, lane 2j takes the low nibbles of bytes
+// 4q..4q+3 of block j, lane 2j + 1 their high nibbles.
+inline void load_q4_0_super(const uint8_t* sb, SuperRegs& s) {
   constexpr int64_t kB = sizeof(BlockQ4_0);
+  const auto qs = [sb](int j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + j * kB + 2)); };
   const __m512i nib = _mm512_set1_epi8(0x0F);
-  for (int64_t i = 0; i < n_super; ++i) {
-    const uint8_t* sb = row + i * 8 * kB;
-    const __m512i lo = _mm512_inserti32x4(
-        _mm512_inserti32x4(
-            _mm512_inserti32x4(
-                _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 2))),
-                _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + kB + 2)), 1),
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 2 * kB + 2)), 2),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 3 * kB + 2)), 3);
-    const __m512i hi = _mm512_inserti32x4(
-        _mm512_inserti32x4(
-            _mm512_inserti32x4(
-                _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 4 * kB + 2))),
-                _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 5 * kB + 2)), 1),
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 6 * kB + 2)), 2),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 7 * kB + 2)), 3);
-    UnpackedSuper& s = out[i];
-    for (int q = 0; q < 4; ++q) {
-      const __m512i idx = _mm512_setr_epi32(q, q, 4 + q, 4 + q, 8 + q, 8 + q, 12 + q, 12 + q, 16 + q, 16 + q,
-                                            20 + q, 20 + q, 24 + q, 24 + q, 28 + q, 28 + q);
-      const __m512i t = _mm512_permutex2var_epi32(lo, idx, hi);
-      const __m512i u = _mm512_and_si512(_mm512_mask_blend_epi32(0xAAAA, t, _mm512_srli_epi16(t, 4)), nib);
-      _mm512_store_si512(s.u + 64 * q, u);
-    }
-    const __m512 a = block_scales8(sb, kB);
-    _mm512_store_ps(s.a, a);
-    _mm512_store_ps(s.b, _mm512_mul_ps(_mm512_set1_ps(-8.0f), a));
+  const __m512i lo = _mm512_inserti32x4(
+      _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(qs(0)), qs(1), 1), qs(2), 2), qs(3), 3);
+  const __m512i hi = _mm512_inserti32x4(
+      _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(qs(4)), qs(5), 1), qs(6), 2), qs(7), 3);
+  for (int q = 0; q < 4; ++q) {
+    const __m512i idx = _mm512_setr_epi32(q, q, 4 + q, 4 + q, 8 + q, 8 + q, 12 + q, 12 + q, 16 + q, 16 + q,
+                                          20 + q, 20 + q, 24 + q, 24 + q, 28 + q, 28 + q);
+    const __m512i t = _mm512_permutex2var_epi32(lo, idx, hi);
+    s.u[q] = _mm512_and_si512(_mm512_mask_blend_epi32(0xAAAA, t, _mm512_srli_epi16(t, 4)), nib);
   }
+  s.a = block_scales8<kB / 2>(sb);
+  s.b = _mm512_mul_ps(_mm512_set1_ps(-8.0f), s.a);
 }
 
-// Whole super-blocks of Q8_0 (unsigned codes, offset -128) straight into the interleaved form: quarter q,
-// lane 2j + h takes bytes 16h + 4q..+3 of block j.
-inline void unpack_q8_0_supers(const uint8_t* row, int64_t n_super, UnpackedSuper* out) {
+// Scales of the 8 blocks of a Q8_0 super (34-byte blocks: word stride 17, spread over 272 bytes): blocks 0..3
+// from the first 128 bytes, 4..7 from the 128 bytes at block 4, each repeated for its two groups.
+inline __m512 q8_0_scales8(const uint8_t* sb) {
+  const __m512i idx =
+      _mm512_setr_epi32(0, 17 * 0x10001, 34 * 0x10001, 51 * 0x10001, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  const uint8_t* sb4 = sb + 4 * sizeof(BlockQ8_0);
+  const __m512i w0 = _mm512_permutex2var_epi16(_mm512_loadu_si512(sb), idx, _mm512_loadu_si512(sb + 64));
+  const __m512i w1 = _mm512_permutex2var_epi16(_mm512_loadu_si512(sb4), idx, _mm512_loadu_si512(sb4 + 64));
+  return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_inserti64x2(w0, _mm512_castsi512_si128(w1), 1)));
+}
+
+// Q8_0 (unsigned codes, offset -128) into the interleaved form: quarter q, lane 2j + h takes bytes
+// 16h + 4q..+3 of block j.
+inline void load_q8_0_super(const uint8_t* sb, SuperRegs& s) {
   constexpr int64_t kB = sizeof(BlockQ8_0);
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  for (int64_t i = 0; i < n_super; ++i) {
-    const uint8_t* sb = row + i * 8 * kB;
-    __m512i z[4];  // blocks 2m, 2m + 1
-    for (int m = 0; m < 4; ++m)
-      z[m] = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 2 * m * kB + 2))),
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + (2 * m + 1) * kB + 2)), 1);
-    UnpackedSuper& s = out[i];
-    for (int q = 0; q < 4; ++q) {
-      // Lane 2j + h of blocks j = 0..3 from z[0], z[1]; of blocks 4..7 from z[2], z[3] (same indices).
-      const __m512i idx = _mm512_setr_epi32(q, 4 + q, 8 + q, 12 + q, 16 + q, 20 + q, 24 + q, 28 + q, q, 4 + q,
-                                            8 + q, 12 + q, 16 + q, 20 + q, 24 + q, 28 + q);
-      const __m512i t0 = _mm512_permutex2var_epi32(z[0], idx, z[1]);
-      const __m512i t1 = _mm512_permutex2var_epi32(z[2], idx, z[3]);
-      _mm512_store_si512(s.u + 64 * q, _mm512_xor_si512(_mm512_mask_blend_epi32(0xFF00, t0, t1), flip));
-    }
-    const __m512 a = block_scales8(sb, kB);
-    _mm512_store_ps(s.a, a);
-    _mm512_store_ps(s.b, _mm512_mul_ps(_mm512_set1_ps(-128.0f), a));
+  __m512i z[4];  // blocks 2m, 2m + 1
+  for (int m = 0; m < 4; ++m)
+    z[m] = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 2 * m * kB + 2))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + (2 * m + 1) * kB + 2)), 1);
+  for (int q = 0; q < 4; ++q) {
+    // Lane 2j + h of blocks j = 0..3 from z[0], z[1]; of blocks 4..7 from z[2], z[3] (same indices).
+    const __m512i idx = _mm512_setr_epi32(q, 4 + q, 8 + q, 12 + q, 16 + q, 20 + q, 24 + q, 28 + q, q, 4 + q,
+                                          8 + q, 12 + q, 16 + q, 20 + q, 24 + q, 28 + q);
+    const __m512i t0 = _mm512_permutex2var_epi32(z[0], idx, z[1]);
+    const __m512i t1 = _mm512_permutex2var_epi32(z[2], idx, z[3]);
+    s.u[q] = _mm512_xor_si512(_mm512_mask_blend_epi32(0xFF00, t0, t1), flip);
   }
+  s.a = q8_0_scales8(sb);
+  s.b = _mm512_mul_ps(_mm512_set1_ps(-128.0f), s.a);
+}
+
+template <void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes>
+inline void unpack_supers(const uint8_t* row, int64_t n_super, UnpackedSuper* out) {
+  for (int64_t i = 0; i < n_super; ++i) {
+    SuperRegs s;
+    Load(row + i * kSuperBytes, s);
+    for (int q = 0; q < 4; ++q) _mm512_store_si512(out[i].u + 64 * q, s.u[q]);
+    _mm512_store_ps(out[i].a, s.a);
+    _mm512_store_ps(out[i].b, s.b);
+  }
+}
+
+// One activation super-block of a row, loaded once for every weight row of a tile.
+struct ActRegs {
+  __m512i q[4];  // codes, quarter by quarter
+  __m512i init;  // start of the integer sums: minus 2^kFold times the group code sums (kFold > 0)
+  __m512 d;      // group scales
+};
+
+template <int kFold>
+inline void load_act(const ActSuper& X, ActRegs& r) {
+  for (int q = 0; q < 4; ++q) r.q[q] = _mm512_load_si512(X.q + 64 * q);
+  r.init = kFold > 0 ? _mm512_sub_epi32(_mm512_setzero_si512(),
+                                        _mm512_slli_epi32(_mm512_load_si512(X.qsum), kFold > 0 ? kFold : 0))
+                     : _mm512_setzero_si512();
+  r.d = _mm512_load_ps(X.d);
+}
+
+// The per-row work of one super-block, shared by the unpacked and the direct kernels so that both compute the
+// same bits: four vpdpbusd add the quarters' products lane by lane into the 16 group sums, then one convert
+// and one scaling per group. kFold > 0: the weight offset is -2^kFold times the scale in every group (Q4_0:
+// -8, Q8_0 stored unsigned: -128), so it is folded into the integer sums (minus 2^kFold times the activation
+// code sums) and the offset term vanishes; otherwise b times the scaled code sums goes to acc_b.
+template <int kFold>
+inline void accumulate_super(const __m512i* u, __m512 a, __m512 b, const ActRegs& x, const ActSuper& X,
+                             __m512& acc, __m512& acc_b) {
+  __m512i sum = _mm512_dpbusd_epi32(x.init, u[0], x.q[0]);
+  sum = _mm512_dpbusd_epi32(sum, u[1], x.q[1]);
+  sum = _mm512_dpbusd_epi32(sum, u[2], x.q[2]);
+  sum = _mm512_dpbusd_epi32(sum, u[3], x.q[3]);
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(a, x.d), acc);
+  if (kFold == 0) acc_b = _mm512_fmadd_ps(b, _mm512_load_ps(X.bs), acc_b);
+}
+
+// The fold of a weight type (accumulate_super), or 0.
+constexpr int fold_of(DType type) {
+  return type == DType::Q4_0 ? 3 : type == DType::Q8_0 ? 7 : 0;
+}
+
+// Direct kernels: weight rows straight from their file bytes, each super-block decoded into registers and
+// applied to up to kDirectRows activation rows, with no unpack buffer (decode and small verify windows). A
+// tile of MR weight rows by NR activation rows shares each decoded weight vector among NR rows and each
+// loaded activation vector among MR weight rows.
+constexpr int64_t kDirectRows = 8;
+
+template <int MR, int NR, void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold>
+void direct_tile(const uint8_t* w, int64_t row_bytes, int64_t n_super, const ActSuper* x, int64_t x_stride,
+                 float* y, int64_t y_stride) {
+  __m512 acc[MR][NR], acc_b[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) acc[m][r] = acc_b[m][r] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < n_super; ++s) {
+    SuperRegs wr[MR];
+    for (int m = 0; m < MR; ++m) Load(w + m * row_bytes + s * kSuperBytes, wr[m]);
+    for (int r = 0; r < NR; ++r) {
+      const ActSuper& X = x[r * x_stride + s];
+      ActRegs xr;
+      load_act<kFold>(X, xr);
+      for (int m = 0; m < MR; ++m)
+        accumulate_super<kFold>(wr[m].u, wr[m].a, wr[m].b, xr, X, acc[m][r], acc_b[m][r]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r)
+      y[r * y_stride + m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][r], acc_b[m][r]));
+}
+
+using DirectTile = void (*)(const uint8_t*, int64_t, int64_t, const ActSuper*, int64_t, float*, int64_t);
+
+// direct_tile for NR = 1..kDirectRows (index NR - 1).
+template <int MR, void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold, size_t... I>
+constexpr std::array<DirectTile, sizeof...(I)> direct_tiles(std::index_sequence<I...>) {
+  return {&direct_tile<MR, static_cast<int>(I) + 1, Load, kSuperBytes, kFold>...};
+}
+
+// Weight rows in pairs (one single row last when n_out is odd); activation rows in tiles of at most
+// kPairRows, so that a pair's accumulators, decoded weights and one activation super stay in registers.
+constexpr int kPairRows = 4;
+
+template <void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold>
+void direct_rows_t(const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t n_super, const ActSuper* x,
+                   int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
+  static constexpr auto pairs =
+      direct_tiles<2, Load, kSuperBytes, kFold>(std::make_index_sequence<kPairRows>());
+  static constexpr auto singles =
+      direct_tiles<1, Load, kSuperBytes, kFold>(std::make_index_sequence<kDirectRows>());
+  int64_t o = 0;
+  for (; o + 2 <= n_out; o += 2)
+    for (int64_t r = 0; r < n_rows; r += kPairRows)
+      pairs[static_cast<size_t>(std::min<int64_t>(kPairRows, n_rows - r) - 1)](
+          w + o * row_bytes, row_bytes, n_super, x + r * x_stride, x_stride, y + r * y_stride + o, y_stride);
+  if (o < n_out)
+    singles[static_cast<size_t>(n_rows - 1)](w + o * row_bytes, row_bytes, n_super, x, x_stride, y + o,
+                                             y_stride);
+}
+
+constexpr int64_t kQ4_0Super = 8 * sizeof(BlockQ4_0);
+constexpr int64_t kQ8_0Super = 8 * sizeof(BlockQ8_0);
+
+int64_t direct_max_rows(DType type, int64_t k, bool signed_q8) {
+  if (k % kSuper != 0) return 0;
+  if (type == DType::Q4_0 || (type == DType::Q8_0 && !signed_q8)) return kDirectRows;
+  return 0;
+}
+
+void direct_rows(DType type, const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t k, const ActSuper* x,
+                 int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
+  if (type == DType::Q4_0)
+    return direct_rows_t<load_q4_0_super, kQ4_0Super, fold_of(DType::Q4_0)>(w, row_bytes, n_out, k / kSuper,
+                                                                            x, x_stride, n_rows, y, y_stride);
+  direct_rows_t<load_q8_0_super, kQ8_0Super, fold_of(DType::Q8_0)>(w, row_bytes, n_out, k / kSuper, x,
+                                                                   x_stride, n_rows, y, y_stride);
 }
 
 void unpack_row(DType type, const uint8_t* row, int64_t k, bool signed_q8, UnpackedSuper* out) {
-  if (k % kSuper == 0 && type == DType::Q4_0) return unpack_q4_0_supers(row, k / kSuper, out);
-  if (k % kSuper == 0 && type == DType::Q8_0 && !signed_q8) return unpack_q8_0_supers(row, k / kSuper, out);
+  if (k % kSuper == 0 && type == DType::Q4_0)
+    return unpack_supers<load_q4_0_super, kQ4_0Super>(row, k / kSuper, out);
+  if (k % kSuper == 0 && type == DType::Q8_0 && !signed_q8)
+    return unpack_supers<load_q8_0_super, kQ8_0Super>(row, k / kSuper, out);
   unpack_row_impl(type, row, k, signed_q8, out);
 }
 
-// Each row keeps the same two accumulators and the same operation sequence whatever NR is, so its result does
-// not depend on the rows beside it. Per super-block and row: four vpdpbusd add the quarters' products lane by
-// lane into the 16 group sums, then one convert and one scaling per group.
-template <int NR>
+// Each row keeps the same two accumulators and the same operation sequence whatever NR is (and whichever
+// kernel, unpacked or direct, runs it), so its result does not depend on the rows beside it.
+template <int NR, int kFold>
 void dot_tile(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, float* y,
               int64_t y_stride) {
   __m512 acc[NR], acc_b[NR];
   for (int r = 0; r < NR; ++r) acc[r] = acc_b[r] = _mm512_setzero_ps();
   for (int64_t s = 0; s < n_super; ++s) {
     const UnpackedSuper& W = w[s];
-    const __m512i u0 = _mm512_load_si512(W.u), u1 = _mm512_load_si512(W.u + 64);
-    const __m512i u2 = _mm512_load_si512(W.u + 128), u3 = _mm512_load_si512(W.u + 192);
+    const __m512i u[4] = {_mm512_load_si512(W.u), _mm512_load_si512(W.u + 64), _mm512_load_si512(W.u + 128),
+                          _mm512_load_si512(W.u + 192)};
     const __m512 a = _mm512_load_ps(W.a), b = _mm512_load_ps(W.b);
     for (int r = 0; r < NR; ++r) {
       const ActSuper& X = x[r * x_stride + s];
-      __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, _mm512_load_si512(X.q));
-      sum = _mm512_dpbusd_epi32(sum, u1, _mm512_load_si512(X.q + 64));
-      sum = _mm512_dpbusd_epi32(sum, u2, _mm512_load_si512(X.q + 128));
-      sum = _mm512_dpbusd_epi32(sum, u3, _mm512_load_si512(X.q + 192));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(a, _mm512_load_ps(X.d)), acc[r]);
-      acc_b[r] = _mm512_fmadd_ps(b, _mm512_load_ps(X.bs), acc_b[r]);
+      ActRegs xr;
+      load_act<kFold>(X, xr);
+      accumulate_super<kFold>(u, a, b, xr, X, acc[r], acc_b[r]);
     }
   }
   for (int r = 0; r < NR; ++r) y[r * y_stride] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], acc_b[r]));
 }
 
-void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
-              bool /*signed_codes: never set on this target*/, float* y, int64_t y_stride) {
+template <int kFold>
+void dot_rows_t(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
+                float* y, int64_t y_stride) {
   int64_t r = 0;
   for (; r + 8 <= n_rows; r += 8)
-    dot_tile<8>(w, n_super, x + r * x_stride, x_stride, y + r * y_stride, y_stride);
+    dot_tile<8, kFold>(w, n_super, x + r * x_stride, x_stride, y + r * y_stride, y_stride);
   const ActSuper* xr = x + r * x_stride;
   float* yr = y + r * y_stride;
   switch (n_rows - r) {
     case 7:
-      return dot_tile<7>(w, n_super, xr, x_stride, yr, y_stride);
+      return dot_tile<7, kFold>(w, n_super, xr, x_stride, yr, y_stride);
     case 6:
-      return dot_tile<6>(w, n_super, xr, x_stride, yr, y_stride);
+      return dot_tile<6, kFold>(w, n_super, xr, x_stride, yr, y_stride);
     case 5:
-      return dot_tile<5>(w, n_super, xr, x_stride, yr, y_stride);
+      return dot_tile<5, kFold>(w, n_super, xr, x_stride, yr, y_stride);
     case 4:
-      return dot_tile<4>(w, n_super, xr, x_stride, yr, y_stride);
+      return dot_tile<4, kFold>(w, n_super, xr, x_stride, yr, y_stride);
     case 3:
-      return dot_tile<3>(w, n_super, xr, x_stride, yr, y_stride);
+      return dot_tile<3, kFold>(w, n_super, xr, x_stride, yr, y_stride);
     case 2:
-      return dot_tile<2>(w, n_super, xr, x_stride, yr, y_stride);
+      return dot_tile<2, kFold>(w, n_super, xr, x_stride, yr, y_stride);
     case 1:
-      return dot_tile<1>(w, n_super, xr, x_stride, yr, y_stride);
+      return dot_tile<1, kFold>(w, n_super, xr, x_stride, yr, y_stride);
     default:
       return;
+  }
+}
+
+void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
+              DType type, bool /*signed_codes: never set on this target*/, float* y, int64_t y_stride) {
+  switch (fold_of(type)) {
+    case fold_of(DType::Q4_0):
+      return dot_rows_t<fold_of(DType::Q4_0)>(w, n_super, x, x_stride, n_rows, y, y_stride);
+    case fold_of(DType::Q8_0):
+      return dot_rows_t<fold_of(DType::Q8_0)>(w, n_super, x, x_stride, n_rows, y, y_stride);
+    default:
+      return dot_rows_t<0>(w, n_super, x, x_stride, n_rows, y, y_stride);
   }
 }
 
 }  // namespace avx512_target
 
 const QuantKernels& quant_kernels_avx512() {
-  static const QuantKernels k{false, avx512_target::unpack_row, avx512_target::quantize_row_impl,
-                              avx512_target::dot_rows};
+  static const QuantKernels k{false,
+                              avx512_target::unpack_row,
+                              avx512_target::quantize_row_impl,
+                              avx512_target::dot_rows,
+                              avx512_target::direct_max_rows,
+                              avx512_target::direct_rows};
   return k;
 }
 

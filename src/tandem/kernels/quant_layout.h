@@ -35,12 +35,13 @@ struct alignas(64) UnpackedSuper {
 
 // 256 activations of one row, quantized.
 struct alignas(64) ActSuper {
-  int8_t q[kSuper];   // codes in [-127, 127]
-  float d[kGroups];   // scale of each group (the scale of its 32-element block, repeated)
-  float bs[kGroups];  // sum of the 16 codes of each group times its block scale
+  int8_t q[kSuper];       // codes in [-127, 127]
+  float d[kGroups];       // scale of each group (the scale of its 32-element block, repeated)
+  float bs[kGroups];      // sum of the 16 codes of each group times its block scale
+  int32_t qsum[kGroups];  // sum of the 16 codes of each group
 };
 
-static_assert(sizeof(UnpackedSuper) == 384 && sizeof(ActSuper) == 384);
+static_assert(sizeof(UnpackedSuper) == 384 && sizeof(ActSuper) == 448);
 
 // Position in UnpackedSuper::u and ActSuper::q of element e of a super-block.
 constexpr int interleaved_position(int e) {
@@ -69,9 +70,23 @@ struct QuantKernels {
   // elements, or with per_super one per 256 (for K-quant weights, as the reference's Q8_K).
   void (*quantize_row)(const float* x, int64_t k, bool per_super, ActSuper* out);
   // y[r * y_stride] = dot(w, x + r * x_stride) for r < n_rows: w and each x row span n_super supers.
+  // `type` is the weight type the row was unpacked from (a target may fold its fixed offset into the integer
+  // sums).
   void (*dot_rows)(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride,
-                   int64_t n_rows, bool signed_codes, float* y, int64_t y_stride);
+                   int64_t n_rows, DType type, bool signed_codes, float* y, int64_t y_stride);
+  // Direct kernels (optional): the dot products of n_out weight rows (row_bytes apart) straight from their file
+  // bytes, each super-block decoded into registers and never stored, for windows of up to direct_max_rows
+  // rows (0: no direct kernel for this type and k): y[r * y_stride + o] for o < n_out, r < n_rows. Each
+  // result is bit-identical to unpack_row + dot_rows.
+  int64_t (*direct_max_rows)(DType type, int64_t k, bool signed_q8);
+  void (*direct_rows)(DType type, const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t k,
+                      const ActSuper* x, int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride);
 };
+
+// For targets without direct kernels.
+inline int64_t no_direct_rows(DType, int64_t, bool) {
+  return 0;
+}
 
 // Kernels of one target (Target values from cpu_target.h; a target not compiled in gives the scalar kernels).
 const QuantKernels& quant_kernels_scalar();

@@ -60,7 +60,7 @@ float dot_one(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, bool s
 }
 
 void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
-              bool signed_codes, float* y, int64_t y_stride) {
+              DType /*type*/, bool signed_codes, float* y, int64_t y_stride) {
   for (int64_t r = 0; r < n_rows; ++r) y[r * y_stride] = dot_one(w, n_super, x + r * x_stride, signed_codes);
 }
 
@@ -89,8 +89,12 @@ bool per_super_activations(DType t) {
 }
 
 const QuantKernels& quant_kernels_scalar() {
-  static const QuantKernels k{false, scalar_target::unpack_row_impl, scalar_target::quantize_row_impl,
-                              scalar_target::dot_rows};
+  static const QuantKernels k{false,
+                              scalar_target::unpack_row_impl,
+                              scalar_target::quantize_row_impl,
+                              scalar_target::dot_rows,
+                              no_direct_rows,
+                              nullptr};
   return k;
 }
 
