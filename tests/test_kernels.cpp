@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "tandem/kernels/float_kernels.h"
 #include "tandem/kernels/matmul.h"
 #include "tandem/kernels/stream.h"
+#include "tandem/tensor/blocks.h"
 #include "tandem/tensor/fp16.h"
 #include "tandem/tensor/quant.h"
 
@@ -94,6 +96,58 @@ TEST(Kernels, UnpackAndActivationQuantizationAreBitIdenticalOnEveryTarget) {
           ref.quantize_row(x.data() + 1, k, per_super, xa.data());
           qk.quantize_row(x.data() + 1, k, per_super, xb.data());
           EXPECT_EQ(0, std::memcmp(xa.data(), xb.data(), ns * sizeof(ActSuper)));
+        }
+      }
+    }
+  }
+}
+
+// K-quant super-blocks of random bytes, with only the f16 scale fields kept finite (any sign, subnormals and
+// zeros included): unlike quantizer output, this reaches every code, every packed 6-bit scale and min
+// (including the high bits of blocks 4..7), and negative Q6_K scales. Rows are misaligned, and each row holds
+// several super-blocks, so a vectorized unpacker that mixes up blocks or super-blocks shows.
+TEST(Kernels, KQuantUnpackIsBitIdenticalOnRandomBlocks) {
+  struct Layout {
+    DType type;
+    size_t block_bytes;
+    std::vector<size_t> half_offsets;  // f16 fields of each block
+  };
+  const Layout layouts[] = {
+      {DType::Q2_K, sizeof(BlockQ2_K), {offsetof(BlockQ2_K, d), offsetof(BlockQ2_K, dmin)}},
+      {DType::Q3_K, sizeof(BlockQ3_K), {offsetof(BlockQ3_K, d)}},
+      {DType::Q4_K, sizeof(BlockQ4_K), {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)}},
+      {DType::Q5_K, sizeof(BlockQ5_K), {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)}},
+      {DType::Q6_K, sizeof(BlockQ6_K), {offsetof(BlockQ6_K, d)}},
+  };
+  const QuantKernels& ref = quant_kernels(Target::kScalar);
+  std::mt19937 rng(23);
+  for (const Layout& l : layouts) {
+    for (int64_t k : {256, 768, 2304}) {
+      const int64_t rows = 8, ns = k / 256;
+      const size_t rb = row_bytes(l.type, k);
+      ASSERT_EQ(rb, l.block_bytes * static_cast<size_t>(ns));
+      std::vector<uint8_t> storage(rb * static_cast<size_t>(rows) + 1);
+      for (auto& v : storage) v = static_cast<uint8_t>(rng());
+      uint8_t* base = storage.data() + 1;
+      for (int64_t b = 0; b < rows * ns; ++b)
+        for (size_t off : l.half_offsets) {
+          // Exponent field 0..30: zero, subnormal or normal, never infinity or NaN.
+          const uint16_t h =
+              static_cast<uint16_t>((rng() & 0x8000u) | ((rng() % 31u) << 10) | (rng() & 0x3FFu));
+          std::memcpy(base + static_cast<size_t>(b) * l.block_bytes + off, &h, 2);
+        }
+      std::vector<UnpackedSuper> a(static_cast<size_t>(ns)), got(static_cast<size_t>(ns));
+      for (Target target : runnable_targets()) {
+        const QuantKernels& qk = quant_kernels(target);
+        for (int64_t r = 0; r < rows; ++r) {
+          SCOPED_TRACE(std::string(target_name(target)) + " " + std::string(dtype_name(l.type)) +
+                       " k=" + std::to_string(k) + " row=" + std::to_string(r));
+          const uint8_t* row = base + static_cast<size_t>(r) * rb;
+          std::memset(static_cast<void*>(a.data()), 0xAB, a.size() * sizeof(UnpackedSuper));
+          std::memset(static_cast<void*>(got.data()), 0xCD, got.size() * sizeof(UnpackedSuper));
+          ref.unpack_row(l.type, row, k, qk.signed_q8, a.data());
+          qk.unpack_row(l.type, row, k, qk.signed_q8, got.data());
+          EXPECT_EQ(0, std::memcmp(a.data(), got.data(), a.size() * sizeof(UnpackedSuper)));
         }
       }
     }

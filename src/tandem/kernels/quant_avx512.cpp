@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "tandem/kernels/quant_layout.h"
@@ -41,6 +43,8 @@ inline void interleave_groups(uint8_t* codes) {
 }
 
 #include "tandem/kernels/quant_unpack.inc"
+
+#include "tandem/kernels/quant_kquants_avx512.inc"
 
 // Scales of the 8 blocks of one super, each repeated for its two groups: f16 words at word offsets
 // kStride * j of the 128 bytes at d, picked by one two-source word permute (no scalar gathering, which
@@ -243,6 +247,10 @@ void unpack_row(DType type, const uint8_t* row, int64_t k, bool signed_q8, Unpac
     return unpack_supers<load_q4_0_super, kQ4_0Super>(row, k / kSuper, out);
   if (k % kSuper == 0 && type == DType::Q8_0 && !signed_q8)
     return unpack_supers<load_q8_0_super, kQ8_0Super>(row, k / kSuper, out);
+  // K-quant rows are whole super-blocks by construction; the check keeps a malformed k on the generic path.
+  if (k % kSuper == 0 && type == DType::Q4_K) return unpack_q4_k_supers(row, k / kSuper, out);
+  if (k % kSuper == 0 && type == DType::Q5_K) return unpack_q5_k_supers(row, k / kSuper, out);
+  if (k % kSuper == 0 && type == DType::Q6_K) return unpack_q6_k_supers(row, k / kSuper, out);
   unpack_row_impl(type, row, k, signed_q8, out);
 }
 
