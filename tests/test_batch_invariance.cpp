@@ -54,6 +54,51 @@ TEST(BatchInvariance, MatmulRowsAreIndependentOfTheirBatch) {
   }
 }
 
+// A group of matrices sharing one input (q/k/v, gate/up) gives each matrix the bits of matmul() alone,
+// whether the group shares one quantized activation (same activation form) or falls back to one matmul each.
+TEST(BatchInvariance, MatmulGroupEqualsSeparateMatmuls) {
+  const int64_t k = 512;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(20 * k)), row(static_cast<size_t>(k));
+  for (auto& v : x) v = dist(rng);
+  const std::vector<std::vector<DType>> groups = {{DType::Q4_0, DType::Q4_0, DType::Q8_0},
+                                                  {DType::Q4_K, DType::Q6_K, DType::Q4_K},
+                                                  {DType::Q4_0, DType::Q6_K, DType::F16}};
+  const int64_t sizes[] = {48, 17, 32};
+  ThreadPool pool(2);
+  for (const auto& types : groups) {
+    std::vector<std::vector<uint8_t>> bytes(types.size());
+    std::vector<MatrixView> views;
+    for (size_t i = 0; i < types.size(); ++i) {
+      const size_t rb = row_bytes(types[i], k);
+      bytes[i].resize(rb * static_cast<size_t>(sizes[i]));
+      for (int64_t o = 0; o < sizes[i]; ++o) {
+        for (auto& v : row) v = dist(rng);
+        quantize_row(types[i], row.data(), bytes[i].data() + static_cast<size_t>(o) * rb, k);
+      }
+      views.push_back({types[i], sizes[i], k, rb, bytes[i].data()});
+    }
+    for (Target target : runnable_targets()) {
+      MatmulScratch scratch(pool.size(), k, 20, target);
+      for (int64_t rows : {1, 3, 8, 12, 20}) {
+        std::vector<std::vector<float>> alone(types.size()), grouped(types.size());
+        std::vector<MatmulOut> outs;
+        for (size_t i = 0; i < types.size(); ++i) {
+          alone[i].resize(static_cast<size_t>(rows * sizes[i]));
+          grouped[i].resize(alone[i].size());
+          matmul(views[i], x.data(), rows, alone[i].data(), pool, scratch);
+          outs.push_back({&views[i], grouped[i].data()});
+        }
+        matmul_group(outs, x.data(), rows, pool, scratch);
+        for (size_t i = 0; i < types.size(); ++i)
+          EXPECT_EQ(alone[i], grouped[i])
+              << dtype_name(types[i]) << " " << target_name(target) << " rows=" << rows;
+      }
+    }
+  }
+}
+
 TEST(BatchInvariance, ForwardLogitsDoNotDependOnTheWindow) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("tandem_batch_inv_" + std::to_string(::getpid()));

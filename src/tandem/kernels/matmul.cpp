@@ -46,29 +46,76 @@ float dot_f32(const float* a, const float* b, int64_t n) {
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
-void matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y, ThreadPool& pool,
-            MatmulScratch& scratch) {
+namespace {
+
+// Whether the matrices can share one quantized copy of the activations (same width, same activation form).
+bool shares_activations(std::span<const MatmulOut> outs) {
+  const MatrixView& w0 = *outs[0].w;
+  if (!is_quantized_weight(w0.type)) return false;
+  for (const MatmulOut& o : outs)
+    if (!is_quantized_weight(o.w->type) || o.w->cols != w0.cols ||
+        per_super_activations(o.w->type) != per_super_activations(w0.type))
+      return false;
+  return true;
+}
+
+void float_matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y, ThreadPool& pool) {
+  TANDEM_CHECK(w.type == DType::F32 || w.type == DType::F16 || w.type == DType::BF16,
+               "matmul: unsupported weight type " + std::string(dtype_name(w.type)));
   const int64_t N = w.rows, K = w.cols;
-  if (n_rows <= 0 || N <= 0) return;
-  if (!is_quantized_weight(w.type)) {
-    TANDEM_CHECK(w.type == DType::F32 || w.type == DType::F16 || w.type == DType::BF16,
-                 "matmul: unsupported weight type " + std::string(dtype_name(w.type)));
-    pool.parallel_for(N, kOutputGrain, [&](int64_t o0, int64_t o1, int) {
-      float_matmul_rows(w.type, w.data, w.row_bytes, o0, o1, K, x, K, n_rows, y, N);
-    });
+  pool.parallel_for_dynamic(N, kOutputGrain, [&](int64_t o0, int64_t o1, int) {
+    float_matmul_rows(w.type, w.data, w.row_bytes, o0, o1, K, x, K, n_rows, y, N);
+  });
+}
+
+// Output rows [o0, o1) of one quantized matrix over activations already quantized.
+void quant_rows(const QuantKernels& qk, const MatrixView& w, const ActSuper* act, int64_t n_rows, float* y,
+                int64_t o0, int64_t o1, UnpackedSuper* buf) {
+  const int64_t N = w.rows, K = w.cols, ns = super_count(K);
+  const bool signed_codes = w.type == DType::Q8_0 && qk.signed_q8;
+  // Decode and verify windows: one pass over the weights, each weight row decoded once for all rows (straight
+  // from the file bytes where the target has a direct kernel). Prefill: the same per chunk of activation
+  // rows, so a chunk stays in cache while the weights stream by.
+  if (n_rows <= qk.direct_max_rows(w.type, K, signed_codes)) {
+    qk.direct_rows(w.type, w.row(o0), static_cast<int64_t>(w.row_bytes), o1 - o0, K, act, ns, n_rows, y + o0,
+                   N);
     return;
   }
+  const int64_t chunk = n_rows <= kMaxWindowRows ? n_rows : kPrefillChunk;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += chunk) {
+    const int64_t nr = std::min(chunk, n_rows - r0);
+    for (int64_t o = o0; o < o1; ++o) {
+      qk.unpack_row(w.type, w.row(o), K, signed_codes, buf);
+      qk.dot_rows(buf, ns, act + r0 * ns, ns, nr, w.type, signed_codes, y + r0 * N + o, N);
+    }
+  }
+}
 
+}  // namespace
+
+void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t n_rows, ThreadPool& pool,
+                  MatmulScratch& scratch) {
+  if (n_rows <= 0 || outs.empty()) return;
+  if (!shares_activations(outs)) {
+    for (const MatmulOut& o : outs) {
+      if (is_quantized_weight(o.w->type)) {
+        matmul_group(std::span<const MatmulOut>(&o, 1), x, n_rows, pool, scratch);
+      } else {
+        float_matmul(*o.w, x, n_rows, o.y, pool);
+      }
+    }
+    return;
+  }
+  const int64_t K = outs[0].w->cols;
   TANDEM_CHECK(K <= scratch.max_cols(), "matmul scratch too small");
   scratch.reserve_rows(n_rows);
   const QuantKernels& qk = quant_kernels(scratch.target());
   const int64_t ns = super_count(K);
-  const bool signed_codes = w.type == DType::Q8_0 && qk.signed_q8;
-  const bool per_super = per_super_activations(w.type);
+  const bool per_super = per_super_activations(outs[0].w->type);
   ActSuper* act = scratch.activations();
 
-  // Each activation row is quantized once per call (a window's rows on the caller, a prefill's in parallel).
-  if (n_rows <= kMaxWindowRows) {
+  // Each activation row is quantized once per call (one or two rows on the caller, more in parallel).
+  if (n_rows <= 2) {
     for (int64_t r = 0; r < n_rows; ++r) qk.quantize_row(x + r * K, K, per_super, act + r * ns);
   } else {
     pool.parallel_for(n_rows, 1, [&](int64_t r0, int64_t r1, int) {
@@ -76,26 +123,29 @@ void matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y, Threa
     });
   }
 
-  // Decode and verify windows: one pass over the weights, each weight row decoded once for all rows.
-  // Prefill: the same per chunk of activation rows, so a chunk stays in cache while the weights stream by.
-  if (n_rows <= qk.direct_max_rows(w.type, K, signed_codes)) {
-    pool.parallel_for(N, kOutputGrain, [&](int64_t o0, int64_t o1, int) {
-      qk.direct_rows(w.type, w.row(o0), static_cast<int64_t>(w.row_bytes), o1 - o0, K, act, ns, n_rows,
-                     y + o0, N);
-    });
-    return;
-  }
-  const int64_t chunk = n_rows <= kMaxWindowRows ? n_rows : kPrefillChunk;
-  pool.parallel_for(N, kOutputGrain, [&](int64_t o0, int64_t o1, int thread) {
+  // The output rows of all matrices, end to end, in units of kOutputGrain rows of one matrix.
+  int64_t units = 0;
+  for (const MatmulOut& o : outs) units += (o.w->rows + kOutputGrain - 1) / kOutputGrain;
+  pool.parallel_for_dynamic(units, 1, [&](int64_t u0, int64_t u1, int thread) {
     UnpackedSuper* buf = scratch.unpack_buffer(thread);
-    for (int64_t r0 = 0; r0 < n_rows; r0 += chunk) {
-      const int64_t nr = std::min(chunk, n_rows - r0);
-      for (int64_t o = o0; o < o1; ++o) {
-        qk.unpack_row(w.type, w.row(o), K, signed_codes, buf);
-        qk.dot_rows(buf, ns, act + r0 * ns, ns, nr, w.type, signed_codes, y + r0 * N + o, N);
-      }
+    int64_t first = 0;  // first unit of the current matrix
+    for (const MatmulOut& o : outs) {
+      const int64_t n = (o.w->rows + kOutputGrain - 1) / kOutputGrain;
+      const int64_t b = std::max(u0, first), e = std::min(u1, first + n);
+      if (b < e)
+        quant_rows(qk, *o.w, act, n_rows, o.y, (b - first) * kOutputGrain,
+                   std::min(o.w->rows, (e - first) * kOutputGrain), buf);
+      first += n;
     }
   });
+}
+
+void matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y, ThreadPool& pool,
+            MatmulScratch& scratch) {
+  if (n_rows <= 0 || w.rows <= 0) return;
+  if (!is_quantized_weight(w.type)) return float_matmul(w, x, n_rows, y, pool);
+  const MatmulOut out{&w, y};
+  matmul_group(std::span<const MatmulOut>(&out, 1), x, n_rows, pool, scratch);
 }
 
 void matmul_reference(const MatrixView& w, const float* x, int64_t n_rows, float* y) {

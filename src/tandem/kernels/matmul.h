@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "tandem/kernels/cpu_target.h"
@@ -57,6 +58,18 @@ class MatmulScratch {
 //   (stride N). scratch: made for at least pool.size() threads and K columns.
 void matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y, ThreadPool& pool,
             MatmulScratch& scratch);
+
+// One output of matmul_group: y = x W^T for weights w ([rows = N, cols = K]; y: [n_rows, N], stride N).
+struct MatmulOut {
+  const MatrixView* w;
+  float* y;
+};
+
+// Several matmuls of the same input (a layer's q, k and v, or its gate and up projections) in one parallel
+// region: the activations are quantized once and the threads share one pool of work, so there is one
+// barrier instead of one per matrix. Each result is bit-identical to matmul() of that matrix alone.
+void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t n_rows, ThreadPool& pool,
+                  MatmulScratch& scratch);
 
 // Scalar reference: dequantizes each weight row and accumulates in double. Tests compare kernels with it.
 void matmul_reference(const MatrixView& w, const float* x, int64_t n_rows, float* y);

@@ -44,8 +44,6 @@ inline void interleave_groups(uint8_t* codes) {
 
 #include "tandem/kernels/quant_unpack.inc"
 
-#include "tandem/kernels/quant_kquants_avx512.inc"
-
 // Scales of the 8 blocks of one super, each repeated for its two groups: f16 words at word offsets
 // kStride * j of the 128 bytes at d, picked by one two-source word permute (no scalar gathering, which
 // would stall on store forwarding).
@@ -119,6 +117,8 @@ inline void load_q8_0_super(const uint8_t* sb, SuperRegs& s) {
   s.b = _mm512_mul_ps(_mm512_set1_ps(-128.0f), s.a);
 }
 
+#include "tandem/kernels/quant_kquants_avx512.inc"
+
 template <void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes>
 inline void unpack_supers(const uint8_t* row, int64_t n_super, UnpackedSuper* out) {
   for (int64_t i = 0; i < n_super; ++i) {
@@ -149,8 +149,8 @@ inline void load_act(const ActSuper& X, ActRegs& r) {
 // The per-row work of one super-block, shared by the unpacked and the direct kernels so that both compute the
 // same bits: four vpdpbusd add the quarters' products lane by lane into the 16 group sums, then one convert
 // and one scaling per group. kFold > 0: the weight offset is -2^kFold times the scale in every group (Q4_0:
-// -8, Q8_0 stored unsigned: -128), so it is folded into the integer sums (minus 2^kFold times the activation
-// code sums) and the offset term vanishes; otherwise b times the scaled code sums goes to acc_b.
+// -8, Q6_K: -32, Q8_0 stored unsigned: -128), so it is folded into the integer sums (minus 2^kFold times the
+// activation code sums) and the offset term vanishes; otherwise b times the scaled code sums goes to acc_b.
 template <int kFold>
 inline void accumulate_super(const __m512i* u, __m512 a, __m512 b, const ActRegs& x, const ActSuper& X,
                              __m512& acc, __m512& acc_b) {
@@ -164,64 +164,53 @@ inline void accumulate_super(const __m512i* u, __m512 a, __m512 b, const ActRegs
 
 // The fold of a weight type (accumulate_super), or 0.
 constexpr int fold_of(DType type) {
-  return type == DType::Q4_0 ? 3 : type == DType::Q8_0 ? 7 : 0;
+  return type == DType::Q4_0 ? 3 : type == DType::Q6_K ? 5 : type == DType::Q8_0 ? 7 : 0;
 }
 
 // Direct kernels: weight rows straight from their file bytes, each super-block decoded into registers and
-// applied to up to kDirectRows activation rows, with no unpack buffer (decode and small verify windows). A
-// tile of MR weight rows by NR activation rows shares each decoded weight vector among NR rows and each
-// loaded activation vector among MR weight rows.
+// applied to up to kDirectRows activation rows, with no unpack buffer (decode and small verify windows).
 constexpr int64_t kDirectRows = 8;
+constexpr int64_t kPrefetchBytes =
+    3072;  // software prefetch distance: memory-level parallelism beyond what the reorder window reaches
 
-template <int MR, int NR, void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold>
-void direct_tile(const uint8_t* w, int64_t row_bytes, int64_t n_super, const ActSuper* x, int64_t x_stride,
-                 float* y, int64_t y_stride) {
-  __m512 acc[MR][NR], acc_b[MR][NR];
-  for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) acc[m][r] = acc_b[m][r] = _mm512_setzero_ps();
+template <int NR, void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold>
+void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x_stride, float* y,
+                 int64_t y_stride) {
+  __m512 acc[NR], acc_b[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = acc_b[r] = _mm512_setzero_ps();
   for (int64_t s = 0; s < n_super; ++s) {
-    SuperRegs wr[MR];
-    for (int m = 0; m < MR; ++m) Load(w + m * row_bytes + s * kSuperBytes, wr[m]);
+    SuperRegs wr;
+    const uint8_t* ws = w + s * kSuperBytes;
+    for (int64_t b = 0; b < kSuperBytes; b += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(ws + kPrefetchBytes + b), _MM_HINT_T0);
+    Load(ws, wr);
     for (int r = 0; r < NR; ++r) {
       const ActSuper& X = x[r * x_stride + s];
       ActRegs xr;
       load_act<kFold>(X, xr);
-      for (int m = 0; m < MR; ++m)
-        accumulate_super<kFold>(wr[m].u, wr[m].a, wr[m].b, xr, X, acc[m][r], acc_b[m][r]);
+      accumulate_super<kFold>(wr.u, wr.a, wr.b, xr, X, acc[r], acc_b[r]);
     }
   }
-  for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r)
-      y[r * y_stride + m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][r], acc_b[m][r]));
+  for (int r = 0; r < NR; ++r) y[r * y_stride] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], acc_b[r]));
 }
 
-using DirectTile = void (*)(const uint8_t*, int64_t, int64_t, const ActSuper*, int64_t, float*, int64_t);
+using DirectTile = void (*)(const uint8_t*, int64_t, const ActSuper*, int64_t, float*, int64_t);
 
 // direct_tile for NR = 1..kDirectRows (index NR - 1).
-template <int MR, void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold, size_t... I>
+template <void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold, size_t... I>
 constexpr std::array<DirectTile, sizeof...(I)> direct_tiles(std::index_sequence<I...>) {
-  return {&direct_tile<MR, static_cast<int>(I) + 1, Load, kSuperBytes, kFold>...};
+  return {&direct_tile<static_cast<int>(I) + 1, Load, kSuperBytes, kFold>...};
 }
 
-// Weight rows in pairs (one single row last when n_out is odd); activation rows in tiles of at most
-// kPairRows, so that a pair's accumulators, decoded weights and one activation super stay in registers.
-constexpr int kPairRows = 4;
-
+// One weight row at a time: tiles of two weight rows share activation loads and win in cache, but lose
+// badly when the weights stream from memory (two interleaved streams per thread).
 template <void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold>
 void direct_rows_t(const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t n_super, const ActSuper* x,
                    int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
-  static constexpr auto pairs =
-      direct_tiles<2, Load, kSuperBytes, kFold>(std::make_index_sequence<kPairRows>());
-  static constexpr auto singles =
-      direct_tiles<1, Load, kSuperBytes, kFold>(std::make_index_sequence<kDirectRows>());
-  int64_t o = 0;
-  for (; o + 2 <= n_out; o += 2)
-    for (int64_t r = 0; r < n_rows; r += kPairRows)
-      pairs[static_cast<size_t>(std::min<int64_t>(kPairRows, n_rows - r) - 1)](
-          w + o * row_bytes, row_bytes, n_super, x + r * x_stride, x_stride, y + r * y_stride + o, y_stride);
-  if (o < n_out)
-    singles[static_cast<size_t>(n_rows - 1)](w + o * row_bytes, row_bytes, n_super, x, x_stride, y + o,
-                                             y_stride);
+  static constexpr auto tiles =
+      direct_tiles<Load, kSuperBytes, kFold>(std::make_index_sequence<kDirectRows>());
+  const DirectTile tile = tiles[static_cast<size_t>(n_rows - 1)];
+  for (int64_t o = 0; o < n_out; ++o) tile(w + o * row_bytes, n_super, x, x_stride, y + o, y_stride);
 }
 
 constexpr int64_t kQ4_0Super = 8 * sizeof(BlockQ4_0);
@@ -229,17 +218,132 @@ constexpr int64_t kQ8_0Super = 8 * sizeof(BlockQ8_0);
 
 int64_t direct_max_rows(DType type, int64_t k, bool signed_q8) {
   if (k % kSuper != 0) return 0;
-  if (type == DType::Q4_0 || (type == DType::Q8_0 && !signed_q8)) return kDirectRows;
-  return 0;
+  switch (type) {
+    case DType::Q4_0:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+      return kDirectRows;
+    case DType::Q8_0:
+      return signed_q8 ? 0 : kDirectRows;
+    default:
+      return 0;
+  }
 }
 
 void direct_rows(DType type, const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t k, const ActSuper* x,
                  int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
-  if (type == DType::Q4_0)
-    return direct_rows_t<load_q4_0_super, kQ4_0Super, fold_of(DType::Q4_0)>(w, row_bytes, n_out, k / kSuper,
-                                                                            x, x_stride, n_rows, y, y_stride);
-  direct_rows_t<load_q8_0_super, kQ8_0Super, fold_of(DType::Q8_0)>(w, row_bytes, n_out, k / kSuper, x,
-                                                                   x_stride, n_rows, y, y_stride);
+  const int64_t ns = k / kSuper;
+  switch (type) {
+    case DType::Q4_0:
+      return direct_rows_t<load_q4_0_super, kQ4_0Super, fold_of(DType::Q4_0)>(w, row_bytes, n_out, ns, x,
+                                                                              x_stride, n_rows, y, y_stride);
+    case DType::Q8_0:
+      return direct_rows_t<load_q8_0_super, kQ8_0Super, fold_of(DType::Q8_0)>(w, row_bytes, n_out, ns, x,
+                                                                              x_stride, n_rows, y, y_stride);
+    case DType::Q4_K:
+      return direct_rows_t<load_q4_k_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K)>(
+          w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
+    case DType::Q5_K:
+      return direct_rows_t<load_q5_k_super, sizeof(BlockQ5_K), fold_of(DType::Q5_K)>(
+          w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
+    default:
+      return direct_rows_t<load_q6_k_super, sizeof(BlockQ6_K), fold_of(DType::Q6_K)>(
+          w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
+  }
+}
+
+// Activation quantization, vectorized; the same bits as quantize_row_impl (test_kernels compares them).
+
+// Round half away from zero, as round_away: truncate, then step by one where the exact remainder is at
+// least one half.
+inline __m512i round_away16(__m512 v) {
+  const __m512i t = _mm512_cvttps_epi32(v);
+  const __m512 frac = _mm512_sub_ps(v, _mm512_cvtepi32_ps(t));
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i up =
+      _mm512_mask_add_epi32(t, _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ), t, one);
+  return _mm512_mask_sub_epi32(up, _mm512_cmp_ps_mask(frac, _mm512_set1_ps(-0.5f), _CMP_LE_OQ), up, one);
+}
+
+// Codes of 16 elements (int32 lanes) to s.q at e, and their sum.
+inline int32_t store_codes16(ActSuper& s, int e, __m512i c) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(s.q + e), _mm512_cvtepi32_epi8(c));
+  return _mm512_reduce_add_epi32(c);
+}
+
+inline void set_block(ActSuper& s, int e0, float d, int32_t sum0, int32_t sum1) {
+  s.d[e0 / 16] = s.d[e0 / 16 + 1] = d;
+  s.bs[e0 / 16] = static_cast<float>(sum0) * d;
+  s.bs[e0 / 16 + 1] = static_cast<float>(sum1) * d;
+  s.qsum[e0 / 16] = sum0;
+  s.qsum[e0 / 16 + 1] = sum1;
+}
+
+void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  int64_t j = 0;  // 32-element blocks done
+  if (per_super) {
+    for (; (j + 8) * 32 <= k; j += 8) {
+      ActSuper& s = out[j / 8];
+      const float* xs = x + j * 32;
+      __m512 v[16];
+      __m512 m = _mm512_setzero_ps();
+      for (int i = 0; i < 16; ++i) {
+        v[i] = _mm512_loadu_ps(xs + 16 * i);
+        m = _mm512_max_ps(m, _mm512_and_ps(v[i], abs_mask));
+      }
+      const float amax = _mm512_reduce_max_ps(m);
+      float max = 0.0f;  // the first element of largest magnitude, with its sign
+      if (amax != 0.0f) {
+        for (int i = 0; i < 16; ++i) {
+          const __mmask16 hit =
+              _mm512_cmp_ps_mask(_mm512_and_ps(v[i], abs_mask), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+          if (hit != 0) {
+            max = xs[16 * i + __builtin_ctz(hit)];
+            break;
+          }
+        }
+      }
+      const float iscale = amax != 0.0f ? -127.0f / max : 0.0f;
+      const float d = amax != 0.0f ? 1.0f / iscale : 0.0f;
+      const __m512 vs = _mm512_set1_ps(iscale);
+      int32_t sums[16];
+      for (int i = 0; i < 16; ++i) {
+        // round_even: the float adder rounds to nearest even at 2^23 + 2^22.
+        const __m512 shifted = _mm512_add_ps(_mm512_mul_ps(vs, v[i]), _mm512_set1_ps(12582912.0f));
+        const __m512i c = _mm512_sub_epi32(_mm512_castps_si512(shifted), _mm512_set1_epi32(0x4B400000));
+        sums[i] = store_codes16(s, 16 * i, _mm512_min_epi32(c, _mm512_set1_epi32(127)));
+      }
+      for (int b = 0; b < 8; ++b) set_block(s, 32 * b, d, sums[2 * b], sums[2 * b + 1]);
+      interleave_groups(reinterpret_cast<uint8_t*>(s.q));
+    }
+  }
+  const int64_t nb = k / 32;
+  for (; j < nb; ++j) {
+    ActSuper& s = out[j / 8];
+    const int e0 = static_cast<int>(j % 8) * 32;
+    const __m512 x0 = _mm512_loadu_ps(x + j * 32), x1 = _mm512_loadu_ps(x + j * 32 + 16);
+    const float amax =
+        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, abs_mask), _mm512_and_ps(x1, abs_mask)));
+    const float d = amax / 127.0f;
+    const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    const int32_t sum0 = store_codes16(s, e0, round_away16(_mm512_mul_ps(x0, id)));
+    const int32_t sum1 = store_codes16(s, e0 + 16, round_away16(_mm512_mul_ps(x1, id)));
+    set_block(s, e0, half_to_float(f32_to_fp16(d)), sum0, sum1);
+    if (j % 8 == 7) interleave_groups(reinterpret_cast<uint8_t*>(s.q));
+  }
+  if (nb % 8 != 0) {
+    ActSuper& s = out[nb / 8];
+    const int e0 = static_cast<int>(nb % 8) * 32;
+    std::memset(s.q + e0, 0, static_cast<size_t>(kSuper - e0));
+    for (int g = e0 / 16; g < kGroups; ++g) {
+      s.d[g] = 0.0f;
+      s.bs[g] = 0.0f;
+      s.qsum[g] = 0;
+    }
+    interleave_groups(reinterpret_cast<uint8_t*>(s.q));
+  }
 }
 
 void unpack_row(DType type, const uint8_t* row, int64_t k, bool signed_q8, UnpackedSuper* out) {
@@ -248,9 +352,12 @@ void unpack_row(DType type, const uint8_t* row, int64_t k, bool signed_q8, Unpac
   if (k % kSuper == 0 && type == DType::Q8_0 && !signed_q8)
     return unpack_supers<load_q8_0_super, kQ8_0Super>(row, k / kSuper, out);
   // K-quant rows are whole super-blocks by construction; the check keeps a malformed k on the generic path.
-  if (k % kSuper == 0 && type == DType::Q4_K) return unpack_q4_k_supers(row, k / kSuper, out);
-  if (k % kSuper == 0 && type == DType::Q5_K) return unpack_q5_k_supers(row, k / kSuper, out);
-  if (k % kSuper == 0 && type == DType::Q6_K) return unpack_q6_k_supers(row, k / kSuper, out);
+  if (k % kSuper == 0 && type == DType::Q4_K)
+    return unpack_supers<load_q4_k_super, sizeof(BlockQ4_K)>(row, k / kSuper, out);
+  if (k % kSuper == 0 && type == DType::Q5_K)
+    return unpack_supers<load_q5_k_super, sizeof(BlockQ5_K)>(row, k / kSuper, out);
+  if (k % kSuper == 0 && type == DType::Q6_K)
+    return unpack_supers<load_q6_k_super, sizeof(BlockQ6_K)>(row, k / kSuper, out);
   unpack_row_impl(type, row, k, signed_q8, out);
 }
 
@@ -309,6 +416,8 @@ void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_
   switch (fold_of(type)) {
     case fold_of(DType::Q4_0):
       return dot_rows_t<fold_of(DType::Q4_0)>(w, n_super, x, x_stride, n_rows, y, y_stride);
+    case fold_of(DType::Q6_K):
+      return dot_rows_t<fold_of(DType::Q6_K)>(w, n_super, x, x_stride, n_rows, y, y_stride);
     case fold_of(DType::Q8_0):
       return dot_rows_t<fold_of(DType::Q8_0)>(w, n_super, x, x_stride, n_rows, y, y_stride);
     default:
@@ -321,7 +430,7 @@ void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_
 const QuantKernels& quant_kernels_avx512() {
   static const QuantKernels k{false,
                               avx512_target::unpack_row,
-                              avx512_target::quantize_row_impl,
+                              avx512_target::quantize_row,
                               avx512_target::dot_rows,
                               avx512_target::direct_max_rows,
                               avx512_target::direct_rows};

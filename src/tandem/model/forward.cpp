@@ -92,9 +92,8 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
     for (int64_t r = 0; r < R; ++r)
       kernels::rms_norm(x_.data() + r * c.n_embd, l.attn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
                         c.norm_eps);
-    kernels::matmul(l.wq, xb_.data(), R, q_.data(), pool_, scratch_);
-    kernels::matmul(l.wk, xb_.data(), R, k_.data(), pool_, scratch_);
-    kernels::matmul(l.wv, xb_.data(), R, v_.data(), pool_, scratch_);
+    const kernels::MatmulOut qkv[] = {{&l.wq, q_.data()}, {&l.wk, k_.data()}, {&l.wv, v_.data()}};
+    kernels::matmul_group(qkv, xb_.data(), R, pool_, scratch_);
     for (int64_t r = 0; r < R; ++r) {
       float* q = q_.data() + r * c.q_dim();
       float* k = k_.data() + r * c.kv_dim();
@@ -125,8 +124,8 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
       kernels::rms_norm(x_.data() + r * c.n_embd, l.ffn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
                         c.norm_eps);
     }
-    kernels::matmul(l.w_gate, xb_.data(), R, ffn_gate_.data(), pool_, scratch_);
-    kernels::matmul(l.w_up, xb_.data(), R, ffn_up_.data(), pool_, scratch_);
+    const kernels::MatmulOut gate_up[] = {{&l.w_gate, ffn_gate_.data()}, {&l.w_up, ffn_up_.data()}};
+    kernels::matmul_group(gate_up, xb_.data(), R, pool_, scratch_);
     for (int64_t r = 0; r < R; ++r) {
       float* g = ffn_gate_.data() + r * c.n_ff;
       const float* u = ffn_up_.data() + r * c.n_ff;
@@ -182,7 +181,7 @@ void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* con
   const int64_t group = c.n_head / c.n_head_kv;
   cache::AttentionParams params{c.attn_scale, c.attn_softcap};
   const bool sliding = c.sliding(layer);
-  pool_.parallel_for(R * c.n_head, 1, [&](int64_t t0, int64_t t1, int thread) {
+  pool_.parallel_for_dynamic(R * c.n_head, 1, [&](int64_t t0, int64_t t1, int thread) {
     float* scores = scores_.data() + thread * scores_stride_;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r = t / c.n_head, h = t % c.n_head;

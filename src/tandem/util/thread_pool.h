@@ -3,6 +3,7 @@
 // The calling thread takes part as thread 0. Not reentrant: one region at a time per pool.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -42,6 +43,33 @@ class ThreadPool {
       const int64_t u1 = u0 + per + (t < extra ? 1 : 0);
       const int64_t b = u0 * grain, e = u1 * grain < n ? u1 * grain : n;
       if (b < e) fn(b, e, t);
+    });
+  }
+
+  // Runs fn(begin, end, thread_index) over [0, n) in chunks handed out as threads ask for them (guided: a
+  // chunk is half of the remaining work's even share, at least `grain`; boundaries are multiples of `grain`
+  // except the last), so a thread slowed by the machine never leaves the others idle at the barrier. Which
+  // thread runs a chunk depends on timing: fn's results must not depend on the thread index (use it only to
+  // pick per-thread scratch).
+  template <typename Fn>
+  void parallel_for_dynamic(int64_t n, int64_t grain, Fn&& fn) {
+    if (n <= 0) return;
+    const int64_t units = (n + grain - 1) / grain;
+    if (n_threads_ == 1 || units == 1) {
+      fn(int64_t{0}, n, 0);
+      return;
+    }
+    std::atomic<int64_t> next{0};
+    const int64_t split = 2 * static_cast<int64_t>(n_threads_);
+    run([&](int t) {
+      int64_t u0 = next.load(std::memory_order_relaxed);
+      while (u0 < units) {
+        const int64_t take = std::max<int64_t>(1, (units - u0) / split);
+        if (!next.compare_exchange_weak(u0, u0 + take, std::memory_order_relaxed)) continue;
+        const int64_t b = u0 * grain, e = std::min(n, (u0 + take) * grain);
+        fn(b, e, t);
+        u0 = next.load(std::memory_order_relaxed);
+      }
     });
   }
 
