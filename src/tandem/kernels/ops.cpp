@@ -15,11 +15,18 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   }
 }
 
-void rope(float* x, int64_t n_rot, const float* inv_freq, int64_t pos, bool neox) {
+void rope_angles(int64_t n_rot, const float* inv_freq, int64_t pos, float* cs) {
+  for (int64_t i = 0; i < n_rot / 2; ++i) {
+    const double theta = static_cast<double>(pos) * inv_freq[i];
+    cs[2 * i] = static_cast<float>(std::cos(theta));
+    cs[2 * i + 1] = static_cast<float>(std::sin(theta));
+  }
+}
+
+void rope_apply(float* x, int64_t n_rot, const float* cs, bool neox) {
   const int64_t half = n_rot / 2;
   for (int64_t i = 0; i < half; ++i) {
-    const double theta = static_cast<double>(pos) * inv_freq[i];
-    const float c = static_cast<float>(std::cos(theta)), s = static_cast<float>(std::sin(theta));
+    const float c = cs[2 * i], s = cs[2 * i + 1];
     const int64_t a = neox ? i : 2 * i;
     const int64_t b = neox ? i + half : 2 * i + 1;
     const float x0 = x[a], x1 = x[b];

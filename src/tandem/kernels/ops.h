@@ -10,10 +10,13 @@ namespace tandem::kernels {
 // double.
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
 
-// Rotary position embedding of one head vector in place. Rotates the first n_rot dims:
+// Rotary position embedding, in place. Rotates the first n_rot dims of a head vector:
 //   normal layout: pairs (x[2i], x[2i+1]);  NeoX layout: pairs (x[i], x[i + n_rot/2]).
 // inv_freq[i] (i < n_rot/2) is the angle per position of pair i (base^(-2i/n_rot) / freq_factor_i / scale).
-void rope(float* x, int64_t n_rot, const float* inv_freq, int64_t pos, bool neox);
+// rope_angles computes the cosines and sines of one position once (cs[2i] = cos, cs[2i + 1] = sin of pair i,
+// angles in double; n_rot floats); rope_apply rotates any number of head vectors with them.
+void rope_angles(int64_t n_rot, const float* inv_freq, int64_t pos, float* cs);
+void rope_apply(float* x, int64_t n_rot, const float* cs, bool neox);
 
 // out[i] = silu(gate[i]) * up[i]
 void swiglu(const float* gate, const float* up, float* out, int64_t n);

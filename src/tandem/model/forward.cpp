@@ -34,6 +34,7 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
   alloc(att_, c.n_head * c.head_dim_v);
   alloc(ffn_gate_, c.n_ff);
   alloc(ffn_up_, c.n_ff);
+  alloc(rope_cs_, std::max<int64_t>(c.n_rot, 2));
 }
 
 void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
@@ -87,6 +88,11 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
       for (int64_t i = 0; i < c.n_embd; ++i) x[i] *= c.embed_scale;
   }
 
+  // Rotary angles once per row (every layer and head uses them).
+  for (int64_t r = 0; r < R; ++r)
+    kernels::rope_angles(c.n_rot, inv_freq_.data(), rows[static_cast<size_t>(r)].pos,
+                         rope_cs_.data() + r * c.n_rot);
+
   for (int64_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& l = w.layers[static_cast<size_t>(il)];
     for (int64_t r = 0; r < R; ++r)
@@ -103,15 +109,16 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
       if (!l.bv.empty()) kernels::add_in_place(v, l.bv.data, c.v_dim());
       const int64_t pos = rows[static_cast<size_t>(r)].pos;
       const bool neox = c.rope_layout == RopeLayout::kNeoX;
+      const float* cs = rope_cs_.data() + r * c.n_rot;
       for (int64_t h = 0; h < c.n_head; ++h) {
         float* qh = q + h * c.head_dim;
         if (!l.q_norm.empty()) kernels::rms_norm(qh, l.q_norm.data, qh, c.head_dim, c.norm_eps);
-        kernels::rope(qh, c.n_rot, inv_freq_.data(), pos, neox);
+        kernels::rope_apply(qh, c.n_rot, cs, neox);
       }
       for (int64_t h = 0; h < c.n_head_kv; ++h) {
         float* kh = k + h * c.head_dim;
         if (!l.k_norm.empty()) kernels::rms_norm(kh, l.k_norm.data, kh, c.head_dim, c.norm_eps);
-        kernels::rope(kh, c.n_rot, inv_freq_.data(), pos, neox);
+        kernels::rope_apply(kh, c.n_rot, cs, neox);
       }
       caches[static_cast<size_t>(rows[static_cast<size_t>(r)].seq)]->store(il, pos, k, v);
     }

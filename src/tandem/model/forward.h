@@ -53,6 +53,7 @@ class Forward {
   int64_t max_rows_;
   kernels::MatmulScratch scratch_;
   std::vector<float> inv_freq_;  // [n_rot / 2]
+  std::vector<float> rope_cs_;   // [max_rows, n_rot]: cos/sin of each row's position (kernels::rope_angles)
   // Activations, [max_rows, width] each.
   std::vector<float> x_, xb_, q_, k_, v_, att_, ffn_gate_, ffn_up_;
   std::vector<float> scores_;  // [threads, max context] attention scratch

@@ -1,5 +1,7 @@
 #include "tandem/speculative/calibration.h"
 
+#include "tandem/kernels/cpu_target.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tandem/engine/session.h"
+#include "tandem/kernels/cpu_target.h"
 #include "tandem/sampling/rng.h"
 #include "tandem/util/error.h"
 
@@ -122,6 +125,13 @@ std::string cpu_model_name() {
   return "unknown";
 }
 
+std::string machine_key() {
+  // Bump kKernelRevision whenever kernel changes move the verify cost curve.
+  constexpr int kKernelRevision = 2;
+  return cpu_model_name() + " | " + std::string(kernels::target_name(kernels::best_target())) + " r" +
+         std::to_string(kKernelRevision);
+}
+
 std::string calibration_file_path() {
   namespace fs = std::filesystem;
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
@@ -198,7 +208,7 @@ Calibration calibrate(const model::Model& target, const std::string& target_path
     throw Error("calibration needs max_rows, context and repeats >= 1");
   Calibration c;
   c.model_hash = file_fingerprint(target_path);
-  c.cpu = cpu_model_name();
+  c.cpu = machine_key();
   c.threads = pool.size();
 
   engine::SessionOptions so;

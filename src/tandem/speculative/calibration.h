@@ -22,7 +22,7 @@ namespace tandem::speculative {
 
 struct Calibration {
   std::string model_hash;  // file_fingerprint() of the target
-  std::string cpu;         // cpu_model_name()
+  std::string cpu;         // machine_key()
   int threads = 0;
   double decode_seconds = 0;   // one-row target forward
   std::vector<double> verify;  // [rows] cost relative to one row; index 0 unused, verify[1] == 1
@@ -34,6 +34,9 @@ struct Calibration {
 
 std::string file_fingerprint(const std::string& path);
 std::string cpu_model_name();
+// The CPU model name, the SIMD target the kernels run and the kernels' revision: a calibration measured with
+// other kernels (an older build, another target) is not reused.
+std::string machine_key();
 std::string calibration_file_path();
 
 // The cached entry for (model_hash, cpu, threads), if any. A missing or unreadable cache file gives nullopt.
