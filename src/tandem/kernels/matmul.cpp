@@ -76,9 +76,10 @@ void quant_rows(const QuantKernels& qk, const MatrixView& w, const ActSuper* act
   // Decode and verify windows: one pass over the weights, each weight row decoded once for all rows (straight
   // from the file bytes where the target has a direct kernel). Prefill: the same per chunk of activation
   // rows, so a chunk stays in cache while the weights stream by.
-  if (n_rows <= qk.direct_max_rows(w.type, K, signed_codes)) {
-    qk.direct_rows(w.type, w.row(o0), static_cast<int64_t>(w.row_bytes), o1 - o0, K, act, ns, n_rows, y + o0,
-                   N);
+  if (const int64_t direct = qk.direct_max_rows(w.type, K, signed_codes); direct > 0) {
+    for (int64_t r0 = 0; r0 < n_rows; r0 += direct)
+      qk.direct_rows(w.type, w.row(o0), static_cast<int64_t>(w.row_bytes), o1 - o0, K, act + r0 * ns, ns,
+                     std::min(direct, n_rows - r0), y + r0 * N + o0, N);
     return;
   }
   const int64_t chunk = n_rows <= kMaxWindowRows ? n_rows : kPrefillChunk;

@@ -8,13 +8,32 @@
 namespace tandem::kernels {
 
 uint64_t stream_xor(const uint8_t* data, size_t bytes) {
-  uint64_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (size_t i = 0; i + 64 <= bytes; i += 64) {
+  // Four cache lines per step into independent accumulators, with a software prefetch well ahead (as the
+  // matmul kernels do), so the figure is what a streaming kernel can actually reach, not one core's latency
+  // bound.
+  constexpr size_t kAhead = 3072;
+  uint64_t acc[4][8] = {};
+  size_t i = 0;
+  for (; i + 256 <= bytes; i += 256) {
+    __builtin_prefetch(data + i + kAhead);
+    __builtin_prefetch(data + i + kAhead + 64);
+    __builtin_prefetch(data + i + kAhead + 128);
+    __builtin_prefetch(data + i + kAhead + 192);
+    for (int l = 0; l < 4; ++l) {
+      uint64_t w[8];
+      std::memcpy(w, data + i + 64 * l, 64);
+      for (int j = 0; j < 8; ++j) acc[l][j] ^= w[j];
+    }
+  }
+  for (; i + 64 <= bytes; i += 64) {
     uint64_t w[8];
     std::memcpy(w, data + i, 64);
-    for (int j = 0; j < 8; ++j) acc[j] ^= w[j];
+    for (int j = 0; j < 8; ++j) acc[0][j] ^= w[j];
   }
-  return acc[0] ^ acc[1] ^ acc[2] ^ acc[3] ^ acc[4] ^ acc[5] ^ acc[6] ^ acc[7];
+  uint64_t r = 0;
+  for (const auto& a : acc)
+    for (uint64_t v : a) r ^= v;
+  return r;
 }
 
 double measure_read_bandwidth(const uint8_t* data, size_t bytes, ThreadPool& pool, int passes) {
