@@ -1,6 +1,7 @@
 #include "tandem/kernels/ops.h"
 
 #include <cmath>
+#include <limits>
 
 namespace tandem::kernels {
 
@@ -38,7 +39,10 @@ void rope_apply(float* x, int64_t n_rot, const float* cs, bool neox) {
 void swiglu(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    // exp(-g) overflows below -88.73; taking infinity directly gives the same result (-0) without the
+    // library's slow overflow path (large negative gates are common).
+    const float e = g < -89.0f ? std::numeric_limits<float>::infinity() : std::exp(-g);
+    out[i] = g / (1.0f + e) * up[i];
   }
 }
 
