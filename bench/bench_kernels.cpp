@@ -5,10 +5,15 @@
 //                      speed)
 //   Unpack/TYPE        decoding one 2048-element weight row into the kernel form
 //   DotRows/TYPE/ROWS  the integer dot product of one unpacked row with ROWS activation rows
+//   VnniPeak           peak vpdpbusd (512-bit) throughput of one core: 16 independent chains. The window and
+//                      prefill kernels need four per 256 weights per activation row, so this bounds them.
 // Bytes/s counts weight bytes, so decode-class numbers compare directly with memory bandwidth.
 #include <benchmark/benchmark.h>
 
 #include <random>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <vector>
 
 #include "tandem/kernels/matmul.h"
@@ -112,6 +117,36 @@ void BM_DotRows(benchmark::State& state) {
   state.SetLabel(std::string(target_name(target)) + " rows=" + std::to_string(rows));
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * rows * kK);
 }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_chains(int64_t n, int32_t* out) {
+  __m512i acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_epi32(i);
+  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5);
+  for (int64_t i = 0; i < n; ++i)
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], a, b);
+  __m512i sum = acc[0];
+  for (int j = 1; j < 16; ++j) sum = _mm512_add_epi32(sum, acc[j]);
+  alignas(64) int32_t lanes[16];
+  _mm512_store_si512(lanes, sum);
+  *out = lanes[0];
+}
+
+void BM_VnniPeak(benchmark::State& state) {
+  if (best_target() != Target::kAVX512) {
+    state.SkipWithError("no AVX-512 VNNI on this CPU");
+    return;
+  }
+  int32_t sink = 0;
+  for (auto _ : state) {
+    vnni_chains(4096, &sink);
+    benchmark::DoNotOptimize(sink);
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * 4096 * 16);
+  state.SetLabel("items = vpdpbusd zmm");
+}
+BENCHMARK(BM_VnniPeak);
+#endif
 
 void matmul_args(benchmark::internal::Benchmark* b) {
   for (int t = 0; t < static_cast<int>(std::size(kTypes)); ++t)
