@@ -140,8 +140,7 @@ struct ActRegs {
 template <int kFold>
 inline void load_act(const ActSuper& X, ActRegs& r) {
   for (int q = 0; q < 4; ++q) r.q[q] = _mm512_load_si512(X.q + 64 * q);
-  r.init = kFold > 0 ? _mm512_sub_epi32(_mm512_setzero_si512(),
-                                        _mm512_slli_epi32(_mm512_load_si512(X.qsum), kFold > 0 ? kFold : 0))
+  r.init = kFold > 0 ? _mm512_load_si512(X.offset_sums[fold_index(kFold > 0 ? kFold : 3)])
                      : _mm512_setzero_si512();
   r.d = _mm512_load_ps(X.d);
 }
@@ -276,8 +275,10 @@ inline void set_block(ActSuper& s, int e0, float d, int32_t sum0, int32_t sum1) 
   s.d[e0 / 16] = s.d[e0 / 16 + 1] = d;
   s.bs[e0 / 16] = static_cast<float>(sum0) * d;
   s.bs[e0 / 16 + 1] = static_cast<float>(sum1) * d;
-  s.qsum[e0 / 16] = sum0;
-  s.qsum[e0 / 16 + 1] = sum1;
+  for (int f = 0; f < 3; ++f) {
+    s.offset_sums[f][e0 / 16] = -(sum0 * (8 << (2 * f)));
+    s.offset_sums[f][e0 / 16 + 1] = -(sum1 * (8 << (2 * f)));
+  }
 }
 
 void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
@@ -340,7 +341,7 @@ void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
     for (int g = e0 / 16; g < kGroups; ++g) {
       s.d[g] = 0.0f;
       s.bs[g] = 0.0f;
-      s.qsum[g] = 0;
+      for (auto& sums : s.offset_sums) sums[g] = 0;
     }
     interleave_groups(reinterpret_cast<uint8_t*>(s.q));
   }

@@ -35,13 +35,21 @@ struct alignas(64) UnpackedSuper {
 
 // 256 activations of one row, quantized.
 struct alignas(64) ActSuper {
-  int8_t q[kSuper];       // codes in [-127, 127]
-  float d[kGroups];       // scale of each group (the scale of its 32-element block, repeated)
-  float bs[kGroups];      // sum of the 16 codes of each group times its block scale
-  int32_t qsum[kGroups];  // sum of the 16 codes of each group
+  int8_t q[kSuper];   // codes in [-127, 127]
+  float d[kGroups];   // scale of each group (the scale of its 32-element block, repeated)
+  float bs[kGroups];  // sum of the 16 codes of each group times its block scale
+  // Minus the sum of the 16 codes of each group times 2^3, 2^5 and 2^7 (fold_index): the integer offset
+  // terms of weights stored as unsigned codes with a fixed offset of -8 (Q4_0), -32 (Q6_K) or -128 (Q8_0)
+  // times their scale, ready to start a group sum.
+  int32_t offset_sums[3][kGroups];
 };
 
-static_assert(sizeof(UnpackedSuper) == 384 && sizeof(ActSuper) == 448);
+static_assert(sizeof(UnpackedSuper) == 384 && sizeof(ActSuper) == 576);
+
+// Row of ActSuper::offset_sums for a weight offset of -2^fold (fold 3, 5 or 7).
+constexpr int fold_index(int fold) {
+  return (fold - 3) / 2;
+}
 
 // Position in UnpackedSuper::u and ActSuper::q of element e of a super-block.
 constexpr int interleaved_position(int e) {
@@ -74,10 +82,10 @@ struct QuantKernels {
   // sums).
   void (*dot_rows)(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride,
                    int64_t n_rows, DType type, bool signed_codes, float* y, int64_t y_stride);
-  // Direct kernels (optional): the dot products of n_out weight rows (row_bytes apart) straight from their file
-  // bytes, each super-block decoded into registers and never stored, for windows of up to direct_max_rows
-  // rows (0: no direct kernel for this type and k): y[r * y_stride + o] for o < n_out, r < n_rows. Each
-  // result is bit-identical to unpack_row + dot_rows.
+  // Direct kernels (optional): the dot products of n_out weight rows (row_bytes apart) straight from their
+  // file bytes, each super-block decoded into registers and never stored, for windows of up to
+  // direct_max_rows rows (0: no direct kernel for this type and k): y[r * y_stride + o] for o < n_out, r <
+  // n_rows. Each result is bit-identical to unpack_row + dot_rows.
   int64_t (*direct_max_rows)(DType type, int64_t k, bool signed_q8);
   void (*direct_rows)(DType type, const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t k,
                       const ActSuper* x, int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride);

@@ -95,9 +95,10 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
 
   for (int64_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& l = w.layers[static_cast<size_t>(il)];
-    for (int64_t r = 0; r < R; ++r)
+    for_rows(R, [&](int64_t r) {
       kernels::rms_norm(x_.data() + r * c.n_embd, l.attn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
                         c.norm_eps);
+    });
     const kernels::MatmulOut qkv[] = {{&l.wq, q_.data()}, {&l.wk, k_.data()}, {&l.wv, v_.data()}};
     kernels::matmul_group(qkv, xb_.data(), R, pool_, scratch_);
     for (int64_t r = 0; r < R; ++r) {
@@ -124,16 +125,16 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
     }
     attention(rows, caches, il);
     kernels::matmul(l.wo, att_.data(), R, xb_.data(), pool_, scratch_);
-    for (int64_t r = 0; r < R; ++r) {
+    for_rows(R, [&](int64_t r) {
       float* out = xb_.data() + r * c.n_embd;
       if (!l.post_attn_norm.empty()) kernels::rms_norm(out, l.post_attn_norm.data, out, c.n_embd, c.norm_eps);
       kernels::add_in_place(x_.data() + r * c.n_embd, out, c.n_embd);
       kernels::rms_norm(x_.data() + r * c.n_embd, l.ffn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
                         c.norm_eps);
-    }
+    });
     const kernels::MatmulOut gate_up[] = {{&l.w_gate, ffn_gate_.data()}, {&l.w_up, ffn_up_.data()}};
     kernels::matmul_group(gate_up, xb_.data(), R, pool_, scratch_);
-    for (int64_t r = 0; r < R; ++r) {
+    for_rows(R, [&](int64_t r) {
       float* g = ffn_gate_.data() + r * c.n_ff;
       const float* u = ffn_up_.data() + r * c.n_ff;
       if (c.activation == FfnActivation::kSiLU) {
@@ -141,13 +142,13 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
       } else {
         kernels::geglu(g, u, g, c.n_ff);
       }
-    }
+    });
     kernels::matmul(l.w_down, ffn_gate_.data(), R, xb_.data(), pool_, scratch_);
-    for (int64_t r = 0; r < R; ++r) {
+    for_rows(R, [&](int64_t r) {
       float* out = xb_.data() + r * c.n_embd;
       if (!l.post_ffn_norm.empty()) kernels::rms_norm(out, l.post_ffn_norm.data, out, c.n_embd, c.norm_eps);
       kernels::add_in_place(x_.data() + r * c.n_embd, out, c.n_embd);
-    }
+    });
     if (capture) (*capture)(il, x_.data(), R);
   }
 

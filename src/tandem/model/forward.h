@@ -48,6 +48,20 @@ class Forward {
  private:
   void attention(std::span<const Row> rows, std::span<cache::KvCache* const> caches, int64_t layer);
 
+  // fn(r) for every row r < n: row-wise work (norms, activations, residuals), across the team when there are
+  // enough rows to pay for a barrier. Each row's work is independent, so the split never changes results.
+  template <typename Fn>
+  void for_rows(int64_t n, Fn&& fn) {
+    if (n < kParallelRows) {
+      for (int64_t r = 0; r < n; ++r) fn(r);
+      return;
+    }
+    pool_.parallel_for(n, 1, [&](int64_t r0, int64_t r1, int) {
+      for (int64_t r = r0; r < r1; ++r) fn(r);
+    });
+  }
+  static constexpr int64_t kParallelRows = 4;
+
   const Model& model_;
   ThreadPool& pool_;
   int64_t max_rows_;
