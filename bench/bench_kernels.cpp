@@ -3,6 +3,8 @@
 //   MatmulHot/TYPE/ROWS  the same with 256 x 2048 weights, which stay in the L2 cache: the kernel's compute
 //                      throughput, with memory out of the way (decode-class rows should run far above DRAM
 //                      speed)
+//   MatmulHotTarget/TYPE/ROWS/TARGET  MatmulHot on one given SIMD target (0 scalar, 1 AVX2, 2 AVX-512), to
+//                      compare the targets a CPU can run
 //   Unpack/TYPE        decoding one 2048-element weight row into the kernel form
 //   DotRows/TYPE/ROWS  the integer dot product of one unpacked row with ROWS activation rows
 //   VnniPeak           peak vpdpbusd (512-bit) throughput of one core: 16 independent chains. The window and
@@ -58,19 +60,20 @@ std::vector<float> make_activations(int64_t rows, int64_t k) {
   return x;
 }
 
-void run_matmul(benchmark::State& state, int64_t n) {
+void run_matmul(benchmark::State& state, int64_t n, Target target = best_target()) {
   const DType t = kTypes[state.range(0)];
   const int64_t rows = state.range(1);
   const Weights w = make_weights(t, n, kK);
   const auto x = make_activations(rows, kK);
   std::vector<float> y(static_cast<size_t>(rows * kN));
   ThreadPool pool(1);
-  MatmulScratch scratch(1, kK, rows);
+  MatmulScratch scratch(1, kK, rows, target);
   for (auto _ : state) {
     matmul(w.view, x.data(), rows, y.data(), pool, scratch);
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetLabel(std::string(dtype_name(t)) + " rows=" + std::to_string(rows));
+  state.SetLabel(std::string(dtype_name(t)) + " rows=" + std::to_string(rows) + " " +
+                 std::string(target_name(target)));
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(w.view.bytes()));
 }
 
@@ -80,6 +83,10 @@ void BM_Matmul(benchmark::State& state) {
 
 void BM_MatmulHot(benchmark::State& state) {
   run_matmul(state, 256);
+}
+
+void BM_MatmulHotTarget(benchmark::State& state) {
+  run_matmul(state, 256, static_cast<Target>(state.range(2)));
 }
 
 void BM_Unpack(benchmark::State& state) {
@@ -152,6 +159,11 @@ void matmul_args(benchmark::internal::Benchmark* b) {
   for (int t = 0; t < static_cast<int>(std::size(kTypes)); ++t)
     for (int rows : {1, 4, 8, 16, 64}) b->Args({t, rows});
 }
+void matmul_target_args(benchmark::internal::Benchmark* b) {
+  for (int t = 0; t < static_cast<int>(std::size(kTypes)); ++t)
+    for (int rows : {1, 4, 8, 16, 64})
+      for (Target target : runnable_targets()) b->Args({t, rows, static_cast<int>(target)});
+}
 void unpack_args(benchmark::internal::Benchmark* b) {
   for (int t = 3; t < static_cast<int>(std::size(kTypes)); ++t)
     for (Target target : runnable_targets()) b->Args({t, static_cast<int>(target)});
@@ -163,6 +175,7 @@ void dot_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Matmul)->Apply(matmul_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatmulHot)->Apply(matmul_args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MatmulHotTarget)->Apply(matmul_target_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Unpack)->Apply(unpack_args);
 BENCHMARK(BM_DotRows)->Apply(dot_args);
 

@@ -163,6 +163,40 @@ float block_scale(const float* x, int64_t k, int64_t cols, bool per_super) {
   return amax / 127.0f;
 }
 
+// Where a target has direct kernels, each of their results carries the bits of unpack_row + dot_rows of the
+// same target, for every window size up to direct_max_rows (the two must share their per-row arithmetic).
+TEST(Kernels, DirectKernelsAreBitIdenticalToUnpackAndDot) {
+  for (Target target : runnable_targets()) {
+    const QuantKernels& qk = quant_kernels(target);
+    for (DType t : kQuantTypes) {
+      const bool signed_codes = t == DType::Q8_0 && qk.signed_q8;
+      for (int64_t k : {256, 768, 2304}) {
+        const int64_t max_rows = qk.direct_max_rows(t, k, signed_codes);
+        if (max_rows == 0) continue;
+        SCOPED_TRACE(std::string(target_name(target)) + " " + std::string(dtype_name(t)) +
+                     " k=" + std::to_string(k));
+        const int64_t n = 5, ns = k / 256;
+        const TestMatrix m = make_matrix(t, n, k, 17);
+        const auto x = make_activations(max_rows, k, 19);
+        std::vector<ActSuper> act(static_cast<size_t>(ns * max_rows));
+        for (int64_t r = 0; r < max_rows; ++r)
+          qk.quantize_row(x.data() + 1 + r * k, k, per_super_activations(t), act.data() + r * ns);
+        std::vector<UnpackedSuper> buf(static_cast<size_t>(ns));
+        for (int64_t rows = 1; rows <= max_rows; ++rows) {
+          std::vector<float> want(static_cast<size_t>(rows * n)), got(want.size());
+          for (int64_t o = 0; o < n; ++o) {
+            qk.unpack_row(t, m.view.row(o), k, signed_codes, buf.data());
+            qk.dot_rows(buf.data(), ns, act.data(), ns, rows, t, signed_codes, want.data() + o, n);
+          }
+          qk.direct_rows(t, m.view.row(0), static_cast<int64_t>(m.view.row_bytes), n, k, act.data(), ns, rows,
+                         got.data(), n);
+          EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << "rows=" << rows;
+        }
+      }
+    }
+  }
+}
+
 TEST(Kernels, QuantizedMatmulMatchesReferences) {
   ThreadPool pool(2);
   for (DType t : kQuantTypes) {
