@@ -160,12 +160,9 @@ inline void accumulate_super(const __m256i* u, const __m256* a, const __m256* b,
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i sum[2];
   for (int h = 0; h < 2; ++h)
-    sum[h] = kFold > 0
-                 ? _mm256_sub_epi32(
-                       _mm256_setzero_si256(),
-                       _mm256_slli_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(X.qsum + 8 * h)),
-                                         kFold > 0 ? kFold : 0))
-                 : _mm256_setzero_si256();
+    sum[h] = kFold > 0 ? _mm256_load_si256(reinterpret_cast<const __m256i*>(
+                             X.offset_sums[fold_index(kFold > 0 ? kFold : 3)] + 8 * h))
+                       : _mm256_setzero_si256();
   const auto xq = [&X](int v) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(X.q + 32 * v)); };
   if (kFold == 3) {
     // Codes below 16: a 16-bit lane of vpmaddubsw is at most 2 * 15 * 127, so the four quarters of a group
