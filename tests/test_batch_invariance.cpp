@@ -25,7 +25,8 @@ TEST(BatchInvariance, MatmulRowsAreIndependentOfTheirBatch) {
   const DType types[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1,
                          DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K, DType::Q3_K,
                          DType::Q4_K, DType::Q5_K, DType::Q6_K};
-  const int64_t k = 512, n = 40, max_rows = 70;
+  // k = 1280: five super-blocks per row, so windows span several supers in every kernel.
+  const int64_t k = 1280, n = 40, max_rows = 70;
   std::mt19937 rng(3);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(max_rows * k)), row(static_cast<size_t>(k));
