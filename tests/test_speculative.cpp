@@ -165,6 +165,24 @@ TEST(SpeculativeGate, ExpectedRateFollowsTheFormula) {
   EXPECT_LT(gate.acceptance(1), 0.5);
 }
 
+// In a batch, draft rows slow the forward for every sequence: the same acceptance that pays alone does not
+// pay among 8 decoding sequences when each extra row costs 0.45 of a step.
+TEST(SpeculativeGate, BatchCostsChargeTheWholeBatch) {
+  GateSettings s;
+  s.prior_accepted = 8;
+  s.prior_rejected = 2;  // 0.8 at every position
+  const CostModel c = CostModel::linear(0.45, 0.0);
+  EXPECT_NEAR(c.round_cost(2, 1), c.verify_cost(3), 1e-12);
+  // 1 + 8 * (verify(10) - verify(8)) / verify(8) = 1 + 8 * 0.9 / 4.15
+  EXPECT_NEAR(c.round_cost(2, 8), 1.0 + 8 * 0.9 / 4.15, 1e-12);
+  Gate gate(s, c, 4);
+  EXPECT_GT(gate.decide(4, 1).depth, 0);
+  EXPECT_EQ(gate.best_depth(4, 8), 0);
+  // Nearly free extra rows (a memory-bound machine) keep drafting under load.
+  Gate cheap(s, CostModel::linear(0.02, 0.0), 4);
+  EXPECT_GT(cheap.best_depth(4, 8), 0);
+}
+
 TEST(SpeculativeGate, RejectsBadSettings) {
   GateSettings s;
   s.decay = 0;

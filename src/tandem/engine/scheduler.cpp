@@ -171,7 +171,7 @@ void Scheduler::admit() {
   }
 }
 
-int Scheduler::choose_depth(Sequence& s, int64_t budget_left) {
+int Scheduler::choose_depth(Sequence& s, int64_t budget_left, int batch) {
   if (!s.draft || !s.gate) return 0;
   int64_t d = std::min<int64_t>(options_.max_draft, budget_left - 1);
   // The window's rows sit at positions tokens.size() - 1 ... + d, inside the context; drafting past
@@ -180,7 +180,8 @@ int Scheduler::choose_depth(Sequence& s, int64_t budget_left) {
   d = std::min(d, s.req.max_tokens - s.generated - 1);
   if (d <= 0) return 0;
   // A probe (drafting without verifying) is not worth a row here: it is taken as a plain step.
-  return s.gate->decide(static_cast<int>(d)).depth;
+  // Costs for this batch: extra rows slow the forward for every decoding sequence (CostModel::round_cost).
+  return s.gate->decide(static_cast<int>(d), batch).depth;
 }
 
 void Scheduler::iterate() {
@@ -201,7 +202,7 @@ void Scheduler::iterate() {
     Sequence& s = *sp;
     if (s.state != Sequence::State::kDecode) continue;
     --reserved;
-    const int depth = choose_depth(s, budget - reserved);
+    const int depth = choose_depth(s, budget - reserved, static_cast<int>(n_decoding));
     if (depth > 0) {
       s.draft->propose(s.tokens, depth, s.proposal);
       if (s.proposal.tokens.size() > static_cast<size_t>(depth)) s.proposal.tokens.resize(depth);

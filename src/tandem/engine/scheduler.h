@@ -108,7 +108,7 @@ class Scheduler {
   // Appends `token` to s, emits it and decides whether s continues; returns false when s finished.
   bool commit(Sequence& s, int32_t token, const float* logits);
   void start_decoding(Sequence& s);
-  int choose_depth(Sequence& s, int64_t budget_left);
+  int choose_depth(Sequence& s, int64_t budget_left, int batch);
 
   model::Graph& graph_;
   CachePool& caches_;

@@ -15,6 +15,12 @@ double CostModel::verify_cost(int rows) const {
   return verify[static_cast<size_t>(n)] + slope * (rows - n);
 }
 
+double CostModel::round_cost(int depth, int batch) const {
+  if (batch <= 1) return verify_cost(depth + 1) + depth * draft_per_token;
+  const double base = verify_cost(batch);
+  return 1.0 + batch * (verify_cost(batch + depth) - base + depth * draft_per_token) / base;
+}
+
 CostModel CostModel::linear(double per_row, double draft_per_token, int max_rows) {
   CostModel c;
   c.verify.assign(static_cast<size_t>(max_rows) + 1, 1.0);
@@ -51,21 +57,21 @@ double Gate::acceptance(int position) const {
   return accepted_[i] / total;
 }
 
-double Gate::expected_rate(int depth) const {
+double Gate::expected_rate(int depth, int batch) const {
   double expected = 1.0, chain = 1.0;
   for (int k = 1; k <= depth; ++k) {
     chain *= acceptance(k);
     expected += chain;
   }
-  return expected / costs_.round_cost(depth);
+  return expected / costs_.round_cost(depth, batch);
 }
 
-int Gate::best_depth(int limit) const {
+int Gate::best_depth(int limit, int batch) const {
   const int top = std::min(max_depth_, limit);
   int best = 0;
   double best_rate = 1.0 + settings_.margin;
   for (int d = min_depth_; d <= top; ++d) {
-    const double rate = expected_rate(d);
+    const double rate = expected_rate(d, batch);
     if (rate >= best_rate) {
       best_rate = rate;
       best = d;
@@ -74,9 +80,9 @@ int Gate::best_depth(int limit) const {
   return best;
 }
 
-Gate::Decision Gate::decide(int limit) {
+Gate::Decision Gate::decide(int limit, int batch) {
   Decision decision;
-  decision.depth = best_depth(limit);
+  decision.depth = best_depth(limit, batch);
   if (decision.depth > 0) {
     idle_rounds_ = 0;
     interval_ = settings_.probe_interval;

@@ -49,7 +49,12 @@ struct CostModel {
   double draft_per_token = 0.0;  // drafter cost of one proposed token
 
   double verify_cost(int rows) const;
-  double round_cost(int depth) const { return verify_cost(depth + 1) + depth * draft_per_token; }
+  // A round of `depth` drafts for one sequence among `batch` sequences that each have a row in the same
+  // forward (batch 1: alone). Alone, the window's cost. In a batch, the d extra rows (and the drafting) slow
+  // the forward for every sequence in it, so the round is charged the batch's relative slowdown times the
+  // batch: drafting pays only if 1 + B * (verify(B + d) - verify(B) + d * draft) / verify(B) <= E(d) tokens.
+  // batch 1 gives verify(d + 1) + d * draft.
+  double round_cost(int depth, int batch = 1) const;
   // A cost model without measurements: every extra row costs `per_row` of a decode step.
   static CostModel linear(double per_row, double draft_per_token, int max_rows = 17);
 };
@@ -64,8 +69,9 @@ class Gate {
     int depth = 0;       // tokens to draft and verify (0: a plain step)
     bool probe = false;  // depth == 0; draft settings().probe_depth tokens without verifying them
   };
-  // The next round's plan; `limit` caps the depth (remaining tokens, context). Counts idle rounds for probes.
-  Decision decide(int limit);
+  // The next round's plan; `limit` caps the depth (remaining tokens, context); `batch`: sequences with a row
+  // in the same forward, this one included (CostModel::round_cost). Counts idle rounds for probes.
+  Decision decide(int limit, int batch = 1);
 
   // Outcomes of observed draft positions 1..outcomes.size(): 1 accepted, 0 rejected, or a probability.
   void record(std::span<const double> outcomes);
@@ -76,11 +82,11 @@ class Gate {
 
   // The expected rate E(d) / C(d) of drafting d (d = 0: 1, a plain step), and the acceptance estimate of
   // draft position i (1-based).
-  double expected_rate(int depth) const;
+  double expected_rate(int depth, int batch = 1) const;
   double acceptance(int position) const;
   // The depth in [min_depth, min(max_depth, limit)] with the best expected rate, or 0 when none beats a plain
   // step by the margin.
-  int best_depth(int limit) const;
+  int best_depth(int limit, int batch = 1) const;
 
   const GateSettings& settings() const { return settings_; }
   const CostModel& costs() const { return costs_; }
