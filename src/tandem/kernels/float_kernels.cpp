@@ -8,8 +8,11 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "tandem/kernels/float_kernels.cpp"
+// clang-format off
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"  // after highway.h: per-target include guards
+// clang-format on
 
 HWY_BEFORE_NAMESPACE();
 namespace tandem::kernels {
@@ -158,6 +161,29 @@ void AccumulateF32(const float* p, const float* rows, int64_t n, int64_t dim, fl
   accumulate_t<DType::F32>(p, reinterpret_cast<const uint8_t*>(rows), n, dim, acc);
 }
 
+void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  const auto one = hn::Set(df, 1.0f), cap = hn::Set(df, 88.0f);
+  size_t i = 0;
+  for (; i + lanes <= static_cast<size_t>(n); i += lanes) {
+    const auto g = hn::LoadU(df, gate + i);
+    const auto e = hn::Exp(df, hn::Min(hn::Neg(g), cap));
+    hn::StoreU(hn::Mul(hn::Div(g, hn::Add(one, e)), hn::LoadU(df, up + i)), df, out + i);
+  }
+  // The tail through one masked-out vector pass keeps every element on the same code path.
+  if (i < static_cast<size_t>(n)) {
+    alignas(64) float g_buf[HWY_MAX_BYTES / sizeof(float)] = {}, u_buf[HWY_MAX_BYTES / sizeof(float)] = {};
+    const size_t rest = static_cast<size_t>(n) - i;
+    std::memcpy(g_buf, gate + i, rest * 4);
+    std::memcpy(u_buf, up + i, rest * 4);
+    const auto g = hn::Load(df, g_buf);
+    const auto e = hn::Exp(df, hn::Min(hn::Neg(g), cap));
+    hn::Store(hn::Mul(hn::Div(g, hn::Add(one, e)), hn::Load(df, u_buf)), df, g_buf);
+    std::memcpy(out + i, g_buf, rest * 4);
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace tandem::kernels
 HWY_AFTER_NAMESPACE();
@@ -170,6 +196,7 @@ HWY_EXPORT(DotsF16);
 HWY_EXPORT(DotsF32);
 HWY_EXPORT(AccumulateF16);
 HWY_EXPORT(AccumulateF32);
+HWY_EXPORT(SiluMul);
 
 void dots_f16(const float* q, const uint16_t* rows, int64_t n, int64_t dim, float* s) {
   HWY_DYNAMIC_DISPATCH(DotsF16)(q, rows, n, dim, s);
@@ -182,6 +209,10 @@ void accumulate_f16(const float* p, const uint16_t* rows, int64_t n, int64_t dim
 }
 void accumulate_f32(const float* p, const float* rows, int64_t n, int64_t dim, float* acc) {
   HWY_DYNAMIC_DISPATCH(AccumulateF32)(p, rows, n, dim, acc);
+}
+
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(SiluMul)(gate, up, out, n);
 }
 
 void float_matmul_rows(DType type, const uint8_t* w, size_t w_row_bytes, int64_t o0, int64_t o1, int64_t k,

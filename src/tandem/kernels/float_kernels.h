@@ -22,4 +22,9 @@ void dots_f32(const float* q, const float* rows, int64_t n, int64_t dim, float* 
 void accumulate_f16(const float* p, const uint16_t* rows, int64_t n, int64_t dim, float* acc);
 void accumulate_f32(const float* p, const float* rows, int64_t n, int64_t dim, float* acc);
 
+// out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i], with a vectorized exp (within one
+// ulp of the library's; -gate is capped at 88, where the result is already 0 to single precision). Element
+// by element, so a row's result never depends on the others. out may alias gate.
+void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+
 }  // namespace tandem::kernels

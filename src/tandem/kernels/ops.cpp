@@ -1,5 +1,7 @@
 #include "tandem/kernels/ops.h"
 
+#include "tandem/kernels/float_kernels.h"
+
 #include <cmath>
 #include <limits>
 
@@ -37,13 +39,7 @@ void rope_apply(float* x, int64_t n_rot, const float* cs, bool neox) {
 }
 
 void swiglu(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    // exp(-g) overflows below -88.73; taking infinity directly gives the same result (-0) without the
-    // library's slow overflow path (large negative gates are common).
-    const float e = g < -89.0f ? std::numeric_limits<float>::infinity() : std::exp(-g);
-    out[i] = g / (1.0f + e) * up[i];
-  }
+  silu_mul(gate, up, out, n);
 }
 
 void geglu(const float* gate, const float* up, float* out, int64_t n) {

@@ -18,7 +18,7 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
 void rope_angles(int64_t n_rot, const float* inv_freq, int64_t pos, float* cs);
 void rope_apply(float* x, int64_t n_rot, const float* cs, bool neox);
 
-// out[i] = silu(gate[i]) * up[i]
+// out[i] = silu(gate[i]) * up[i] (vectorized: float_kernels.h silu_mul)
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 // out[i] = gelu_tanh(gate[i]) * up[i]  (the tanh approximation, as gemma uses)
 void geglu(const float* gate, const float* up, float* out, int64_t n);
