@@ -4,7 +4,9 @@
 // verify: each weight row is decoded once and applied to every row of the window) and many rows (prefill:
 // activation rows in cache-sized chunks). Quantized weights multiply 8-bit activations (each activation row
 // quantized once per call, 32-element blocks) with integer dot products; F32/F16/BF16 weights multiply f32
-// activations.
+// activations. Where the target has direct kernels for the type (quant_layout.h), weight rows are decoded
+// from their file bytes straight into registers for up to 8 activation rows at a time (decode, windows and
+// prefill tiles); otherwise each weight row is unpacked once into a per-thread buffer.
 //
 // Every row's result depends only on that row (fixed reduction order per output element, the same in every
 // row class), so a row computes the same bits alone, inside a verify window or in a batch: the basis of exact

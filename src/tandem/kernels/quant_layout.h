@@ -3,11 +3,16 @@
 // Every quantized weight type is brought, 256 elements at a time, into one form: unsigned 8-bit codes u with
 // a float scale a and offset b per 16 elements, so that weight = a * u + b. Activation rows are quantized
 // once per matmul into 8-bit codes q with a float scale per 32 elements (as the reference's Q8_0 blocks),
-// plus the sum of the codes per 16 elements. A dot product over one 16-element group is then
+// plus the sum of the codes per 16 elements (scaled, and as integer offset sums). A dot product over one
+// 16-element group is then
 //     sum(w * x) = dx * (a * sum(u * q) + b * sum(q)),
 // an integer dot product of u8 by s8 (VNNI vpdpbusd; AVX2 vpmaddubsw + vpmaddwd) followed by one float
-// scaling per group. Weight rows are unpacked once per matmul row pass and then applied to every activation
-// row of a window, so a verify window reads (and decodes) its weights once.
+// scaling per group. Weight rows are unpacked once per matmul row pass (or, with direct kernels, decoded into
+// registers super-block by super-block) and then applied to every activation row of a window, so a verify
+// window reads (and decodes) its weights once. Where b is a fixed multiple of a (Q4_0: -8a, Q6_K: -32a, Q8_0
+// stored unsigned: -128a), a target may fold the offset term into the integer sums instead
+// (ActSuper::offset_sums); results then differ from the unfolded form only in rounding, and every row class
+// of a target uses the same form.
 //
 // Codes are stored group-interleaved so that each 4-byte lane of a vector holds one group: position
 // 64 * q + 4 * g + i holds element 16 * g + 4 * q + i (g < 16 the group, q < 4 the quarter, i < 4). A 64-byte
