@@ -261,7 +261,10 @@ void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_
 // 8 measured a little faster than 4 for 8-row windows in cache (Q4_0 and Q8_0), though not every weight
 // vector stays in a register at 8 rows.
 constexpr int64_t kDirectRows = 8;
-constexpr int64_t kDirectRowsK = 8;
+// Q4_K and Q5_K keep an offset accumulator per row (fold 0): 8 rows need 16 accumulators, all of AVX2's
+// registers, and spill; two passes of 4 rows (decoding each weight super-block twice) measured faster. Q6_K
+// folds its offset and, like Q4_0, is a little faster with 8.
+constexpr int64_t kDirectRowsOffset = 4;
 constexpr int64_t kPrefetchBytes = 3072;  // software prefetch distance, as on AVX-512
 
 template <int NR, void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold>
@@ -301,7 +304,8 @@ void direct_rows_t(const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t n
 int64_t direct_max_rows(DType type, int64_t k, bool signed_q8) {
   if (k % kSuper != 0) return 0;
   if (type == DType::Q4_0 || (type == DType::Q8_0 && signed_q8)) return kDirectRows;
-  if (type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K) return kDirectRowsK;
+  if (type == DType::Q6_K) return kDirectRows;
+  if (type == DType::Q4_K || type == DType::Q5_K) return kDirectRowsOffset;
   return 0;
 }
 
