@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "tandem/kernels/quant_layout.h"
@@ -120,6 +121,8 @@ inline void load_q8_0_super(const uint8_t* sb, SuperRegs& s) {
   s.b[0] = s.b[1] = _mm256_setzero_ps();
 }
 
+#include "tandem/kernels/quant_kquants_avx2.inc"
+
 template <void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes>
 inline void unpack_supers(const uint8_t* row, int64_t n_super, UnpackedSuper* out) {
   for (int64_t i = 0; i < n_super; ++i) {
@@ -138,6 +141,9 @@ void unpack_row(DType type, const uint8_t* row, int64_t k, bool signed_q8, Unpac
     return unpack_supers<load_q4_0_super, kQ4_0Super>(row, k / kSuper, out);
   if (k % kSuper == 0 && type == DType::Q8_0 && signed_q8)
     return unpack_supers<load_q8_0_super, kQ8_0Super>(row, k / kSuper, out);
+  if (type == DType::Q4_K) return unpack_supers<load_q4_k_super, sizeof(BlockQ4_K)>(row, k / kSuper, out);
+  if (type == DType::Q5_K) return unpack_supers<load_q5_k_super, sizeof(BlockQ5_K)>(row, k / kSuper, out);
+  if (type == DType::Q6_K) return unpack_supers<load_q6_k_super, sizeof(BlockQ6_K)>(row, k / kSuper, out);
   unpack_row_impl(type, row, k, signed_q8, out);
 }
 
@@ -255,6 +261,10 @@ void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_
 // 8 measured a little faster than 4 for 8-row windows in cache (Q4_0 and Q8_0), though not every weight
 // vector stays in a register at 8 rows.
 constexpr int64_t kDirectRows = 8;
+// Q4_K and Q5_K keep an offset accumulator per row (fold 0): 8 rows need 16 accumulators, all of AVX2's
+// registers, and spill; two passes of 4 rows (decoding each weight super-block twice) measured faster. Q6_K
+// folds its offset and, like Q4_0, is a little faster with 8.
+constexpr int64_t kDirectRowsOffset = 4;
 constexpr int64_t kPrefetchBytes = 3072;  // software prefetch distance, as on AVX-512
 
 template <int NR, void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold>
@@ -294,6 +304,8 @@ void direct_rows_t(const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t n
 int64_t direct_max_rows(DType type, int64_t k, bool signed_q8) {
   if (k % kSuper != 0) return 0;
   if (type == DType::Q4_0 || (type == DType::Q8_0 && signed_q8)) return kDirectRows;
+  if (type == DType::Q6_K) return kDirectRows;
+  if (type == DType::Q4_K || type == DType::Q5_K) return kDirectRowsOffset;
   return 0;
 }
 
@@ -302,6 +314,15 @@ void direct_rows(DType type, const uint8_t* w, int64_t row_bytes, int64_t n_out,
   const int64_t ns = k / kSuper;
   if (type == DType::Q4_0)
     return direct_rows_t<load_q4_0_super, kQ4_0Super, fold_of(DType::Q4_0, false)>(
+        w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
+  if (type == DType::Q4_K)
+    return direct_rows_t<load_q4_k_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K, false)>(
+        w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
+  if (type == DType::Q5_K)
+    return direct_rows_t<load_q5_k_super, sizeof(BlockQ5_K), fold_of(DType::Q5_K, false)>(
+        w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
+  if (type == DType::Q6_K)
+    return direct_rows_t<load_q6_k_super, sizeof(BlockQ6_K), fold_of(DType::Q6_K, false)>(
         w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
   direct_rows_t<load_q8_0_super, kQ8_0Super, kNoOffset>(w, row_bytes, n_out, ns, x, x_stride, n_rows, y,
                                                         y_stride);
