@@ -329,6 +329,38 @@ TEST(Kernels, AttentionPrimitivesMatchScalarOnEveryHighwayTarget) {
   }
 }
 
+// Edge cases random rows rarely reach: the largest magnitude present with both signs (the first one sets the
+// per-super scale's sign, the other one hits the +127 clamp), all-zero blocks and supers, exact halves after
+// scaling (round half away from zero vs to even), and a partial last super.
+TEST(Kernels, ActivationQuantizationEdgeCasesAreBitIdenticalOnEveryTarget) {
+  const QuantKernels& ref = quant_kernels(Target::kScalar);
+  const int64_t k = 3 * 256 + 64;
+  std::vector<float> x(static_cast<size_t>(k), 0.0f);
+  std::mt19937 rng(23);
+  std::uniform_int_distribution<int> level(-127, 127);
+  for (int64_t i = 0; i < 256; ++i) x[static_cast<size_t>(i)] = 0.25f * static_cast<float>(level(rng));
+  x[5] = -40.0f;
+  x[77] = 40.0f;  // same magnitude, later: +127 after the scale set by x[5]
+  // Super 1 stays zero. Super 2: halves after scaling by 127 / amax = 1.
+  for (int64_t i = 512; i < 768; ++i) x[static_cast<size_t>(i)] = 0.5f + static_cast<float>(i % 64) - 32.0f;
+  x[600] = 127.0f;
+  for (int64_t i = 768; i < k; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i % 7) - 3.5f;
+  const size_t ns = static_cast<size_t>(super_count(k));
+  for (Target target : runnable_targets()) {
+    const QuantKernels& qk = quant_kernels(target);
+    for (bool per_super : {false, true}) {
+      SCOPED_TRACE(std::string(target_name(target)) + (per_super ? " per-super" : " per-32"));
+      std::vector<ActSuper> a(ns), b(ns);
+      std::memset(static_cast<void*>(a.data()), 0xAB, ns * sizeof(ActSuper));
+      std::memset(static_cast<void*>(b.data()), 0xCD, ns * sizeof(ActSuper));
+      // The per-super form covers whole supers only; the partial last super takes per-32 scales.
+      ref.quantize_row(x.data(), k, per_super, a.data());
+      qk.quantize_row(x.data(), k, per_super, b.data());
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), ns * sizeof(ActSuper)));
+    }
+  }
+}
+
 TEST(Kernels, SiluMulMatchesTheScalarFormula) {
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 4.0f);

@@ -136,6 +136,125 @@ inline void unpack_supers(const uint8_t* row, int64_t n_super, UnpackedSuper* ou
   }
 }
 
+// Activation quantization, vectorized; the same bits as quantize_row_impl (test_kernels compares them).
+
+inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+inline int32_t hsum8(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// Round half away from zero, as round_away: truncate, then step by one where the exact remainder is at
+// least one half (comparison masks are -1, so subtracting one adds one).
+inline __m256i round_away8(__m256 v) {
+  const __m256i t = _mm256_cvttps_epi32(v);
+  const __m256 frac = _mm256_sub_ps(v, _mm256_cvtepi32_ps(t));
+  const __m256i up = _mm256_castps_si256(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ));
+  const __m256i down = _mm256_castps_si256(_mm256_cmp_ps(frac, _mm256_set1_ps(-0.5f), _CMP_LE_OQ));
+  return _mm256_add_epi32(_mm256_sub_epi32(t, up), down);
+}
+
+// 32 codes (four vectors of 8 int32 in element order, each in [-127, 127]) to s.q at e0, and the sums of the
+// two 16-element groups.
+inline void store_codes32(ActSuper& s, int e0, const __m256i* c, int32_t& sum0, int32_t& sum1) {
+  const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(s.q + e0),
+                      _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  sum0 = hsum8(_mm256_add_epi32(c[0], c[1]));
+  sum1 = hsum8(_mm256_add_epi32(c[2], c[3]));
+}
+
+inline void set_block(ActSuper& s, int e0, float d, int32_t sum0, int32_t sum1) {
+  s.d[e0 / 16] = s.d[e0 / 16 + 1] = d;
+  s.bs[e0 / 16] = static_cast<float>(sum0) * d;
+  s.bs[e0 / 16 + 1] = static_cast<float>(sum1) * d;
+  for (int f = 0; f < 3; ++f) {
+    s.offset_sums[f][e0 / 16] = -(sum0 * (8 << (2 * f)));
+    s.offset_sums[f][e0 / 16 + 1] = -(sum1 * (8 << (2 * f)));
+  }
+}
+
+void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  int64_t j = 0;  // 32-element blocks done
+  if (per_super) {
+    for (; (j + 8) * 32 <= k; j += 8) {
+      ActSuper& s = out[j / 8];
+      const float* xs = x + j * 32;
+      __m256 m = _mm256_setzero_ps();
+      for (int i = 0; i < 32; ++i) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xs + 8 * i), abs_mask));
+      const float amax = hmax8(m);
+      float max = 0.0f;  // the first element of largest magnitude, with its sign
+      if (amax != 0.0f) {
+        for (int i = 0; i < 32; ++i) {
+          const int hit = _mm256_movemask_ps(_mm256_cmp_ps(
+              _mm256_and_ps(_mm256_loadu_ps(xs + 8 * i), abs_mask), _mm256_set1_ps(amax), _CMP_EQ_OQ));
+          if (hit != 0) {
+            max = xs[8 * i + __builtin_ctz(static_cast<unsigned>(hit))];
+            break;
+          }
+        }
+      }
+      const float iscale = amax != 0.0f ? -127.0f / max : 0.0f;
+      const float d = amax != 0.0f ? 1.0f / iscale : 0.0f;
+      const __m256 vs = _mm256_set1_ps(iscale);
+      for (int b = 0; b < 8; ++b) {
+        __m256i c[4];
+        for (int i = 0; i < 4; ++i) {
+          // round_even: the float adder rounds to nearest even at 2^23 + 2^22.
+          const __m256 shifted = _mm256_add_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(xs + 32 * b + 8 * i)),
+                                               _mm256_set1_ps(12582912.0f));
+          c[i] =
+              _mm256_min_epi32(_mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_set1_epi32(0x4B400000)),
+                               _mm256_set1_epi32(127));
+        }
+        int32_t sum0, sum1;
+        store_codes32(s, 32 * b, c, sum0, sum1);
+        set_block(s, 32 * b, d, sum0, sum1);
+      }
+      interleave_groups(reinterpret_cast<uint8_t*>(s.q));
+    }
+  }
+  const int64_t nb = k / 32;
+  for (; j < nb; ++j) {
+    ActSuper& s = out[j / 8];
+    const int e0 = static_cast<int>(j % 8) * 32;
+    __m256 v[4];
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(x + j * 32 + 8 * i);
+      m = _mm256_max_ps(m, _mm256_and_ps(v[i], abs_mask));
+    }
+    const float d = hmax8(m) / 127.0f;
+    const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    __m256i c[4];
+    for (int i = 0; i < 4; ++i) c[i] = round_away8(_mm256_mul_ps(v[i], id));
+    int32_t sum0, sum1;
+    store_codes32(s, e0, c, sum0, sum1);
+    set_block(s, e0, half_to_float(f32_to_fp16(d)), sum0, sum1);
+    if (j % 8 == 7) interleave_groups(reinterpret_cast<uint8_t*>(s.q));
+  }
+  if (nb % 8 != 0) {
+    ActSuper& s = out[nb / 8];
+    const int e0 = static_cast<int>(nb % 8) * 32;
+    std::memset(s.q + e0, 0, static_cast<size_t>(kSuper - e0));
+    for (int g = e0 / 16; g < kGroups; ++g) {
+      s.d[g] = 0.0f;
+      s.bs[g] = 0.0f;
+      for (auto& sums : s.offset_sums) sums[g] = 0;
+    }
+    interleave_groups(reinterpret_cast<uint8_t*>(s.q));
+  }
+}
+
 void unpack_row(DType type, const uint8_t* row, int64_t k, bool signed_q8, UnpackedSuper* out) {
   if (k % kSuper == 0 && type == DType::Q4_0)
     return unpack_supers<load_q4_0_super, kQ4_0Super>(row, k / kSuper, out);
@@ -333,7 +452,7 @@ void direct_rows(DType type, const uint8_t* w, int64_t row_bytes, int64_t n_out,
 const QuantKernels& quant_kernels_avx2() {
   static const QuantKernels k{true,
                               avx2_target::unpack_row,
-                              avx2_target::quantize_row_impl,
+                              avx2_target::quantize_row,
                               avx2_target::dot_rows,
                               avx2_target::direct_max_rows,
                               avx2_target::direct_rows};
