@@ -271,16 +271,6 @@ inline int32_t store_codes16(ActSuper& s, int e, __m512i c) {
   return _mm512_reduce_add_epi32(c);
 }
 
-inline void set_block(ActSuper& s, int e0, float d, int32_t sum0, int32_t sum1) {
-  s.d[e0 / 16] = s.d[e0 / 16 + 1] = d;
-  s.bs[e0 / 16] = static_cast<float>(sum0) * d;
-  s.bs[e0 / 16 + 1] = static_cast<float>(sum1) * d;
-  for (int f = 0; f < 3; ++f) {
-    s.offset_sums[f][e0 / 16] = -(sum0 * (8 << (2 * f)));
-    s.offset_sums[f][e0 / 16 + 1] = -(sum1 * (8 << (2 * f)));
-  }
-}
-
 void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
   int64_t j = 0;  // 32-element blocks done
@@ -334,17 +324,7 @@ void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
     set_block(s, e0, half_to_float(f32_to_fp16(d)), sum0, sum1);
     if (j % 8 == 7) interleave_groups(reinterpret_cast<uint8_t*>(s.q));
   }
-  if (nb % 8 != 0) {
-    ActSuper& s = out[nb / 8];
-    const int e0 = static_cast<int>(nb % 8) * 32;
-    std::memset(s.q + e0, 0, static_cast<size_t>(kSuper - e0));
-    for (int g = e0 / 16; g < kGroups; ++g) {
-      s.d[g] = 0.0f;
-      s.bs[g] = 0.0f;
-      for (auto& sums : s.offset_sums) sums[g] = 0;
-    }
-    interleave_groups(reinterpret_cast<uint8_t*>(s.q));
-  }
+  if (nb % 8 != 0) finish_partial_super(out[nb / 8], static_cast<int>(nb % 8) * 32);
 }
 
 void unpack_row(DType type, const uint8_t* row, int64_t k, bool signed_q8, UnpackedSuper* out) {
