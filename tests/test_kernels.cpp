@@ -361,6 +361,45 @@ TEST(Kernels, ActivationQuantizationEdgeCasesAreBitIdenticalOnEveryTarget) {
   }
 }
 
+// Grouped attention primitives (several query heads sharing a KV head) give each query the bits of a separate
+// call, on every Highway target.
+TEST(Kernels, GroupedAttentionPrimitivesEqualSeparateCalls) {
+  std::mt19937 rng(8);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int64_t dim : {1, 40, 64, 67}) {
+    for (int64_t G : {1, 3, 8, 11}) {
+      const int64_t n = 13, qs = dim + 3, ss = n + 2;
+      std::vector<float> q(static_cast<size_t>(G * qs)), kf(static_cast<size_t>(n * dim)),
+          p(static_cast<size_t>(G * ss));
+      std::vector<uint16_t> kh(kf.size());
+      for (auto& v : q) v = dist(rng);
+      for (auto& v : p) v = std::fabs(dist(rng));
+      for (size_t i = 0; i < kf.size(); ++i) {
+        kh[i] = f32_to_fp16(dist(rng));
+        kf[i] = fp16_to_f32(kh[i]);
+      }
+      for_each_hwy_target([&] {
+        std::vector<float> g16(static_cast<size_t>(G * ss), 7.0f), g32(g16), one16(g16), one32(g16);
+        std::vector<float> a16(static_cast<size_t>(G * dim), 0.25f), a32(a16), b16(a16), b32(a16);
+        dots_group_f16(q.data(), G, qs, kh.data(), n, dim, g16.data(), ss);
+        dots_group_f32(q.data(), G, qs, kf.data(), n, dim, g32.data(), ss);
+        accumulate_group_f16(p.data(), G, ss, kh.data(), n, dim, a16.data(), dim);
+        accumulate_group_f32(p.data(), G, ss, kf.data(), n, dim, a32.data(), dim);
+        for (int64_t h = 0; h < G; ++h) {
+          dots_f16(q.data() + h * qs, kh.data(), n, dim, one16.data() + h * ss);
+          dots_f32(q.data() + h * qs, kf.data(), n, dim, one32.data() + h * ss);
+          accumulate_f16(p.data() + h * ss, kh.data(), n, dim, b16.data() + h * dim);
+          accumulate_f32(p.data() + h * ss, kf.data(), n, dim, b32.data() + h * dim);
+        }
+        EXPECT_EQ(g16, one16) << "dim=" << dim << " G=" << G;
+        EXPECT_EQ(g32, one32) << "dim=" << dim << " G=" << G;
+        EXPECT_EQ(a16, b16) << "dim=" << dim << " G=" << G;
+        EXPECT_EQ(a32, b32) << "dim=" << dim << " G=" << G;
+      });
+    }
+  }
+}
+
 TEST(Kernels, SiluMulMatchesTheScalarFormula) {
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 4.0f);

@@ -108,6 +108,15 @@ class F32Codec final : public KvCodec {
   void accumulate(const float* p, const uint8_t* rows, int64_t n, float* acc) const override {
     kernels::accumulate_f32(p, reinterpret_cast<const float*>(rows), n, dim(), acc);
   }
+  void dots_group(const float* q, int64_t G, int64_t q_stride, const uint8_t* rows, int64_t n, float* s,
+                  int64_t s_stride) const override {
+    kernels::dots_group_f32(q, G, q_stride, reinterpret_cast<const float*>(rows), n, dim(), s, s_stride);
+  }
+  void accumulate_group(const float* p, int64_t G, int64_t p_stride, const uint8_t* rows, int64_t n,
+                        float* acc, int64_t acc_stride) const override {
+    kernels::accumulate_group_f32(p, G, p_stride, reinterpret_cast<const float*>(rows), n, dim(), acc,
+                                  acc_stride);
+  }
   void finish_values(const float* acc, int64_t, float* out) const override { std::copy_n(acc, dim(), out); }
 };
 
@@ -129,6 +138,15 @@ class F16Codec final : public KvCodec {
   }
   void accumulate(const float* p, const uint8_t* rows, int64_t n, float* acc) const override {
     kernels::accumulate_f16(p, reinterpret_cast<const uint16_t*>(rows), n, dim(), acc);
+  }
+  void dots_group(const float* q, int64_t G, int64_t q_stride, const uint8_t* rows, int64_t n, float* s,
+                  int64_t s_stride) const override {
+    kernels::dots_group_f16(q, G, q_stride, reinterpret_cast<const uint16_t*>(rows), n, dim(), s, s_stride);
+  }
+  void accumulate_group(const float* p, int64_t G, int64_t p_stride, const uint8_t* rows, int64_t n,
+                        float* acc, int64_t acc_stride) const override {
+    kernels::accumulate_group_f16(p, G, p_stride, reinterpret_cast<const uint16_t*>(rows), n, dim(), acc,
+                                  acc_stride);
   }
   void finish_values(const float* acc, int64_t, float* out) const override { std::copy_n(acc, dim(), out); }
 

@@ -80,6 +80,19 @@ class KvCodec {
   // acc (codec domain) -> out [dim] (original domain). out may not alias acc.
   virtual void finish_values(const float* acc, int64_t head, float* out) const = 0;
 
+  // Grouped forms for G query heads sharing one KV head (prepared queries prep_stride apart, scores and
+  // weights s_stride apart, accumulators acc_stride apart), each head's result bit-identical to dots() /
+  // accumulate(). The default loops over the heads; codecs with a grouped kernel decode each row once for
+  // all.
+  virtual void dots_group(const float* prepared, int64_t G, int64_t prep_stride, const uint8_t* rows,
+                          int64_t n, float* s, int64_t s_stride) const {
+    for (int64_t h = 0; h < G; ++h) dots(prepared + h * prep_stride, rows, n, s + h * s_stride);
+  }
+  virtual void accumulate_group(const float* p, int64_t G, int64_t p_stride, const uint8_t* rows, int64_t n,
+                                float* acc, int64_t acc_stride) const {
+    for (int64_t h = 0; h < G; ++h) accumulate(p + h * p_stride, rows, n, acc + h * acc_stride);
+  }
+
  protected:
   KvCodec(KvType type, int64_t dim, size_t row_bytes, int64_t prepared_size)
       : type_(type), dim_(dim), row_bytes_(row_bytes), prepared_size_(prepared_size) {}

@@ -1,6 +1,7 @@
 // Highway implementations of float_kernels.h; this file is compiled once per SIMD target (foreach_target).
 #include "tandem/kernels/float_kernels.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 
@@ -148,6 +149,87 @@ void accumulate_t(const float* p, const uint8_t* rows, int64_t n, int64_t dim, f
   for (int64_t j = 0; j < n; ++j)
     axpy<T>(p[j], rows + static_cast<size_t>(j * dim) * es, acc, static_cast<size_t>(dim));
 }
+// The grouped forms: G queries (q_stride apart) over the same rows, each row loaded and converted once for
+// all of them. Each query's operation sequence is exactly dot_q's / axpy's, so the results are bit-identical
+// to G separate calls. Targets with scalable vectors (no arrays of vectors) make the separate calls.
+constexpr int kGroupChunk = 8;  // queries whose accumulators are live at once
+
+template <DType T>
+void dots_group_t(const float* q, int64_t G, int64_t q_stride, const uint8_t* rows, int64_t n, int64_t dim,
+                  float* s, int64_t s_stride) {
+  constexpr size_t es = T == DType::F32 ? 4 : 2;
+#if HWY_HAVE_SCALABLE
+  for (int64_t h = 0; h < G; ++h) dots_t<T>(q + h * q_stride, rows, n, dim, s + h * s_stride);
+#else
+  const DF df;
+  const size_t lanes = hn::Lanes(df), d = static_cast<size_t>(dim);
+  for (int64_t h0 = 0; h0 < G; h0 += kGroupChunk) {
+    const int hn_ = static_cast<int>(std::min<int64_t>(kGroupChunk, G - h0));
+    const float* qh = q + h0 * q_stride;
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* krow = rows + static_cast<size_t>(j * dim) * es;
+      hn::Vec<DF> acc[kGroupChunk];
+      for (int h = 0; h < hn_; ++h) acc[h] = hn::Zero(df);
+      size_t i = 0;
+      for (; i + lanes <= d; i += lanes) {
+        const auto kv = load_w<T>(df, krow, i);
+        for (int h = 0; h < hn_; ++h) acc[h] = hn::MulAdd(hn::LoadU(df, qh + h * q_stride + i), kv, acc[h]);
+      }
+      for (int h = 0; h < hn_; ++h) {
+        float v = hn::GetLane(hn::SumOfLanes(df, acc[h]));
+        for (size_t t = i; t < d; ++t) v += qh[h * q_stride + static_cast<int64_t>(t)] * scalar_w<T>(krow, t);
+        s[(h0 + h) * s_stride + j] = v;
+      }
+    }
+  }
+#endif
+}
+
+template <DType T>
+void accumulate_group_t(const float* p, int64_t G, int64_t p_stride, const uint8_t* rows, int64_t n,
+                        int64_t dim, float* acc, int64_t acc_stride) {
+  constexpr size_t es = T == DType::F32 ? 4 : 2;
+#if HWY_HAVE_SCALABLE
+  for (int64_t h = 0; h < G; ++h) accumulate_t<T>(p + h * p_stride, rows, n, dim, acc + h * acc_stride);
+#else
+  const DF df;
+  const size_t lanes = hn::Lanes(df), d = static_cast<size_t>(dim);
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* vrow = rows + static_cast<size_t>(j * dim) * es;
+    size_t i = 0;
+    for (; i + lanes <= d; i += lanes) {
+      const auto v = load_w<T>(df, vrow, i);
+      for (int64_t h = 0; h < G; ++h) {
+        float* out = acc + h * acc_stride + i;
+        hn::StoreU(hn::MulAdd(hn::Set(df, p[h * p_stride + j]), v, hn::LoadU(df, out)), df, out);
+      }
+    }
+    for (; i < d; ++i)
+      for (int64_t h = 0; h < G; ++h)
+        acc[h * acc_stride + static_cast<int64_t>(i)] += p[h * p_stride + j] * scalar_w<T>(vrow, i);
+  }
+#endif
+}
+
+void DotsGroupF16(const float* q, int64_t G, int64_t q_stride, const uint16_t* rows, int64_t n, int64_t dim,
+                  float* s, int64_t s_stride) {
+  dots_group_t<DType::F16>(q, G, q_stride, reinterpret_cast<const uint8_t*>(rows), n, dim, s, s_stride);
+}
+void DotsGroupF32(const float* q, int64_t G, int64_t q_stride, const float* rows, int64_t n, int64_t dim,
+                  float* s, int64_t s_stride) {
+  dots_group_t<DType::F32>(q, G, q_stride, reinterpret_cast<const uint8_t*>(rows), n, dim, s, s_stride);
+}
+void AccumulateGroupF16(const float* p, int64_t G, int64_t p_stride, const uint16_t* rows, int64_t n,
+                        int64_t dim, float* acc, int64_t acc_stride) {
+  accumulate_group_t<DType::F16>(p, G, p_stride, reinterpret_cast<const uint8_t*>(rows), n, dim, acc,
+                                 acc_stride);
+}
+void AccumulateGroupF32(const float* p, int64_t G, int64_t p_stride, const float* rows, int64_t n,
+                        int64_t dim, float* acc, int64_t acc_stride) {
+  accumulate_group_t<DType::F32>(p, G, p_stride, reinterpret_cast<const uint8_t*>(rows), n, dim, acc,
+                                 acc_stride);
+}
+
 void DotsF16(const float* q, const uint16_t* rows, int64_t n, int64_t dim, float* s) {
   dots_t<DType::F16>(q, reinterpret_cast<const uint8_t*>(rows), n, dim, s);
 }
@@ -197,6 +279,10 @@ HWY_EXPORT(DotsF32);
 HWY_EXPORT(AccumulateF16);
 HWY_EXPORT(AccumulateF32);
 HWY_EXPORT(SiluMul);
+HWY_EXPORT(DotsGroupF16);
+HWY_EXPORT(DotsGroupF32);
+HWY_EXPORT(AccumulateGroupF16);
+HWY_EXPORT(AccumulateGroupF32);
 
 void dots_f16(const float* q, const uint16_t* rows, int64_t n, int64_t dim, float* s) {
   HWY_DYNAMIC_DISPATCH(DotsF16)(q, rows, n, dim, s);
@@ -209,6 +295,23 @@ void accumulate_f16(const float* p, const uint16_t* rows, int64_t n, int64_t dim
 }
 void accumulate_f32(const float* p, const float* rows, int64_t n, int64_t dim, float* acc) {
   HWY_DYNAMIC_DISPATCH(AccumulateF32)(p, rows, n, dim, acc);
+}
+
+void dots_group_f16(const float* q, int64_t G, int64_t q_stride, const uint16_t* rows, int64_t n, int64_t dim,
+                    float* s, int64_t s_stride) {
+  HWY_DYNAMIC_DISPATCH(DotsGroupF16)(q, G, q_stride, rows, n, dim, s, s_stride);
+}
+void dots_group_f32(const float* q, int64_t G, int64_t q_stride, const float* rows, int64_t n, int64_t dim,
+                    float* s, int64_t s_stride) {
+  HWY_DYNAMIC_DISPATCH(DotsGroupF32)(q, G, q_stride, rows, n, dim, s, s_stride);
+}
+void accumulate_group_f16(const float* p, int64_t G, int64_t p_stride, const uint16_t* rows, int64_t n,
+                          int64_t dim, float* acc, int64_t acc_stride) {
+  HWY_DYNAMIC_DISPATCH(AccumulateGroupF16)(p, G, p_stride, rows, n, dim, acc, acc_stride);
+}
+void accumulate_group_f32(const float* p, int64_t G, int64_t p_stride, const float* rows, int64_t n,
+                          int64_t dim, float* acc, int64_t acc_stride) {
+  HWY_DYNAMIC_DISPATCH(AccumulateGroupF32)(p, G, p_stride, rows, n, dim, acc, acc_stride);
 }
 
 void silu_mul(const float* gate, const float* up, float* out, int64_t n) {

@@ -22,6 +22,18 @@ void dots_f32(const float* q, const float* rows, int64_t n, int64_t dim, float* 
 void accumulate_f16(const float* p, const uint16_t* rows, int64_t n, int64_t dim, float* acc);
 void accumulate_f32(const float* p, const float* rows, int64_t n, int64_t dim, float* acc);
 
+// The same for G queries over the same rows (query h at q + h * q_stride, its scores at s + h * s_stride;
+// weights p + h * p_stride, accumulator acc + h * acc_stride): each row is loaded once for all queries, and
+// every query's result is bit-identical to a separate dots_* / accumulate_* call.
+void dots_group_f16(const float* q, int64_t G, int64_t q_stride, const uint16_t* rows, int64_t n, int64_t dim,
+                    float* s, int64_t s_stride);
+void dots_group_f32(const float* q, int64_t G, int64_t q_stride, const float* rows, int64_t n, int64_t dim,
+                    float* s, int64_t s_stride);
+void accumulate_group_f16(const float* p, int64_t G, int64_t p_stride, const uint16_t* rows, int64_t n,
+                          int64_t dim, float* acc, int64_t acc_stride);
+void accumulate_group_f32(const float* p, int64_t G, int64_t p_stride, const float* rows, int64_t n,
+                          int64_t dim, float* acc, int64_t acc_stride);
+
 // out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i], with a vectorized exp (within one
 // ulp of the library's; -gate is capped at 88, where the result is already 0 to single precision). Element
 // by element, so a row's result never depends on the others. out may alias gate.

@@ -77,7 +77,7 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
   if (static_cast<int64_t>(need_scores) > scores_stride_) {
     // Grows only when a longer context is first used; steady-state decoding does not allocate.
     scores_stride_ = static_cast<int64_t>(std::max(need_scores, size_t{256}));
-    scores_.assign(static_cast<size_t>(scores_stride_ * pool_.size()), 0.0f);
+    scores_.assign(static_cast<size_t>(scores_stride_ * cache::kMaxGroupQueries * pool_.size()), 0.0f);
   }
 
   // Embeddings.
@@ -189,15 +189,21 @@ void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* con
   const int64_t group = c.n_head / c.n_head_kv;
   cache::AttentionParams params{c.attn_scale, c.attn_softcap};
   const bool sliding = c.sliding(layer);
-  pool_.parallel_for_dynamic(R * c.n_head, 1, [&](int64_t t0, int64_t t1, int thread) {
-    float* scores = scores_.data() + thread * scores_stride_;
+  // One task per (row, KV head, chunk of the query heads sharing it): each cache row is decoded once for
+  // the chunk's heads (cache::attend_group), with the bits of one head at a time.
+  const int64_t chunk = std::min(group, cache::kMaxGroupQueries);
+  const int64_t chunks = (group + chunk - 1) / chunk;
+  pool_.parallel_for_dynamic(R * c.n_head_kv * chunks, 1, [&](int64_t t0, int64_t t1, int thread) {
+    float* scores = scores_.data() + thread * scores_stride_ * cache::kMaxGroupQueries;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r = t / c.n_head, h = t % c.n_head;
+      const int64_t r = t / (c.n_head_kv * chunks), kvh = (t / chunks) % c.n_head_kv;
+      const int64_t h0 = kvh * group + (t % chunks) * chunk, nq = std::min(chunk, (kvh + 1) * group - h0);
       const Row& row = rows[static_cast<size_t>(r)];
       const cache::KvCache& kv = *caches[static_cast<size_t>(row.seq)];
       const int64_t first = sliding ? std::max<int64_t>(0, row.pos - c.sliding_window + 1) : 0;
-      cache::attend(kv, layer, h / group, q_.data() + r * c.q_dim() + h * c.head_dim, first, row.pos, params,
-                    scores, att_.data() + r * c.n_head * c.head_dim_v + h * c.head_dim_v);
+      cache::attend_group(kv, layer, kvh, q_.data() + r * c.q_dim() + h0 * c.head_dim, nq, c.head_dim, first,
+                          row.pos, params, scores, scores_stride_,
+                          att_.data() + r * c.n_head * c.head_dim_v + h0 * c.head_dim_v, c.head_dim_v);
     }
   });
 }
