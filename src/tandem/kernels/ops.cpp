@@ -3,7 +3,6 @@
 #include "tandem/kernels/float_kernels.h"
 
 #include <cmath>
-#include <limits>
 
 namespace tandem::kernels {
 

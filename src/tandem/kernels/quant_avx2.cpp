@@ -91,7 +91,6 @@ inline void block_scales8(const uint8_t* sb, SuperRegs& s) {
 }
 
 constexpr int64_t kQ4_0Block = sizeof(BlockQ4_0), kQ8_0Block = sizeof(BlockQ8_0);
-constexpr int64_t kQ4_0Super = 8 * kQ4_0Block, kQ8_0Super = 8 * kQ8_0Block;
 
 // Q4_0 (8 blocks from sb): group 2j holds the low nibbles of block j, group 2j + 1 the high ones; b = -8a.
 inline void load_q4_0_super(const uint8_t* sb, SuperRegs& s) {
@@ -364,7 +363,6 @@ constexpr int64_t kDirectRows = 8;
 // registers, and spill; two passes of 4 rows (decoding each weight super-block twice) measured faster. Q6_K
 // folds its offset and, like Q4_0, is a little faster with 8.
 constexpr int64_t kDirectRowsOffset = 4;
-constexpr int64_t kPrefetchBytes = 3072;  // software prefetch distance, as on AVX-512
 
 template <int NR, void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold>
 void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x_stride, float* y,
@@ -373,8 +371,7 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
   for (int r = 0; r < NR; ++r) acc[r] = acc_b[r] = _mm256_setzero_ps();
   for (int64_t s = 0; s < n_super; ++s) {
     const uint8_t* ws = w + s * kSuperBytes;
-    for (int64_t b = 0; b < kSuperBytes; b += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(ws + kPrefetchBytes + b), _MM_HINT_T0);
+    prefetch_ahead<kSuperBytes>(ws);
     SuperRegs wr;
     Load(ws, wr);
     for (int r = 0; r < NR; ++r)
@@ -383,22 +380,7 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
   for (int r = 0; r < NR; ++r) y[r * y_stride] = finish_row<kFold>(acc[r], acc_b[r]);
 }
 
-using DirectTile = void (*)(const uint8_t*, int64_t, const ActSuper*, int64_t, float*, int64_t);
-
-// direct_tile for NR = 1..kDirectRows (index NR - 1).
-template <void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold, size_t... I>
-constexpr std::array<DirectTile, sizeof...(I)> direct_tiles(std::index_sequence<I...>) {
-  return {&direct_tile<static_cast<int>(I) + 1, Load, kSuperBytes, kFold>...};
-}
-
-template <void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold>
-void direct_rows_t(const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t n_super, const ActSuper* x,
-                   int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
-  static constexpr auto tiles =
-      direct_tiles<Load, kSuperBytes, kFold>(std::make_index_sequence<kDirectRows>());
-  const DirectTile tile = tiles[static_cast<size_t>(n_rows - 1)];
-  for (int64_t o = 0; o < n_out; ++o) tile(w + o * row_bytes, n_super, x, x_stride, y + o, y_stride);
-}
+#include "tandem/kernels/quant_direct_x86.inc"
 
 int64_t direct_max_rows(DType type, int64_t k, bool signed_q8) {
   if (k % kSuper != 0) return 0;

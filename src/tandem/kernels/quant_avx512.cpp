@@ -169,8 +169,6 @@ constexpr int fold_of(DType type) {
 // Direct kernels: weight rows straight from their file bytes, each super-block decoded into registers and
 // applied to up to kDirectRows activation rows, with no unpack buffer (decode and small verify windows).
 constexpr int64_t kDirectRows = 8;
-constexpr int64_t kPrefetchBytes =
-    3072;  // software prefetch distance: memory-level parallelism beyond what the reorder window reaches
 
 template <int NR, void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold>
 void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x_stride, float* y,
@@ -180,8 +178,7 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
   for (int64_t s = 0; s < n_super; ++s) {
     SuperRegs wr;
     const uint8_t* ws = w + s * kSuperBytes;
-    for (int64_t b = 0; b < kSuperBytes; b += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(ws + kPrefetchBytes + b), _MM_HINT_T0);
+    prefetch_ahead<kSuperBytes>(ws);
     Load(ws, wr);
     for (int r = 0; r < NR; ++r) {
       const ActSuper& X = x[r * x_stride + s];
@@ -193,27 +190,8 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
   for (int r = 0; r < NR; ++r) y[r * y_stride] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], acc_b[r]));
 }
 
-using DirectTile = void (*)(const uint8_t*, int64_t, const ActSuper*, int64_t, float*, int64_t);
+#include "tandem/kernels/quant_direct_x86.inc"
 
-// direct_tile for NR = 1..kDirectRows (index NR - 1).
-template <void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold, size_t... I>
-constexpr std::array<DirectTile, sizeof...(I)> direct_tiles(std::index_sequence<I...>) {
-  return {&direct_tile<static_cast<int>(I) + 1, Load, kSuperBytes, kFold>...};
-}
-
-// One weight row at a time: tiles of two weight rows share activation loads and win in cache, but lose
-// badly when the weights stream from memory (two interleaved streams per thread).
-template <void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold>
-void direct_rows_t(const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t n_super, const ActSuper* x,
-                   int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
-  static constexpr auto tiles =
-      direct_tiles<Load, kSuperBytes, kFold>(std::make_index_sequence<kDirectRows>());
-  const DirectTile tile = tiles[static_cast<size_t>(n_rows - 1)];
-  for (int64_t o = 0; o < n_out; ++o) tile(w + o * row_bytes, n_super, x, x_stride, y + o, y_stride);
-}
-
-constexpr int64_t kQ4_0Super = 8 * sizeof(BlockQ4_0);
-constexpr int64_t kQ8_0Super = 8 * sizeof(BlockQ8_0);
 
 int64_t direct_max_rows(DType type, int64_t k, bool signed_q8) {
   if (k % kSuper != 0) return 0;
