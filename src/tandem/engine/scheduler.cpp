@@ -134,6 +134,7 @@ void Scheduler::loop() {
     if (!running_.empty()) iterate();
     std::lock_guard lock(mutex_);
     stats_.running = static_cast<int64_t>(running_.size());
+    stats_.finishing = 0;
     stats_.waiting = static_cast<int64_t>(waiting_.size() + incoming_.size());
   }
   std::deque<std::unique_ptr<Sequence>> rest;
@@ -413,6 +414,7 @@ void Scheduler::emit_token(Sequence& s, int32_t token, const float* logits) {
 }
 
 void Scheduler::finish(Sequence& s, Finish why, const std::string& error) {
+  const bool was_running = s.cache != nullptr;  // a cache is leased on admission
   if (s.cache) {
     // A failed forward leaves the cache in an unknown state: keep none of its positions.
     const size_t keep = why == Finish::kError ? 0 : s.tokens.size();
@@ -430,6 +432,8 @@ void Scheduler::finish(Sequence& s, Finish why, const std::string& error) {
     stats_.finished[static_cast<int>(why)] += 1;
     stats_.prompt_tokens += s.req.prompt.size();
     stats_.cached_tokens += static_cast<uint64_t>(s.cached);
+    // Counted before the client hears of the end (the loop recounts `running` after the iteration).
+    if (was_running) ++stats_.finishing;
   }
   --active_;
   s.stream->push(std::move(ev));

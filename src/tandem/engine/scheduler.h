@@ -57,6 +57,9 @@ struct Request {
 // Counters since construction; gauges as of the last iteration.
 struct SchedulerStats {
   int64_t waiting = 0, running = 0;
+  // Of `running`, sequences already finished in the current iteration (their clients have been told) but not
+  // yet removed; `running - finishing` is what a client observes right after its last token.
+  int64_t finishing = 0;
   uint64_t forwards = 0, rows = 0;  // rows summed over forwards
   // Forwards by row count: [i] counts those with at most kRowBuckets[i] rows (cumulative, as Prometheus).
   static constexpr int kBuckets = 9;

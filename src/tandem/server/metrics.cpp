@@ -51,7 +51,7 @@ std::string Metrics::render(const engine::SchedulerStats& s) const {
   counter("tandem_generated_tokens_total", "Tokens generated (end-of-generation tokens included).",
           s.generated_tokens);
   gauge("tandem_queue_depth", "Requests waiting for a running slot.", s.waiting);
-  gauge("tandem_running_sequences", "Sequences prefilling or decoding.", s.running);
+  gauge("tandem_running_sequences", "Sequences prefilling or decoding.", s.running - s.finishing);
   family("tandem_forward_rows", "histogram",
          "Rows per model forward (decode rows, prompt chunks, verify windows).");
   for (int i = 0; i < engine::SchedulerStats::kBuckets; ++i)
