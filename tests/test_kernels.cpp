@@ -106,6 +106,45 @@ TEST(Kernels, UnpackAndActivationQuantizationAreBitIdenticalOnEveryTarget) {
 // zeros included): unlike quantizer output, this reaches every code, every packed 6-bit scale and min
 // (including the high bits of blocks 4..7), and negative Q6_K scales. Rows are misaligned, and each row holds
 // several super-blocks, so a vectorized unpacker that mixes up blocks or super-blocks shows.
+// Every element lands where quant_layout.h says: codes chosen to equal their values (integers with 127 in
+// each block, so the Q8_0 scale and the per-32 activation scale are exactly 1 and the per-256 one exactly
+// -1).
+TEST(Kernels, CodesSitAtTheirDocumentedPositions) {
+  constexpr int64_t k = 512;
+  std::vector<float> x(k);
+  for (int64_t e = 0; e < k; ++e)
+    x[static_cast<size_t>(e)] = e % 32 == 5 ? 127.0f : static_cast<float>((e * 37) % 251 - 125);
+  std::vector<uint8_t> row(row_bytes(DType::Q8_0, k));
+  quantize_row(DType::Q8_0, x.data(), row.data(), k);
+  for (Target target : runnable_targets()) {
+    SCOPED_TRACE(target_name(target));
+    const QuantKernels& qk = quant_kernels(target);
+    std::vector<UnpackedSuper> w(2);
+    std::vector<ActSuper> a(2), b(2);
+    qk.unpack_row(DType::Q8_0, row.data(), k, qk.signed_q8, w.data());
+    qk.quantize_row(x.data(), k, false, a.data());
+    qk.quantize_row(x.data(), k, true, b.data());
+    int32_t block_sums[2][kGroups] = {}, group_sums[2][kGroups] = {};
+    for (int64_t e = 0; e < k; ++e) {
+      const UnpackedSuper& ws = w[static_cast<size_t>(e / kSuper)];
+      const int i = static_cast<int>(e % kSuper), code = static_cast<int>(x[static_cast<size_t>(e)]);
+      const int pb = interleaved_position(i, true), pg = interleaved_position(i, false);
+      ASSERT_EQ(ws.u[pb], static_cast<uint8_t>(qk.signed_q8 ? code : code + 128)) << e;
+      ASSERT_EQ(ws.a[lane_group(i, true)], 1.0f) << e;
+      ASSERT_EQ(a[static_cast<size_t>(e / kSuper)].q[pb], code) << e;
+      ASSERT_EQ(b[static_cast<size_t>(e / kSuper)].q[pg], -code) << e;
+      block_sums[e / kSuper][lane_group(i, true)] += code;
+      group_sums[e / kSuper][lane_group(i, false)] -= code;
+    }
+    for (int s = 0; s < 2; ++s)
+      for (int g = 0; g < kGroups; ++g) {
+        EXPECT_EQ(a[static_cast<size_t>(s)].bs[g], static_cast<float>(block_sums[s][g]));
+        EXPECT_EQ(a[static_cast<size_t>(s)].offset_sums[0][g], -8 * block_sums[s][g]);
+        EXPECT_EQ(b[static_cast<size_t>(s)].bs[g], static_cast<float>(group_sums[s][g]) * -1.0f);
+      }
+  }
+}
+
 TEST(Kernels, KQuantUnpackIsBitIdenticalOnRandomBlocks) {
   struct Layout {
     DType type;

@@ -58,6 +58,26 @@ inline void interleave_groups(uint8_t* codes) {
   for (int i = 0; i < 8; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 32 * i), v[i]);
 }
 
+// Block order (quant_layout.h) from two vectors holding the same 16-byte half of four blocks: x02 of blocks 0
+// (low half) and 2, x13 of blocks 1 and 3. Qword unpacks line up the four blocks' first and second qwords:
+// quarters 2p and 2p + 1 of the half p, for out[0] and out[2].
+inline void block_quarters(__m256i x02, __m256i x13, __m256i* out) {
+  out[0] = _mm256_unpacklo_epi64(x02, x13);
+  out[2] = _mm256_unpackhi_epi64(x02, x13);
+}
+
+// Element order to block order: vector 2q + h (32 bytes) holds quarter q of blocks 4h..4h+3. Loaded before
+// stored, in 16-byte pieces that each lie inside one earlier store.
+inline void interleave_blocks(uint8_t* codes) {
+  __m256i v[8];
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* c = codes + 128 * h;  // blocks 4h..4h+3, 32 bytes each
+    block_quarters(load_pair(c, c + 64), load_pair(c + 32, c + 96), v + h);
+    block_quarters(load_pair(c + 16, c + 80), load_pair(c + 48, c + 112), v + 4 + h);
+  }
+  for (int i = 0; i < 8; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 32 * i), v[i]);
+}
+
 #include "tandem/kernels/quant_unpack.inc"
 
 // One super-block held in registers in the unpacked form: vector 2q + h holds quarter q of groups 8h..8h+7
@@ -92,14 +112,16 @@ inline void block_scales8(const uint8_t* sb, SuperRegs& s) {
 
 constexpr int64_t kQ4_0Block = sizeof(BlockQ4_0), kQ8_0Block = sizeof(BlockQ8_0);
 
-// Q4_0 (8 blocks from sb): group 2j holds the low nibbles of block j, group 2j + 1 the high ones; b = -8a.
+// Q4_0 (8 blocks from sb) in block order: quarters 0 and 1 are the low nibbles of each block's bytes 0..7 and
+// 8..15, quarters 2 and 3 the high ones; b = -8a.
 inline void load_q4_0_super(const uint8_t* sb, SuperRegs& s) {
   const __m256i nib = _mm256_set1_epi8(0x0F);
   const auto qs = [sb](int j) { return sb + j * kQ4_0Block + 2; };
   for (int h = 0; h < 2; ++h) {
     const __m256i x02 = load_pair(qs(4 * h), qs(4 * h + 2)), x13 = load_pair(qs(4 * h + 1), qs(4 * h + 3));
-    transpose_groups(_mm256_and_si256(x02, nib), _mm256_and_si256(_mm256_srli_epi16(x02, 4), nib),
-                     _mm256_and_si256(x13, nib), _mm256_and_si256(_mm256_srli_epi16(x13, 4), nib), s.u + h);
+    block_quarters(_mm256_and_si256(x02, nib), _mm256_and_si256(x13, nib), s.u + h);
+    block_quarters(_mm256_and_si256(_mm256_srli_epi16(x02, 4), nib),
+                   _mm256_and_si256(_mm256_srli_epi16(x13, 4), nib), s.u + 4 + h);
   }
   block_scales8<kQ4_0Block>(sb, s);
   const __m256 m8 = _mm256_set1_ps(-8.0f);
@@ -107,14 +129,15 @@ inline void load_q4_0_super(const uint8_t* sb, SuperRegs& s) {
   s.b[1] = _mm256_mul_ps(m8, s.a[1]);
 }
 
-// Q8_0 with signed codes (8 blocks from sb): group 2j holds bytes 0..15 of block j, group 2j + 1 bytes
-// 16..31; b = 0.
+// Q8_0 with signed codes (8 blocks from sb) in block order: quarter q holds bytes 8q..8q+7 of each block;
+// b = 0.
 inline void load_q8_0_super(const uint8_t* sb, SuperRegs& s) {
   const auto qs = [sb](int j) { return sb + j * kQ8_0Block + 2; };
   for (int h = 0; h < 2; ++h) {
     const int j = 4 * h;
-    transpose_groups(load_pair(qs(j), qs(j + 2)), load_pair(qs(j) + 16, qs(j + 2) + 16),
-                     load_pair(qs(j + 1), qs(j + 3)), load_pair(qs(j + 1) + 16, qs(j + 3) + 16), s.u + h);
+    block_quarters(load_pair(qs(j), qs(j + 2)), load_pair(qs(j + 1), qs(j + 3)), s.u + h);
+    block_quarters(load_pair(qs(j) + 16, qs(j + 2) + 16), load_pair(qs(j + 1) + 16, qs(j + 3) + 16),
+                   s.u + 4 + h);
   }
   block_scales8<kQ8_0Block>(sb, s);
   s.b[0] = s.b[1] = _mm256_setzero_ps();
@@ -161,14 +184,22 @@ inline __m256i round_away8(__m256 v) {
   return _mm256_add_epi32(_mm256_sub_epi32(t, up), down);
 }
 
-// 32 codes (four vectors of 8 int32 in element order, each in [-127, 127]) to s.q at e0, and the sums of the
-// two 16-element groups.
-inline void store_codes32(ActSuper& s, int e0, const __m256i* c, int32_t& sum0, int32_t& sum1) {
+// 32 codes (four vectors of 8 int32 in element order, each in [-127, 127]) to s.q at e0, and the code sums of
+// the block's two lane groups: 16 consecutive elements each (group order) or alternate 4-element runs (block
+// order).
+inline void store_codes32(ActSuper& s, int e0, const __m256i* c, bool block_order, int32_t& sum0,
+                          int32_t& sum1) {
   const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(s.q + e0),
                       _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-  sum0 = hsum8(_mm256_add_epi32(c[0], c[1]));
-  sum1 = hsum8(_mm256_add_epi32(c[2], c[3]));
+  if (block_order) {
+    const __m256i t = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
+    sum0 = hsum8(_mm256_blend_epi32(t, _mm256_setzero_si256(), 0xF0));
+    sum1 = hsum8(_mm256_blend_epi32(t, _mm256_setzero_si256(), 0x0F));
+  } else {
+    sum0 = hsum8(_mm256_add_epi32(c[0], c[1]));
+    sum1 = hsum8(_mm256_add_epi32(c[2], c[3]));
+  }
 }
 
 void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
@@ -206,7 +237,7 @@ void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
                                _mm256_set1_epi32(127));
         }
         int32_t sum0, sum1;
-        store_codes32(s, 32 * b, c, sum0, sum1);
+        store_codes32(s, 32 * b, c, false, sum0, sum1);
         set_block(s, 32 * b, d, sum0, sum1);
       }
       interleave_groups(reinterpret_cast<uint8_t*>(s.q));
@@ -227,9 +258,9 @@ void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
     __m256i c[4];
     for (int i = 0; i < 4; ++i) c[i] = round_away8(_mm256_mul_ps(v[i], id));
     int32_t sum0, sum1;
-    store_codes32(s, e0, c, sum0, sum1);
+    store_codes32(s, e0, c, true, sum0, sum1);
     set_block(s, e0, half_to_float(f32_to_fp16(d)), sum0, sum1);
-    if (j % 8 == 7) interleave_groups(reinterpret_cast<uint8_t*>(s.q));
+    if (j % 8 == 7) interleave_blocks(reinterpret_cast<uint8_t*>(s.q));
   }
   if (nb % 8 != 0) finish_partial_super(out[nb / 8], static_cast<int>(nb % 8) * 32);
 }

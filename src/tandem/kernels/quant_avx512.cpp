@@ -42,6 +42,29 @@ inline void interleave_groups(uint8_t* codes) {
   _mm512_storeu_si512(codes + 192, _mm512_shuffle_i32x4(t1, t3, 0xDD));
 }
 
+// Four quarter vectors in block order from four vectors z[m] that each hold two blocks' 32 bytes (blocks 2m,
+// 2m + 1; four qwords each): a transpose of qwords, 8 blocks by 4 quarters.
+inline void block_quarters(const __m512i* z, __m512i* out) {
+  const __m512i lo = _mm512_setr_epi64(0, 4, 8, 12, 1, 5, 9, 13),
+                hi = _mm512_setr_epi64(2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i p01 = _mm512_permutex2var_epi64(z[0], lo, z[1]);  // quarters 0, 1 of blocks 0..3
+  const __m512i p23 = _mm512_permutex2var_epi64(z[0], hi, z[1]);  // quarters 2, 3 of blocks 0..3
+  const __m512i r01 = _mm512_permutex2var_epi64(z[2], lo, z[3]);  // the same of blocks 4..7
+  const __m512i r23 = _mm512_permutex2var_epi64(z[2], hi, z[3]);
+  out[0] = _mm512_shuffle_i64x2(p01, r01, 0x44);
+  out[1] = _mm512_shuffle_i64x2(p01, r01, 0xEE);
+  out[2] = _mm512_shuffle_i64x2(p23, r23, 0x44);
+  out[3] = _mm512_shuffle_i64x2(p23, r23, 0xEE);
+}
+
+// Element order to block order (quant_layout.h).
+inline void interleave_blocks(uint8_t* codes) {
+  __m512i z[4], out[4];
+  for (int m = 0; m < 4; ++m) z[m] = _mm512_loadu_si512(codes + 64 * m);
+  block_quarters(z, out);
+  for (int q = 0; q < 4; ++q) _mm512_storeu_si512(codes + 64 * q, out[q]);
+}
+
 #include "tandem/kernels/quant_unpack.inc"
 
 // Scales of the 8 blocks of one super, each repeated for its two groups: f16 words at word offsets
@@ -64,22 +87,25 @@ struct SuperRegs {
   __m512 a, b;
 };
 
-// Q4_0 (8 blocks from sb) into the interleaved form: quarter q, lane 2j takes the low nibbles of bytes
-// 4q..4q+3 of block j, lane 2j + 1 their high nibbles.
+// Q4_0 (8 blocks from sb) in block order: the 16 code bytes of the even blocks side by side in one vector,
+// of the odd ones in another; per 128-bit lane a qword unpack pairs block 2m's bytes 0..7 (or 8..15) with
+// block 2m + 1's, which is quarter 0 (or 1) of blocks 2m and 2m + 1 in their low nibbles and quarter 2 (or
+// 3) in their high ones.
 inline void load_q4_0_super(const uint8_t* sb, SuperRegs& s) {
   constexpr int64_t kB = sizeof(BlockQ4_0);
   const auto qs = [sb](int j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + j * kB + 2)); };
   const __m512i nib = _mm512_set1_epi8(0x0F);
-  const __m512i lo = _mm512_inserti32x4(
-      _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(qs(0)), qs(1), 1), qs(2), 2), qs(3), 3);
-  const __m512i hi = _mm512_inserti32x4(
-      _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(qs(4)), qs(5), 1), qs(6), 2), qs(7), 3);
-  for (int q = 0; q < 4; ++q) {
-    const __m512i idx = _mm512_setr_epi32(q, q, 4 + q, 4 + q, 8 + q, 8 + q, 12 + q, 12 + q, 16 + q, 16 + q,
-                                          20 + q, 20 + q, 24 + q, 24 + q, 28 + q, 28 + q);
-    const __m512i t = _mm512_permutex2var_epi32(lo, idx, hi);
-    s.u[q] = _mm512_and_si512(_mm512_mask_blend_epi32(0xAAAA, t, _mm512_srli_epi16(t, 4)), nib);
-  }
+  const __m512i even = _mm512_inserti32x4(
+      _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(qs(0)), qs(2), 1), qs(4), 2), qs(6), 3);
+  const __m512i odd = _mm512_inserti32x4(
+      _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(qs(1)), qs(3), 1), qs(5), 2), qs(7), 3);
+  const __m512i el = _mm512_and_si512(even, nib), ol = _mm512_and_si512(odd, nib);
+  const __m512i eh = _mm512_and_si512(_mm512_srli_epi16(even, 4), nib);
+  const __m512i oh = _mm512_and_si512(_mm512_srli_epi16(odd, 4), nib);
+  s.u[0] = _mm512_unpacklo_epi64(el, ol);
+  s.u[1] = _mm512_unpackhi_epi64(el, ol);
+  s.u[2] = _mm512_unpacklo_epi64(eh, oh);
+  s.u[3] = _mm512_unpackhi_epi64(eh, oh);
   s.a = block_scales8<kB / 2>(sb);
   s.b = _mm512_mul_ps(_mm512_set1_ps(-8.0f), s.a);
 }
@@ -95,8 +121,7 @@ inline __m512 q8_0_scales8(const uint8_t* sb) {
   return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_inserti64x2(w0, _mm512_castsi512_si128(w1), 1)));
 }
 
-// Q8_0 (unsigned codes, offset -128) into the interleaved form: quarter q, lane 2j + h takes bytes
-// 16h + 4q..+3 of block j.
+// Q8_0 (unsigned codes, offset -128) in block order: quarter q holds bytes 8q..8q+7 of each block.
 inline void load_q8_0_super(const uint8_t* sb, SuperRegs& s) {
   constexpr int64_t kB = sizeof(BlockQ8_0);
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
@@ -105,14 +130,8 @@ inline void load_q8_0_super(const uint8_t* sb, SuperRegs& s) {
     z[m] = _mm512_inserti64x4(
         _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 2 * m * kB + 2))),
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + (2 * m + 1) * kB + 2)), 1);
-  for (int q = 0; q < 4; ++q) {
-    // Lane 2j + h of blocks j = 0..3 from z[0], z[1]; of blocks 4..7 from z[2], z[3] (same indices).
-    const __m512i idx = _mm512_setr_epi32(q, 4 + q, 8 + q, 12 + q, 16 + q, 20 + q, 24 + q, 28 + q, q, 4 + q,
-                                          8 + q, 12 + q, 16 + q, 20 + q, 24 + q, 28 + q);
-    const __m512i t0 = _mm512_permutex2var_epi32(z[0], idx, z[1]);
-    const __m512i t1 = _mm512_permutex2var_epi32(z[2], idx, z[3]);
-    s.u[q] = _mm512_xor_si512(_mm512_mask_blend_epi32(0xFF00, t0, t1), flip);
-  }
+  block_quarters(z, s.u);
+  for (int q = 0; q < 4; ++q) s.u[q] = _mm512_xor_si512(s.u[q], flip);
   s.a = q8_0_scales8(sb);
   s.b = _mm512_mul_ps(_mm512_set1_ps(-128.0f), s.a);
 }
@@ -192,7 +211,6 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
 
 #include "tandem/kernels/quant_direct_x86.inc"
 
-
 int64_t direct_max_rows(DType type, int64_t k, bool signed_q8) {
   if (k % kSuper != 0) return 0;
   switch (type) {
@@ -243,10 +261,9 @@ inline __m512i round_away16(__m512 v) {
   return _mm512_mask_sub_epi32(up, _mm512_cmp_ps_mask(frac, _mm512_set1_ps(-0.5f), _CMP_LE_OQ), up, one);
 }
 
-// Codes of 16 elements (int32 lanes) to s.q at e, and their sum.
-inline int32_t store_codes16(ActSuper& s, int e, __m512i c) {
+// Codes of 16 elements (int32 lanes) to s.q at e.
+inline void store_codes16(ActSuper& s, int e, __m512i c) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(s.q + e), _mm512_cvtepi32_epi8(c));
-  return _mm512_reduce_add_epi32(c);
 }
 
 void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
@@ -282,7 +299,9 @@ void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
         // round_even: the float adder rounds to nearest even at 2^23 + 2^22.
         const __m512 shifted = _mm512_add_ps(_mm512_mul_ps(vs, v[i]), _mm512_set1_ps(12582912.0f));
         const __m512i c = _mm512_sub_epi32(_mm512_castps_si512(shifted), _mm512_set1_epi32(0x4B400000));
-        sums[i] = store_codes16(s, 16 * i, _mm512_min_epi32(c, _mm512_set1_epi32(127)));
+        const __m512i code = _mm512_min_epi32(c, _mm512_set1_epi32(127));
+        store_codes16(s, 16 * i, code);
+        sums[i] = _mm512_reduce_add_epi32(code);  // group order: a lane group is 16 consecutive elements
       }
       for (int b = 0; b < 8; ++b) set_block(s, 32 * b, d, sums[2 * b], sums[2 * b + 1]);
       interleave_groups(reinterpret_cast<uint8_t*>(s.q));
@@ -297,10 +316,14 @@ void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
         _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, abs_mask), _mm512_and_ps(x1, abs_mask)));
     const float d = amax / 127.0f;
     const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
-    const int32_t sum0 = store_codes16(s, e0, round_away16(_mm512_mul_ps(x0, id)));
-    const int32_t sum1 = store_codes16(s, e0 + 16, round_away16(_mm512_mul_ps(x1, id)));
-    set_block(s, e0, half_to_float(f32_to_fp16(d)), sum0, sum1);
-    if (j % 8 == 7) interleave_groups(reinterpret_cast<uint8_t*>(s.q));
+    const __m512i c0 = round_away16(_mm512_mul_ps(x0, id)), c1 = round_away16(_mm512_mul_ps(x1, id));
+    store_codes16(s, e0, c0);
+    store_codes16(s, e0 + 16, c1);
+    // Block order: lane group 2j takes the even 4-element runs of the block, 2j + 1 the odd ones.
+    const __m512i c = _mm512_add_epi32(c0, c1);
+    set_block(s, e0, half_to_float(f32_to_fp16(d)), _mm512_mask_reduce_add_epi32(0x0F0F, c),
+              _mm512_mask_reduce_add_epi32(0xF0F0, c));
+    if (j % 8 == 7) interleave_blocks(reinterpret_cast<uint8_t*>(s.q));
   }
   if (nb % 8 != 0) finish_partial_super(out[nb / 8], static_cast<int>(nb % 8) * 32);
 }

@@ -14,10 +14,17 @@
 // (ActSuper::offset_sums); results then differ from the unfolded form only in rounding, and every row class
 // of a target uses the same form.
 //
-// Codes are stored group-interleaved so that each 4-byte lane of a vector holds one group: position
-// 64 * q + 4 * g + i holds element 16 * g + 4 * q + i (g < 16 the group, q < 4 the quarter, i < 4). A 64-byte
-// vector of quarter q thus carries four elements of every group, and the integer sums of the four quarters
-// add up lane by lane to the 16 group sums before any float work.
+// Codes are stored interleaved so that each 4-byte lane of a vector holds four elements that share their
+// scales (weight and activation), and the integer sums of the four quarter vectors add up lane by lane before
+// any float work. Lane L of each quarter belongs to one lane group of 16 elements throughout. Two orders:
+//  - group order, for K-quant weights and their per-256 activations (16-element scale groups): position
+//    64 * q + 4 * g + i holds element 16 * g + 4 * q + i (g < 16 the group, q < 4 the quarter, i < 4);
+//  - block order, for the legacy 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and their per-32
+//    activations: position 64 * q + 8 * j + i holds element 32 * j + 8 * q + i (j < 8 the block, q < 4, i <
+//    8), a transpose of 8-byte units. Lane 2j holds elements 32j + {0..3, 8..11, 16..19, 24..27}, lane 2j + 1
+//    the other 16 of block j. This is the order a Q4_0 or Q8_0 block decodes to with the fewest shuffles:
+//    quarter q is byte half q % 2 of each block's codes (Q4_0: low nibbles for q < 2, high ones after).
+// The per-group arrays below (a, b, d, bs, offset_sums) are indexed by lane group in either order.
 #pragma once
 
 #include <cstdint>
@@ -33,17 +40,17 @@ constexpr int kGroups = 16;      // 16-element groups per super-block
 // 256 weights of one row, unpacked. For Q8_0 on targets without an unsigned-by-signed multiply that tolerates
 // 255 (AVX2's vpmaddubsw saturates), u holds the signed codes instead and b is zero (`signed_codes`).
 struct alignas(64) UnpackedSuper {
-  uint8_t u[kSuper];  // codes, element order
-  float a[kGroups];   // scale of each 16-element group (lanes 4g..4g+3)
-  float b[kGroups];   // offset of each 16-element group
+  uint8_t u[kSuper];  // codes, interleaved (block or group order)
+  float a[kGroups];   // scale of each lane group
+  float b[kGroups];   // offset of each lane group
 };
 
 // 256 activations of one row, quantized.
 struct alignas(64) ActSuper {
-  int8_t q[kSuper];   // codes in [-127, 127]
-  float d[kGroups];   // scale of each group (the scale of its 32-element block, repeated)
-  float bs[kGroups];  // sum of the 16 codes of each group times its block scale
-  // Minus the sum of the 16 codes of each group times 2^3, 2^5 and 2^7 (fold_index): the integer offset
+  int8_t q[kSuper];   // codes in [-127, 127], interleaved (block or group order)
+  float d[kGroups];   // scale of each lane group (the scale of its 32- or 256-element block)
+  float bs[kGroups];  // sum of the 16 codes of each lane group times its scale
+  // Minus the sum of the 16 codes of each lane group times 2^3, 2^5 and 2^7 (fold_index): the integer offset
   // terms of weights stored as unsigned codes with a fixed offset of -8 (Q4_0), -32 (Q6_K) or -128 (Q8_0)
   // times their scale, ready to start a group sum.
   int32_t offset_sums[3][kGroups];
@@ -56,9 +63,16 @@ constexpr int fold_index(int fold) {
   return (fold - 3) / 2;
 }
 
-// Position in UnpackedSuper::u and ActSuper::q of element e of a super-block.
-constexpr int interleaved_position(int e) {
-  return 64 * ((e % 16) / 4) + 4 * (e / 16) + e % 4;
+// Position in UnpackedSuper::u and ActSuper::q of element e of a super-block, in block order (legacy types)
+// or group order.
+constexpr int interleaved_position(int e, bool block_order) {
+  return block_order ? 64 * ((e % 32) / 8) + 8 * (e / 32) + e % 8
+                     : 64 * ((e % 16) / 4) + 4 * (e / 16) + e % 4;
+}
+
+// Lane group of element e of a super-block (the index of its scales and sums).
+constexpr int lane_group(int e, bool block_order) {
+  return block_order ? 2 * (e / 32) + (e % 8) / 4 : e / 16;
 }
 
 inline int64_t super_count(int64_t k) {
@@ -66,6 +80,7 @@ inline int64_t super_count(int64_t k) {
 }
 
 // Whether activations for this weight type take one scale per 256 elements (K-quants) rather than per 32.
+// Per-32 activations and the weights they meet use block order, per-256 ones group order.
 bool per_super_activations(DType t);
 
 // Whether matmul takes the quantized path for this weight type (else the float path: F32, F16, BF16).

@@ -30,11 +30,19 @@ inline void fifth_bits32(const uint8_t* qh, uint8_t* __restrict u) {
   for (int l = 0; l < 32; ++l) u[l] |= static_cast<uint8_t>(((bits >> l) & 1) << 4);
 }
 
-// Element order to group-interleaved order (quant_layout.h), as a transpose of 4-byte units.
+// Element order to group order (quant_layout.h), as a transpose of 4-byte units.
 inline void interleave_groups(uint8_t* codes) {
   uint8_t tmp[kSuper];
   for (int g = 0; g < kGroups; ++g)
     for (int q = 0; q < 4; ++q) std::memcpy(tmp + 64 * q + 4 * g, codes + 16 * g + 4 * q, 4);
+  std::memcpy(codes, tmp, kSuper);
+}
+
+// Element order to block order (quant_layout.h), as a transpose of 8-byte units.
+inline void interleave_blocks(uint8_t* codes) {
+  uint8_t tmp[kSuper];
+  for (int j = 0; j < 8; ++j)
+    for (int q = 0; q < 4; ++q) std::memcpy(tmp + 64 * q + 8 * j, codes + 32 * j + 8 * q, 8);
   std::memcpy(codes, tmp, kSuper);
 }
 
