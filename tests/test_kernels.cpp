@@ -209,12 +209,14 @@ TEST(Kernels, DirectKernelsAreBitIdenticalToUnpackAndDot) {
     const QuantKernels& qk = quant_kernels(target);
     for (DType t : kQuantTypes) {
       const bool signed_codes = t == DType::Q8_0 && qk.signed_q8;
-      for (int64_t k : {256, 768, 2304}) {
+      // 2304 and 5632: windows past the column-chunk threshold (several chunks, several blocks of weight rows
+      // at 5632).
+      for (int64_t k : {256, 768, 2304, 5632}) {
         const int64_t max_rows = qk.direct_max_rows(t, k, signed_codes);
         if (max_rows == 0) continue;
         SCOPED_TRACE(std::string(target_name(target)) + " " + std::string(dtype_name(t)) +
                      " k=" + std::to_string(k));
-        const int64_t n = 5, ns = k / 256;
+        const int64_t n = k == 5632 ? 37 : 5, ns = k / 256;
         const TestMatrix m = make_matrix(t, n, k, 17);
         const auto x = make_activations(max_rows, k, 19);
         std::vector<ActSuper> act(static_cast<size_t>(ns * max_rows));
@@ -405,7 +407,7 @@ TEST(Kernels, ActivationQuantizationEdgeCasesAreBitIdenticalOnEveryTarget) {
 TEST(Kernels, GroupedAttentionPrimitivesEqualSeparateCalls) {
   std::mt19937 rng(8);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (int64_t dim : {1, 40, 64, 67}) {
+  for (int64_t dim : {1, 40, 64, 67, 168}) {  // 168: several register blocks of dims, and a tail
     for (int64_t G : {1, 3, 8, 11}) {
       const int64_t n = 13, qs = dim + 3, ss = n + 2;
       std::vector<float> q(static_cast<size_t>(G * qs)), kf(static_cast<size_t>(n * dim)),
@@ -452,6 +454,36 @@ TEST(Kernels, SiluMulMatchesTheScalarFormula) {
     for (size_t i = 0; i < g.size(); ++i) {
       const double want = static_cast<double>(g[i]) / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
       EXPECT_NEAR(out[i], want, 4e-7 * std::fabs(want) + 1e-30) << "n=" << n << " i=" << i;
+    }
+  }
+}
+
+// Attention softmax against the formula in double precision, with and without soft-capping, on every Highway
+// target; tails of every length and a large spread of scores (exponentials that underflow to zero).
+TEST(Kernels, SoftmaxMatchesTheFormulaOnEveryHighwayTarget) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> dist(0.0f, 6.0f);
+  for (int64_t n : {1, 2, 15, 16, 17, 100, 263, 1024}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = dist(rng);
+    x[0] = -400.0f;
+    for (float cap : {0.0f, 50.0f}) {
+      const float scale = 0.125f;
+      std::vector<double> want(x.size());
+      double max = -INFINITY, sum = 0;
+      for (size_t j = 0; j < x.size(); ++j) {
+        const double v = static_cast<double>(x[j]) * scale;
+        want[j] = cap > 0 ? cap * std::tanh(v / cap) : v;
+        max = std::max(max, want[j]);
+      }
+      for (auto& w : want) sum += (w = std::exp(w - max));
+      for (auto& w : want) w /= sum;
+      for_each_hwy_target([&] {
+        std::vector<float> got = x;
+        softmax(got.data(), n, scale, cap);
+        for (size_t j = 0; j < x.size(); ++j)
+          ASSERT_NEAR(got[j], want[j], 2e-6 * want[j] + 1e-30) << "n=" << n << " cap=" << cap << " j=" << j;
+      });
     }
   }
 }

@@ -1,8 +1,8 @@
 #include "tandem/cache/attention.h"
 
 #include <algorithm>
-#include <cmath>
 
+#include "tandem/kernels/float_kernels.h"
 #include "tandem/util/error.h"
 
 namespace tandem::cache {
@@ -10,20 +10,7 @@ namespace {
 
 // Scaled (and soft-capped) scores to probabilities, in place; the one softmax both attention forms use.
 void softmax(float* scores, int64_t count, const AttentionParams& params) {
-  float max_score = -INFINITY;
-  for (int64_t j = 0; j < count; ++j) {
-    float s = scores[j] * params.scale;
-    if (params.softcap > 0) s = params.softcap * std::tanh(s / params.softcap);
-    scores[j] = s;
-    max_score = std::max(max_score, s);
-  }
-  double sum = 0;
-  for (int64_t j = 0; j < count; ++j) {
-    scores[j] = std::exp(scores[j] - max_score);
-    sum += scores[j];
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  for (int64_t j = 0; j < count; ++j) scores[j] *= inv;
+  kernels::softmax(scores, count, params.scale, params.softcap);
 }
 
 }  // namespace

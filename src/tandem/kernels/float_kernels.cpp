@@ -2,6 +2,7 @@
 #include "tandem/kernels/float_kernels.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 
@@ -185,6 +186,11 @@ void dots_group_t(const float* q, int64_t G, int64_t q_stride, const uint8_t* ro
 #endif
 }
 
+// Accumulators stay in registers across the rows: blocks of kAccQueries queries by kAccChunks vectors of
+// dims (20 vector registers with AVX-512's 4 chunks, 10 with 2 elsewhere), loaded once and stored once per
+// call instead of once per row. Element by element the additions run in row order, as axpy's.
+constexpr int kAccQueries = 4, kAccChunks = HWY_MAX_BYTES >= 64 ? 4 : 2;
+
 template <DType T>
 void accumulate_group_t(const float* p, int64_t G, int64_t p_stride, const uint8_t* rows, int64_t n,
                         int64_t dim, float* acc, int64_t acc_stride) {
@@ -193,21 +199,34 @@ void accumulate_group_t(const float* p, int64_t G, int64_t p_stride, const uint8
   for (int64_t h = 0; h < G; ++h) accumulate_t<T>(p + h * p_stride, rows, n, dim, acc + h * acc_stride);
 #else
   const DF df;
-  const size_t lanes = hn::Lanes(df), d = static_cast<size_t>(dim);
-  for (int64_t j = 0; j < n; ++j) {
-    const uint8_t* vrow = rows + static_cast<size_t>(j * dim) * es;
-    size_t i = 0;
-    for (; i + lanes <= d; i += lanes) {
-      const auto v = load_w<T>(df, vrow, i);
-      for (int64_t h = 0; h < G; ++h) {
-        float* out = acc + h * acc_stride + i;
-        hn::StoreU(hn::MulAdd(hn::Set(df, p[h * p_stride + j]), v, hn::LoadU(df, out)), df, out);
+  const size_t lanes = hn::Lanes(df), d = static_cast<size_t>(dim), full = d / lanes * lanes;
+  for (size_t c0 = 0; c0 < full; c0 += kAccChunks * lanes) {
+    const int nc = static_cast<int>(std::min<size_t>(kAccChunks, (full - c0) / lanes));
+    for (int64_t h0 = 0; h0 < G; h0 += kAccQueries) {
+      const int nh = static_cast<int>(std::min<int64_t>(kAccQueries, G - h0));
+      hn::Vec<DF> a[kAccQueries][kAccChunks];
+      for (int h = 0; h < nh; ++h)
+        for (int c = 0; c < nc; ++c) a[h][c] = hn::LoadU(df, acc + (h0 + h) * acc_stride + c0 + c * lanes);
+      for (int64_t j = 0; j < n; ++j) {
+        const uint8_t* vrow = rows + static_cast<size_t>(j * dim) * es;
+        hn::Vec<DF> v[kAccChunks];
+        for (int c = 0; c < nc; ++c) v[c] = load_w<T>(df, vrow, c0 + c * lanes);
+        for (int h = 0; h < nh; ++h) {
+          const auto pj = hn::Set(df, p[(h0 + h) * p_stride + j]);
+          for (int c = 0; c < nc; ++c) a[h][c] = hn::MulAdd(pj, v[c], a[h][c]);
+        }
       }
+      for (int h = 0; h < nh; ++h)
+        for (int c = 0; c < nc; ++c) hn::StoreU(a[h][c], df, acc + (h0 + h) * acc_stride + c0 + c * lanes);
     }
-    for (; i < d; ++i)
-      for (int64_t h = 0; h < G; ++h)
-        acc[h * acc_stride + static_cast<int64_t>(i)] += p[h * p_stride + j] * scalar_w<T>(vrow, i);
   }
+  if (full < d)
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* vrow = rows + static_cast<size_t>(j * dim) * es;
+      for (size_t i = full; i < d; ++i)
+        for (int64_t h = 0; h < G; ++h)
+          acc[h * acc_stride + static_cast<int64_t>(i)] += p[h * p_stride + j] * scalar_w<T>(vrow, i);
+    }
 #endif
 }
 
@@ -266,6 +285,51 @@ void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
+// Softmax in three passes over x: scores (scaled, soft-capped) and their max; exponentials and their sum;
+// normalization. The tail runs through one padded vector pass, so every element takes the same code path.
+void Softmax(float* x, int64_t n, float scale, float softcap) {
+  const DF df;
+  using V = hn::Vec<DF>;
+  const size_t lanes = hn::Lanes(df), full = static_cast<size_t>(n) / lanes * lanes,
+               rest = static_cast<size_t>(n) - full;
+  const V vscale = hn::Set(df, scale), vcap = hn::Set(df, softcap);
+  const auto score = [&](V v) {
+    v = hn::Mul(v, vscale);
+    return softcap > 0 ? hn::Mul(vcap, hn::Tanh(df, hn::Div(v, vcap))) : v;
+  };
+  alignas(64) float buf[HWY_MAX_BYTES / sizeof(float)];
+  V vmax = hn::Set(df, -HUGE_VALF);
+  for (size_t i = 0; i < full; i += lanes) {
+    const V v = score(hn::LoadU(df, x + i));
+    hn::StoreU(v, df, x + i);
+    vmax = hn::Max(vmax, v);
+  }
+  if (rest > 0) {
+    std::fill_n(buf, lanes, 0.0f);
+    std::memcpy(buf, x + full, rest * 4);
+    const V v = score(hn::Load(df, buf));
+    hn::Store(v, df, buf);
+    std::memcpy(x + full, buf, rest * 4);
+    vmax = hn::Max(vmax, hn::IfThenElse(hn::FirstN(df, rest), v, hn::Set(df, -HUGE_VALF)));
+  }
+  const V max = hn::MaxOfLanes(df, vmax);
+  V sum = hn::Zero(df);
+  for (size_t i = 0; i < full; i += lanes) {
+    const V e = hn::Exp(df, hn::Sub(hn::LoadU(df, x + i), max));
+    hn::StoreU(e, df, x + i);
+    sum = hn::Add(sum, e);
+  }
+  if (rest > 0) {
+    std::memcpy(buf, x + full, rest * 4);
+    const V e = hn::IfThenElseZero(hn::FirstN(df, rest), hn::Exp(df, hn::Sub(hn::Load(df, buf), max)));
+    hn::Store(e, df, buf);
+    std::memcpy(x + full, buf, rest * 4);
+    sum = hn::Add(sum, e);
+  }
+  const float inv = 1.0f / hn::GetLane(hn::SumOfLanes(df, sum));
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace tandem::kernels
 HWY_AFTER_NAMESPACE();
@@ -279,6 +343,7 @@ HWY_EXPORT(DotsF32);
 HWY_EXPORT(AccumulateF16);
 HWY_EXPORT(AccumulateF32);
 HWY_EXPORT(SiluMul);
+HWY_EXPORT(Softmax);
 HWY_EXPORT(DotsGroupF16);
 HWY_EXPORT(DotsGroupF32);
 HWY_EXPORT(AccumulateGroupF16);
@@ -316,6 +381,10 @@ void accumulate_group_f32(const float* p, int64_t G, int64_t p_stride, const flo
 
 void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   HWY_DYNAMIC_DISPATCH(SiluMul)(gate, up, out, n);
+}
+
+void softmax(float* x, int64_t n, float scale, float softcap) {
+  HWY_DYNAMIC_DISPATCH(Softmax)(x, n, scale, softcap);
 }
 
 void float_matmul_rows(DType type, const uint8_t* w, size_t w_row_bytes, int64_t o0, int64_t o1, int64_t k,

@@ -39,4 +39,9 @@ void accumulate_group_f32(const float* p, int64_t G, int64_t p_stride, const flo
 // by element, so a row's result never depends on the others. out may alias gate.
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 
+// Softmax of n > 0 attention scores in place: s_j = scale * x[j] (soft-capped to cap * tanh(s_j / cap) when
+// cap > 0), then x[j] = exp(s_j - max s) / sum exp(s - max s), with vectorized exp and tanh (float sums in
+// vector lanes). Depends only on the row itself.
+void softmax(float* x, int64_t n, float scale, float softcap);
+
 }  // namespace tandem::kernels

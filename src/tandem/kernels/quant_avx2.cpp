@@ -395,20 +395,33 @@ constexpr int64_t kDirectRows = 8;
 // folds its offset and, like Q4_0, is a little faster with 8.
 constexpr int64_t kDirectRowsOffset = 4;
 
+// Accumulator state per activation row between column chunks (quant_direct_x86.inc): acc, then acc_b.
+constexpr int64_t kStateFloats = 16;
+
 template <int NR, void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold>
 void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x_stride, float* y,
-                 int64_t y_stride) {
+                 int64_t y_stride, const TilePart& part) {
   __m256 acc[NR], acc_b[NR];
-  for (int r = 0; r < NR; ++r) acc[r] = acc_b[r] = _mm256_setzero_ps();
+  for (int r = 0; r < NR; ++r) {
+    acc[r] = part.first ? _mm256_setzero_ps() : _mm256_load_ps(part.state + kStateFloats * r);
+    acc_b[r] = part.first ? _mm256_setzero_ps() : _mm256_load_ps(part.state + kStateFloats * r + 8);
+  }
   for (int64_t s = 0; s < n_super; ++s) {
     const uint8_t* ws = w + s * kSuperBytes;
-    prefetch_ahead<kSuperBytes>(ws);
+    prefetch_ahead<kSuperBytes>(ws, part.prefetch);
     SuperRegs wr;
     Load(ws, wr);
     for (int r = 0; r < NR; ++r)
       accumulate_super<kFold>(wr.u, wr.a, wr.b, x[r * x_stride + s], acc[r], acc_b[r]);
   }
-  for (int r = 0; r < NR; ++r) y[r * y_stride] = finish_row<kFold>(acc[r], acc_b[r]);
+  if (part.last) {
+    for (int r = 0; r < NR; ++r) y[r * y_stride] = finish_row<kFold>(acc[r], acc_b[r]);
+  } else {
+    for (int r = 0; r < NR; ++r) {
+      _mm256_store_ps(part.state + kStateFloats * r, acc[r]);
+      _mm256_store_ps(part.state + kStateFloats * r + 8, acc_b[r]);
+    }
+  }
 }
 
 #include "tandem/kernels/quant_direct_x86.inc"

@@ -189,15 +189,21 @@ constexpr int fold_of(DType type) {
 // applied to up to kDirectRows activation rows, with no unpack buffer (decode and small verify windows).
 constexpr int64_t kDirectRows = 8;
 
+// Accumulator state per activation row between column chunks (quant_direct_x86.inc): acc, then acc_b.
+constexpr int64_t kStateFloats = 32;
+
 template <int NR, void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold>
 void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x_stride, float* y,
-                 int64_t y_stride) {
+                 int64_t y_stride, const TilePart& part) {
   __m512 acc[NR], acc_b[NR];
-  for (int r = 0; r < NR; ++r) acc[r] = acc_b[r] = _mm512_setzero_ps();
+  for (int r = 0; r < NR; ++r) {
+    acc[r] = part.first ? _mm512_setzero_ps() : _mm512_load_ps(part.state + kStateFloats * r);
+    acc_b[r] = part.first ? _mm512_setzero_ps() : _mm512_load_ps(part.state + kStateFloats * r + 16);
+  }
   for (int64_t s = 0; s < n_super; ++s) {
     SuperRegs wr;
     const uint8_t* ws = w + s * kSuperBytes;
-    prefetch_ahead<kSuperBytes>(ws);
+    prefetch_ahead<kSuperBytes>(ws, part.prefetch);
     Load(ws, wr);
     for (int r = 0; r < NR; ++r) {
       const ActSuper& X = x[r * x_stride + s];
@@ -206,7 +212,14 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
       accumulate_super<kFold>(wr.u, wr.a, wr.b, xr, X, acc[r], acc_b[r]);
     }
   }
-  for (int r = 0; r < NR; ++r) y[r * y_stride] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], acc_b[r]));
+  if (part.last) {
+    for (int r = 0; r < NR; ++r) y[r * y_stride] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], acc_b[r]));
+  } else {
+    for (int r = 0; r < NR; ++r) {
+      _mm512_store_ps(part.state + kStateFloats * r, acc[r]);
+      _mm512_store_ps(part.state + kStateFloats * r + 16, acc_b[r]);
+    }
+  }
 }
 
 #include "tandem/kernels/quant_direct_x86.inc"
