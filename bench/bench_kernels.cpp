@@ -9,6 +9,8 @@
 //   DotRows/TYPE/ROWS  the integer dot product of one unpacked row with ROWS activation rows
 //   VnniPeak           peak vpdpbusd (512-bit) throughput of one core: 16 independent chains. The window and
 //                      prefill kernels need four per 256 weights per activation row, so this bounds them.
+//   RowWorkFloor       the window kernels' per-row work alone (loads, vpdpbusd, convert, scaling), weights in
+//                      registers: the floor of MatmulHot at 8 rows, without the decoding of the weights.
 // Bytes/s counts weight bytes, so decode-class numbers compare directly with memory bandwidth.
 #include <benchmark/benchmark.h>
 
@@ -138,6 +140,56 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_chains(int64_t 
   _mm512_store_si512(lanes, sum);
   *out = lanes[0];
 }
+
+// GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsic headers as uninitialized.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+// The per-row work of the window kernels alone (accumulate_super with a folded offset): per 256 weights and
+// activation row, six 64-byte activation loads, four vpdpbusd, a convert, a scale multiply and an FMA, for 8
+// rows that share 4 weight vectors held in registers. Activations stay in L1. Items = rows x super-blocks.
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void row_work(int64_t n, const uint8_t* act,
+                                                                     float* out) {
+  __m512 acc[8];
+  for (int r = 0; r < 8; ++r) acc[r] = _mm512_setzero_ps();
+  __m512i u0 = _mm512_set1_epi8(1), u1 = _mm512_set1_epi8(2), u2 = _mm512_set1_epi8(3),
+          u3 = _mm512_set1_epi8(4);
+  __m512 a = _mm512_set1_ps(0.5f);
+  for (int64_t i = 0; i < n; ++i) {
+    // Weights of a new super-block, activations of the next one (the compiler may assume neither).
+    __asm__ volatile("" : "+v"(u0), "+v"(u1), "+v"(u2), "+v"(u3), "+v"(a), "+r"(act));
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* x = act + 384 * r;
+      __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(x + 320), u0, _mm512_load_si512(x));
+      s = _mm512_dpbusd_epi32(s, u1, _mm512_load_si512(x + 64));
+      s = _mm512_dpbusd_epi32(s, u2, _mm512_load_si512(x + 128));
+      s = _mm512_dpbusd_epi32(s, u3, _mm512_load_si512(x + 192));
+      acc[r] =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),
+                          _mm512_mul_ps(a, _mm512_load_ps(reinterpret_cast<const float*>(x + 256))), acc[r]);
+    }
+  }
+  for (int r = 1; r < 8; ++r) acc[0] = _mm512_add_ps(acc[0], acc[r]);
+  *out = _mm512_reduce_add_ps(acc[0]);
+}
+#pragma GCC diagnostic pop
+
+void BM_RowWorkFloor(benchmark::State& state) {
+  if (best_target() != Target::kAVX512) {
+    state.SkipWithError("no AVX-512 VNNI on this CPU");
+    return;
+  }
+  std::vector<uint8_t> buf(8 * 384 + 64, 1);
+  const uint8_t* act = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+  float sink = 0;
+  for (auto _ : state) {
+    row_work(4096, act, &sink);
+    benchmark::DoNotOptimize(sink);
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * 4096 * 8);
+  state.SetLabel("items = rows x super-blocks");
+}
+BENCHMARK(BM_RowWorkFloor);
 
 void BM_VnniPeak(benchmark::State& state) {
   if (best_target() != Target::kAVX512) {
