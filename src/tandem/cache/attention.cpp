@@ -6,52 +6,10 @@
 #include "tandem/util/error.h"
 
 namespace tandem::cache {
-namespace {
-
-// Scaled (and soft-capped) scores to probabilities, in place; the one softmax both attention forms use.
-void softmax(float* scores, int64_t count, const AttentionParams& params) {
-  kernels::softmax(scores, count, params.scale, params.softcap);
-}
-
-}  // namespace
 
 void attend(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t first, int64_t last,
             const AttentionParams& params, float* scores, float* out) {
-  TANDEM_CHECK(first >= 0 && first <= last && last < cache.length(), "attention span outside the cache");
-  const KvStore& store = cache.store();
-  const KvCodec& kc = store.key_codec();
-  const KvCodec& vc = store.value_codec();
-  const KeyAnchor* anchor = store.key_anchor();
-  const BlockPool& pool = cache.pool_of(layer);
-  const int64_t B = store.block_size();
-  float prepared[2 * kMaxHeadDim];
-  float acc[kMaxHeadDim];
-  kc.prepare_query(q, kv_head, prepared);
-
-  // Scores block by block: each run of positions lies in one block, rows consecutive.
-  for (int64_t pos = first; pos <= last;) {
-    const int64_t off = pos % B, n = std::min(B - off, last - pos + 1);
-    const int32_t blk = cache.block_of(layer, pos);
-    TANDEM_CHECK(blk >= 0, "attention reads a released block");
-    float* s = scores + (pos - first);
-    kc.dots(prepared, pool.keys(blk, layer, kv_head) + static_cast<size_t>(off) * kc.row_bytes(), n, s);
-    if (anchor) {
-      const float qa = anchor->dot(q, pool.anchor(blk, layer, kv_head));
-      for (int64_t j = 0; j < n; ++j) s[j] += qa;
-    }
-    pos += n;
-  }
-  softmax(scores, last - first + 1, params);
-
-  std::fill_n(acc, vc.dim(), 0.0f);
-  for (int64_t pos = first; pos <= last;) {
-    const int64_t off = pos % B, n = std::min(B - off, last - pos + 1);
-    const int32_t blk = cache.block_of(layer, pos);
-    vc.accumulate(scores + (pos - first),
-                  pool.values(blk, layer, kv_head) + static_cast<size_t>(off) * vc.row_bytes(), n, acc);
-    pos += n;
-  }
-  vc.finish_values(acc, kv_head, out);
+  attend_group(cache, layer, kv_head, q, 1, 0, first, last, params, scores, last - first + 1, out, 0);
 }
 
 void attend_group(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t n_q,
@@ -59,31 +17,43 @@ void attend_group(const KvCache& cache, int64_t layer, int64_t kv_head, const fl
                   int64_t scores_stride, float* out, int64_t out_stride) {
   TANDEM_CHECK(first >= 0 && first <= last && last < cache.length(), "attention span outside the cache");
   TANDEM_CHECK(last - first + 1 <= scores_stride, "attention scores scratch too small");
+  // More heads than the scratch holds: in groups (each head's result is the same either way).
+  for (; n_q > kMaxGroupQueries; n_q -= kMaxGroupQueries) {
+    attend_group(cache, layer, kv_head, q, kMaxGroupQueries, q_stride, first, last, params, scores,
+                 scores_stride, out, out_stride);
+    q += kMaxGroupQueries * q_stride;
+    scores += kMaxGroupQueries * scores_stride;
+    out += kMaxGroupQueries * out_stride;
+  }
   const KvStore& store = cache.store();
   const KvCodec& kc = store.key_codec();
   const KvCodec& vc = store.value_codec();
+  const KeyAnchor* anchor = store.key_anchor();
   const BlockPool& pool = cache.pool_of(layer);
-  const int64_t B = store.block_size();
-  // Anchored keys add a per-block term per head: those caches take the per-head path.
-  if (n_q > kMaxGroupQueries || store.key_anchor() != nullptr) {
-    for (int64_t h = 0; h < n_q; ++h)
-      attend(cache, layer, kv_head, q + h * q_stride, first, last, params, scores + h * scores_stride,
-             out + h * out_stride);
-    return;
-  }
+  const int64_t B = store.block_size(), count = last - first + 1;
   float prepared[kMaxGroupQueries * 2 * kMaxHeadDim];
   const int64_t ps = kc.prepared_size();
   for (int64_t h = 0; h < n_q; ++h) kc.prepare_query(q + h * q_stride, kv_head, prepared + h * ps);
+
+  // Scores block by block: each run of positions lies in one block, rows consecutive.
   for (int64_t pos = first; pos <= last;) {
     const int64_t off = pos % B, n = std::min(B - off, last - pos + 1);
     const int32_t blk = cache.block_of(layer, pos);
     TANDEM_CHECK(blk >= 0, "attention reads a released block");
+    float* s = scores + (pos - first);
     kc.dots_group(prepared, n_q, ps,
-                  pool.keys(blk, layer, kv_head) + static_cast<size_t>(off) * kc.row_bytes(), n,
-                  scores + (pos - first), scores_stride);
+                  pool.keys(blk, layer, kv_head) + static_cast<size_t>(off) * kc.row_bytes(), n, s,
+                  scores_stride);
+    if (anchor)
+      for (int64_t h = 0; h < n_q; ++h) {
+        const float qa = anchor->dot(q + h * q_stride, pool.anchor(blk, layer, kv_head));
+        for (int64_t j = 0; j < n; ++j) s[h * scores_stride + j] += qa;
+      }
     pos += n;
   }
-  for (int64_t h = 0; h < n_q; ++h) softmax(scores + h * scores_stride, last - first + 1, params);
+  for (int64_t h = 0; h < n_q; ++h)
+    kernels::softmax(scores + h * scores_stride, count, params.scale, params.softcap);
+
   float acc[kMaxGroupQueries * kMaxHeadDim];
   std::fill_n(acc, n_q * vc.dim(), 0.0f);
   for (int64_t pos = first; pos <= last;) {

@@ -21,13 +21,14 @@ struct AttentionParams {
 void attend(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t first, int64_t last,
             const AttentionParams& params, float* scores, float* out);
 
-// Queries per attend_group call at most.
+// Queries that share one pass over the cache rows in attend_group.
 constexpr int64_t kMaxGroupQueries = 8;
 
-// attend() for n_q <= kMaxGroupQueries query heads that share KV head `kv_head` (grouped-query attention):
-// query h at q + h * q_stride, its scores scratch at scores + h * scores_stride (at least last - first + 1
-// floats), its output at out + h * out_stride. Where the codecs have grouped forms, each cache row is read
-// and decoded once for all the queries; each head's result is bit-identical to attend().
+// attend() for n_q query heads that share KV head `kv_head` (grouped-query attention): query h at
+// q + h * q_stride, its scores scratch at scores + h * scores_stride (at least last - first + 1 floats), its
+// output at out + h * out_stride. Where the codecs have grouped forms, each cache row is read and decoded
+// once for up to kMaxGroupQueries queries; each head's result is bit-identical to attend() (which is this
+// with one head).
 void attend_group(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t n_q,
                   int64_t q_stride, int64_t first, int64_t last, const AttentionParams& params, float* scores,
                   int64_t scores_stride, float* out, int64_t out_stride);
