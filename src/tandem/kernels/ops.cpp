@@ -1,8 +1,8 @@
 #include "tandem/kernels/ops.h"
 
-#include "tandem/kernels/float_kernels.h"
-
 #include <cmath>
+
+#include "tandem/kernels/float_kernels.h"
 
 namespace tandem::kernels {
 

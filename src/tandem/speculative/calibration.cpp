@@ -1,7 +1,5 @@
 #include "tandem/speculative/calibration.h"
 
-#include "tandem/kernels/cpu_target.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
