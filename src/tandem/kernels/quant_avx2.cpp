@@ -351,40 +351,6 @@ void dot_tile(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_
   for (int r = 0; r < NR; ++r) y[r * y_stride] = finish_row<kFold>(acc[r], acc_b[r]);
 }
 
-template <int kFold>
-void dot_rows_t(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
-                float* y, int64_t y_stride) {
-  int64_t r = 0;
-  for (; r + 4 <= n_rows; r += 4)
-    dot_tile<4, kFold>(w, n_super, x + r * x_stride, x_stride, y + r * y_stride, y_stride);
-  const ActSuper* xr = x + r * x_stride;
-  float* yr = y + r * y_stride;
-  switch (n_rows - r) {
-    case 3:
-      return dot_tile<3, kFold>(w, n_super, xr, x_stride, yr, y_stride);
-    case 2:
-      return dot_tile<2, kFold>(w, n_super, xr, x_stride, yr, y_stride);
-    case 1:
-      return dot_tile<1, kFold>(w, n_super, xr, x_stride, yr, y_stride);
-    default:
-      return;
-  }
-}
-
-void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
-              DType type, bool signed_codes, float* y, int64_t y_stride) {
-  switch (fold_of(type, signed_codes)) {
-    case kNoOffset:
-      return dot_rows_t<kNoOffset>(w, n_super, x, x_stride, n_rows, y, y_stride);
-    case fold_of(DType::Q4_0, false):
-      return dot_rows_t<fold_of(DType::Q4_0, false)>(w, n_super, x, x_stride, n_rows, y, y_stride);
-    case fold_of(DType::Q6_K, false):
-      return dot_rows_t<fold_of(DType::Q6_K, false)>(w, n_super, x, x_stride, n_rows, y, y_stride);
-    default:
-      return dot_rows_t<0>(w, n_super, x, x_stride, n_rows, y, y_stride);
-  }
-}
-
 // Direct kernels: weight rows straight from their file bytes, each super-block decoded into registers and
 // applied to up to kDirectRows activation rows, with no unpack buffer (decode and small verify windows).
 // 8 measured a little faster than 4 for 8-row windows in cache (Q4_0 and Q8_0), though not every weight
@@ -394,6 +360,9 @@ constexpr int64_t kDirectRows = 8;
 // registers, and spill; two passes of 4 rows (decoding each weight super-block twice) measured faster. Q6_K
 // folds its offset and, like Q4_0, is a little faster with 8.
 constexpr int64_t kDirectRowsOffset = 4;
+
+// Activation rows per unpacked-kernel tile (quant_direct_x86.inc).
+constexpr size_t kDotTileRows = 4;
 
 // Accumulator state per activation row between column chunks (quant_direct_x86.inc): acc, then acc_b.
 constexpr int64_t kStateFloats = 16;
@@ -451,6 +420,20 @@ void direct_rows(DType type, const uint8_t* w, int64_t row_bytes, int64_t n_out,
         w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
   direct_rows_t<load_q8_0_super, kQ8_0Super, kNoOffset>(w, row_bytes, n_out, ns, x, x_stride, n_rows, y,
                                                         y_stride);
+}
+
+void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
+              DType type, bool signed_codes, float* y, int64_t y_stride) {
+  switch (fold_of(type, signed_codes)) {
+    case kNoOffset:
+      return dot_rows_t<kNoOffset>(w, n_super, x, x_stride, n_rows, y, y_stride);
+    case fold_of(DType::Q4_0, false):
+      return dot_rows_t<fold_of(DType::Q4_0, false)>(w, n_super, x, x_stride, n_rows, y, y_stride);
+    case fold_of(DType::Q6_K, false):
+      return dot_rows_t<fold_of(DType::Q6_K, false)>(w, n_super, x, x_stride, n_rows, y, y_stride);
+    default:
+      return dot_rows_t<0>(w, n_super, x, x_stride, n_rows, y, y_stride);
+  }
 }
 
 }  // namespace avx2_target

@@ -189,6 +189,9 @@ constexpr int fold_of(DType type) {
 // applied to up to kDirectRows activation rows, with no unpack buffer (decode and small verify windows).
 constexpr int64_t kDirectRows = 8;
 
+// Activation rows per unpacked-kernel tile (quant_direct_x86.inc).
+constexpr size_t kDotTileRows = 8;
+
 // Accumulator state per activation row between column chunks (quant_direct_x86.inc): acc, then acc_b.
 constexpr int64_t kStateFloats = 32;
 
@@ -219,45 +222,6 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
       _mm512_store_ps(part.state + kStateFloats * r, acc[r]);
       _mm512_store_ps(part.state + kStateFloats * r + 16, acc_b[r]);
     }
-  }
-}
-
-#include "tandem/kernels/quant_direct_x86.inc"
-
-int64_t direct_max_rows(DType type, int64_t k, bool signed_q8) {
-  if (k % kSuper != 0) return 0;
-  switch (type) {
-    case DType::Q4_0:
-    case DType::Q4_K:
-    case DType::Q5_K:
-    case DType::Q6_K:
-      return kDirectRows;
-    case DType::Q8_0:
-      return signed_q8 ? 0 : kDirectRows;
-    default:
-      return 0;
-  }
-}
-
-void direct_rows(DType type, const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t k, const ActSuper* x,
-                 int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
-  const int64_t ns = k / kSuper;
-  switch (type) {
-    case DType::Q4_0:
-      return direct_rows_t<load_q4_0_super, kQ4_0Super, fold_of(DType::Q4_0)>(w, row_bytes, n_out, ns, x,
-                                                                              x_stride, n_rows, y, y_stride);
-    case DType::Q8_0:
-      return direct_rows_t<load_q8_0_super, kQ8_0Super, fold_of(DType::Q8_0)>(w, row_bytes, n_out, ns, x,
-                                                                              x_stride, n_rows, y, y_stride);
-    case DType::Q4_K:
-      return direct_rows_t<load_q4_k_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K)>(
-          w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
-    case DType::Q5_K:
-      return direct_rows_t<load_q5_k_super, sizeof(BlockQ5_K), fold_of(DType::Q5_K)>(
-          w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
-    default:
-      return direct_rows_t<load_q6_k_super, sizeof(BlockQ6_K), fold_of(DType::Q6_K)>(
-          w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
   }
 }
 
@@ -378,31 +342,42 @@ void dot_tile(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_
   for (int r = 0; r < NR; ++r) y[r * y_stride] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], acc_b[r]));
 }
 
-template <int kFold>
-void dot_rows_t(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
-                float* y, int64_t y_stride) {
-  int64_t r = 0;
-  for (; r + 8 <= n_rows; r += 8)
-    dot_tile<8, kFold>(w, n_super, x + r * x_stride, x_stride, y + r * y_stride, y_stride);
-  const ActSuper* xr = x + r * x_stride;
-  float* yr = y + r * y_stride;
-  switch (n_rows - r) {
-    case 7:
-      return dot_tile<7, kFold>(w, n_super, xr, x_stride, yr, y_stride);
-    case 6:
-      return dot_tile<6, kFold>(w, n_super, xr, x_stride, yr, y_stride);
-    case 5:
-      return dot_tile<5, kFold>(w, n_super, xr, x_stride, yr, y_stride);
-    case 4:
-      return dot_tile<4, kFold>(w, n_super, xr, x_stride, yr, y_stride);
-    case 3:
-      return dot_tile<3, kFold>(w, n_super, xr, x_stride, yr, y_stride);
-    case 2:
-      return dot_tile<2, kFold>(w, n_super, xr, x_stride, yr, y_stride);
-    case 1:
-      return dot_tile<1, kFold>(w, n_super, xr, x_stride, yr, y_stride);
+#include "tandem/kernels/quant_direct_x86.inc"
+
+int64_t direct_max_rows(DType type, int64_t k, bool signed_q8) {
+  if (k % kSuper != 0) return 0;
+  switch (type) {
+    case DType::Q4_0:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+      return kDirectRows;
+    case DType::Q8_0:
+      return signed_q8 ? 0 : kDirectRows;
     default:
-      return;
+      return 0;
+  }
+}
+
+void direct_rows(DType type, const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t k, const ActSuper* x,
+                 int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
+  const int64_t ns = k / kSuper;
+  switch (type) {
+    case DType::Q4_0:
+      return direct_rows_t<load_q4_0_super, kQ4_0Super, fold_of(DType::Q4_0)>(w, row_bytes, n_out, ns, x,
+                                                                              x_stride, n_rows, y, y_stride);
+    case DType::Q8_0:
+      return direct_rows_t<load_q8_0_super, kQ8_0Super, fold_of(DType::Q8_0)>(w, row_bytes, n_out, ns, x,
+                                                                              x_stride, n_rows, y, y_stride);
+    case DType::Q4_K:
+      return direct_rows_t<load_q4_k_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K)>(
+          w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
+    case DType::Q5_K:
+      return direct_rows_t<load_q5_k_super, sizeof(BlockQ5_K), fold_of(DType::Q5_K)>(
+          w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
+    default:
+      return direct_rows_t<load_q6_k_super, sizeof(BlockQ6_K), fold_of(DType::Q6_K)>(
+          w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
   }
 }
 
