@@ -11,6 +11,7 @@
 //                      prefill kernels need four per 256 weights per activation row, so this bounds them.
 //   RowWorkFloor       the window kernels' per-row work alone (loads, vpdpbusd, convert, scaling), weights in
 //                      registers: the floor of MatmulHot at 8 rows, without the decoding of the weights.
+// Q4_0 and Q8_0 weights are in their repacked form (kernels/repack.h), as the model loader leaves them.
 // Bytes/s counts weight bytes, so decode-class numbers compare directly with memory bandwidth.
 #include <benchmark/benchmark.h>
 
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "tandem/kernels/matmul.h"
+#include "tandem/kernels/repack.h"
 #include "tandem/tensor/quant.h"
 
 namespace {
@@ -51,6 +53,10 @@ Weights make_weights(DType t, int64_t n, int64_t k) {
     quantize_row(t, row.data(), w.bytes.data() + static_cast<size_t>(o) * rb, k);
   }
   w.view = {t, n, k, rb, w.bytes.data()};
+  if (can_interleave(t, k)) {  // as the model loader repacks them
+    interleave_rows(t, w.bytes.data(), w.bytes.size());
+    w.view.interleaved = true;
+  }
   return w;
 }
 
@@ -99,7 +105,7 @@ void BM_Unpack(benchmark::State& state) {
   std::vector<UnpackedSuper> buf(static_cast<size_t>(super_count(kK)));
   int64_t o = 0;
   for (auto _ : state) {
-    qk.unpack_row(t, w.view.row(o), kK, qk.signed_q8, buf.data());
+    qk.unpack_row(t, w.view.interleaved, w.view.row(o), kK, qk.signed_q8, buf.data());
     benchmark::DoNotOptimize(buf.data());
     o = (o + 1) % 64;
   }
@@ -114,7 +120,7 @@ void BM_DotRows(benchmark::State& state) {
   const int64_t ns = super_count(kK);
   const Weights w = make_weights(DType::Q4_0, 1, kK);
   std::vector<UnpackedSuper> buf(static_cast<size_t>(ns));
-  qk.unpack_row(DType::Q4_0, w.view.row(0), kK, false, buf.data());
+  qk.unpack_row(DType::Q4_0, w.view.interleaved, w.view.row(0), kK, false, buf.data());
   const auto x = make_activations(rows, kK);
   std::vector<ActSuper> act(static_cast<size_t>(ns * rows));
   for (int64_t r = 0; r < rows; ++r) qk.quantize_row(x.data() + r * kK, kK, false, act.data() + r * ns);

@@ -20,6 +20,7 @@
 #include "hwy/targets.h"
 #include "tandem/kernels/float_kernels.h"
 #include "tandem/kernels/matmul.h"
+#include "tandem/kernels/repack.h"
 #include "tandem/kernels/stream.h"
 #include "tandem/tensor/blocks.h"
 #include "tandem/tensor/fp16.h"
@@ -85,8 +86,8 @@ TEST(Kernels, UnpackAndActivationQuantizationAreBitIdenticalOnEveryTarget) {
         std::vector<UnpackedSuper> a(ns), b(ns);
         for (int64_t o = 0; o < 3; ++o) {
           std::memset(static_cast<void*>(a.data()), 0xAB, ns * sizeof(UnpackedSuper));
-          ref.unpack_row(t, m.view.row(o), k, qk.signed_q8, a.data());
-          qk.unpack_row(t, m.view.row(o), k, qk.signed_q8, b.data());
+          ref.unpack_row(t, false, m.view.row(o), k, qk.signed_q8, a.data());
+          qk.unpack_row(t, false, m.view.row(o), k, qk.signed_q8, b.data());
           EXPECT_EQ(0, std::memcmp(a.data(), b.data(), ns * sizeof(UnpackedSuper)));
         }
         const auto x = make_activations(2, k, 9);
@@ -121,7 +122,7 @@ TEST(Kernels, CodesSitAtTheirDocumentedPositions) {
     const QuantKernels& qk = quant_kernels(target);
     std::vector<UnpackedSuper> w(2);
     std::vector<ActSuper> a(2), b(2);
-    qk.unpack_row(DType::Q8_0, row.data(), k, qk.signed_q8, w.data());
+    qk.unpack_row(DType::Q8_0, false, row.data(), k, qk.signed_q8, w.data());
     qk.quantize_row(x.data(), k, false, a.data());
     qk.quantize_row(x.data(), k, true, b.data());
     int32_t block_sums[2][kGroups] = {}, group_sums[2][kGroups] = {};
@@ -184,8 +185,8 @@ TEST(Kernels, KQuantUnpackIsBitIdenticalOnRandomBlocks) {
           const uint8_t* row = base + static_cast<size_t>(r) * rb;
           std::memset(static_cast<void*>(a.data()), 0xAB, a.size() * sizeof(UnpackedSuper));
           std::memset(static_cast<void*>(got.data()), 0xCD, got.size() * sizeof(UnpackedSuper));
-          ref.unpack_row(l.type, row, k, qk.signed_q8, a.data());
-          qk.unpack_row(l.type, row, k, qk.signed_q8, got.data());
+          ref.unpack_row(l.type, false, row, k, qk.signed_q8, a.data());
+          qk.unpack_row(l.type, false, row, k, qk.signed_q8, got.data());
           EXPECT_EQ(0, std::memcmp(a.data(), got.data(), a.size() * sizeof(UnpackedSuper)));
         }
       }
@@ -211,29 +212,37 @@ TEST(Kernels, DirectKernelsAreBitIdenticalToUnpackAndDot) {
       const bool signed_codes = t == DType::Q8_0 && qk.signed_q8;
       // 2304 and 5632: windows past the column-chunk threshold (several chunks, several blocks of weight rows
       // at 5632).
-      for (int64_t k : {256, 768, 2304, 5632}) {
-        const int64_t max_rows = qk.direct_max_rows(t, k, signed_codes);
-        if (max_rows == 0) continue;
-        SCOPED_TRACE(std::string(target_name(target)) + " " + std::string(dtype_name(t)) +
-                     " k=" + std::to_string(k));
-        const int64_t n = k == 5632 ? 37 : 5, ns = k / 256;
-        const TestMatrix m = make_matrix(t, n, k, 17);
-        const auto x = make_activations(max_rows, k, 19);
-        std::vector<ActSuper> act(static_cast<size_t>(ns * max_rows));
-        for (int64_t r = 0; r < max_rows; ++r)
-          qk.quantize_row(x.data() + 1 + r * k, k, per_super_activations(t), act.data() + r * ns);
-        std::vector<UnpackedSuper> buf(static_cast<size_t>(ns));
-        for (int64_t rows = 1; rows <= max_rows; ++rows) {
-          std::vector<float> want(static_cast<size_t>(rows * n)), got(want.size());
-          for (int64_t o = 0; o < n; ++o) {
-            qk.unpack_row(t, m.view.row(o), k, signed_codes, buf.data());
-            qk.dot_rows(buf.data(), ns, act.data(), ns, rows, t, signed_codes, want.data() + o, n);
+      // Both forms of the types with a repacked one (kernels/repack.h).
+      for (int64_t k : {256, 768, 2304, 5632})
+        for (bool interleaved : {false, true}) {
+          if (interleaved && !can_interleave(t, k)) continue;
+          const int64_t max_rows = qk.direct_max_rows(t, interleaved, k, signed_codes);
+          if (max_rows == 0) continue;
+          SCOPED_TRACE(std::string(target_name(target)) + " " + std::string(dtype_name(t)) +
+                       " k=" + std::to_string(k) + (interleaved ? " interleaved" : ""));
+          const int64_t n = k == 5632 ? 37 : 5, ns = k / 256;
+          TestMatrix m = make_matrix(t, n, k, 17);
+          if (interleaved) {
+            interleave_rows(t, m.storage.data() + 1, m.view.bytes());
+            m.view.interleaved = true;
           }
-          qk.direct_rows(t, m.view.row(0), static_cast<int64_t>(m.view.row_bytes), n, k, act.data(), ns, rows,
-                         got.data(), n);
-          EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << "rows=" << rows;
+          const auto x = make_activations(max_rows, k, 19);
+          std::vector<ActSuper> act(static_cast<size_t>(ns * max_rows));
+          for (int64_t r = 0; r < max_rows; ++r)
+            qk.quantize_row(x.data() + 1 + r * k, k, per_super_activations(t), act.data() + r * ns);
+          std::vector<UnpackedSuper> buf(static_cast<size_t>(ns));
+          for (int64_t rows = 1; rows <= max_rows; ++rows) {
+            std::vector<float> want(static_cast<size_t>(rows * n)), got(want.size());
+            for (int64_t o = 0; o < n; ++o) {
+              qk.unpack_row(t, interleaved, m.view.row(o), k, signed_codes, buf.data());
+              qk.dot_rows(buf.data(), ns, act.data(), ns, rows, t, signed_codes, want.data() + o, n);
+            }
+            qk.direct_rows(t, interleaved, m.view.row(0), static_cast<int64_t>(m.view.row_bytes), n, k,
+                           act.data(), ns, rows, got.data(), n);
+            EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+                << "rows=" << rows;
+          }
         }
-      }
     }
   }
 }

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "tandem/util/error.h"
 
@@ -36,6 +38,35 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     data_ = static_cast<const uint8_t*>(p);
   }
   ::close(fd);
+}
+
+namespace {
+
+// The page-aligned span holding [p, p + n).
+std::pair<uint8_t*, size_t> page_span(const uint8_t* p, size_t n) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + n + page - 1) & ~(page - 1);
+  return {reinterpret_cast<uint8_t*>(b), static_cast<size_t>(e - b)};
+}
+
+}  // namespace
+
+uint8_t* MappedFile::writable(const uint8_t* p, size_t n) {
+  if (n == 0 || p < data_ || p + n > data_ + size_) return nullptr;
+  const auto [b, len] = page_span(p, n);
+  if (::mprotect(b, len, PROT_READ | PROT_WRITE) != 0) return nullptr;
+#ifdef MADV_POPULATE_WRITE
+  // Copy the pages in one call rather than one fault each (advisory: older kernels fault them one by one).
+  ::madvise(b, len, MADV_POPULATE_WRITE);
+#endif
+  return const_cast<uint8_t*>(p);
+}
+
+void MappedFile::seal(const uint8_t* p, size_t n) {
+  if (n == 0 || p < data_ || p + n > data_ + size_) return;
+  const auto [b, len] = page_span(p, n);
+  ::mprotect(b, len, PROT_READ);
 }
 
 MappedFile::~MappedFile() {

@@ -21,6 +21,13 @@ class MappedFile {
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
+  // Makes the pages holding [p, p + n) of the map writable for this process alone (private copy-on-write
+  // pages: the file and other processes never see the writes; a written page replaces the file's page in
+  // this process, so memory does not double). Returns p as writable, or nullptr when the system refuses.
+  uint8_t* writable(const uint8_t* p, size_t n);
+  // Those pages read-only again.
+  void seal(const uint8_t* p, size_t n);
+
  private:
   void release();
   const uint8_t* data_ = nullptr;

@@ -489,4 +489,12 @@ const TensorInfo* File::tensor(std::string_view name) const {
   return nullptr;
 }
 
+uint8_t* File::writable(const uint8_t* p, size_t n) const {
+  return map_ ? map_->writable(p, n) : nullptr;
+}
+
+void File::seal(const uint8_t* p, size_t n) const {
+  if (map_) map_->seal(p, n);
+}
+
 }  // namespace tandem::gguf

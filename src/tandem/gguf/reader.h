@@ -98,6 +98,12 @@ class File {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* tensor(std::string_view name) const;
 
+  // Tensor bytes made writable for this process alone (MappedFile::writable), for repacking weights in place
+  // at load; nullptr for a file parsed from caller-owned memory or when the system refuses. seal() makes
+  // them read-only again.
+  uint8_t* writable(const uint8_t* p, size_t n) const;
+  void seal(const uint8_t* p, size_t n) const;
+
  private:
   File() = default;
   void parse_all();

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tandem/kernels/float_kernels.h"
+#include "tandem/kernels/repack.h"
 #include "tandem/tensor/quant.h"
 #include "tandem/util/error.h"
 
@@ -76,17 +77,17 @@ void quant_rows(const QuantKernels& qk, const MatrixView& w, const ActSuper* act
   // Decode and verify windows: one pass over the weights, each weight row decoded once for all rows (straight
   // from the file bytes where the target has a direct kernel). Prefill: the same per chunk of activation
   // rows, so a chunk stays in cache while the weights stream by.
-  if (const int64_t direct = qk.direct_max_rows(w.type, K, signed_codes); direct > 0) {
+  if (const int64_t direct = qk.direct_max_rows(w.type, w.interleaved, K, signed_codes); direct > 0) {
     for (int64_t r0 = 0; r0 < n_rows; r0 += direct)
-      qk.direct_rows(w.type, w.row(o0), static_cast<int64_t>(w.row_bytes), o1 - o0, K, act + r0 * ns, ns,
-                     std::min(direct, n_rows - r0), y + r0 * N + o0, N);
+      qk.direct_rows(w.type, w.interleaved, w.row(o0), static_cast<int64_t>(w.row_bytes), o1 - o0, K,
+                     act + r0 * ns, ns, std::min(direct, n_rows - r0), y + r0 * N + o0, N);
     return;
   }
   const int64_t chunk = n_rows <= kMaxWindowRows ? n_rows : kPrefillChunk;
   for (int64_t r0 = 0; r0 < n_rows; r0 += chunk) {
     const int64_t nr = std::min(chunk, n_rows - r0);
     for (int64_t o = o0; o < o1; ++o) {
-      qk.unpack_row(w.type, w.row(o), K, signed_codes, buf);
+      qk.unpack_row(w.type, w.interleaved, w.row(o), K, signed_codes, buf);
       qk.dot_rows(buf, ns, act + r0 * ns, ns, nr, w.type, signed_codes, y + r0 * N + o, N);
     }
   }
@@ -151,8 +152,10 @@ void matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y, Threa
 
 void matmul_reference(const MatrixView& w, const float* x, int64_t n_rows, float* y) {
   std::vector<float> buf(static_cast<size_t>(w.cols));
+  std::vector<uint8_t> file_row(w.row_bytes);
   for (int64_t o = 0; o < w.rows; ++o) {
-    dequantize_row(w.type, w.row(o), buf.data(), w.cols);
+    file_form_row(w, o, file_row.data());
+    dequantize_row(w.type, file_row.data(), buf.data(), w.cols);
     for (int64_t r = 0; r < n_rows; ++r) {
       double acc = 0;
       for (int64_t k = 0; k < w.cols; ++k) acc += static_cast<double>(buf[k]) * x[r * w.cols + k];

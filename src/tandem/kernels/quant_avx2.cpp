@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "tandem/kernels/quant_layout.h"
+#include "tandem/kernels/repack.h"
 #include "tandem/tensor/blocks.h"
 #include "tandem/tensor/fp16.h"
 
@@ -143,6 +144,39 @@ inline void load_q8_0_super(const uint8_t* sb, SuperRegs& s) {
   s.b[0] = s.b[1] = _mm256_setzero_ps();
 }
 
+// The repacked forms (repack.h): the 8 scales side by side at the head, each repeated for its two groups.
+inline void interleaved_scales8(const uint8_t* sb, SuperRegs& s) {
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb)));
+  s.a[0] = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+  s.a[1] = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
+}
+
+inline __m256i load32(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// Repacked Q4_0: code bytes 0..7 of the 8 blocks (64 bytes), then bytes 8..15; their low nibbles are quarters
+// 0 and 1, the high ones quarters 2 and 3.
+inline void load_q4_0x_super(const uint8_t* sb, SuperRegs& s) {
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  for (int v = 0; v < 4; ++v) {
+    const __m256i x = load32(sb + 16 + 32 * v);
+    s.u[v] = _mm256_and_si256(x, nib);
+    s.u[4 + v] = _mm256_and_si256(_mm256_srli_epi16(x, 4), nib);
+  }
+  interleaved_scales8(sb, s);
+  const __m256 m8 = _mm256_set1_ps(-8.0f);
+  s.b[0] = _mm256_mul_ps(m8, s.a[0]);
+  s.b[1] = _mm256_mul_ps(m8, s.a[1]);
+}
+
+// Repacked Q8_0 with signed codes: the quarters as they are.
+inline void load_q8_0x_super(const uint8_t* sb, SuperRegs& s) {
+  for (int v = 0; v < 8; ++v) s.u[v] = load32(sb + 16 + 32 * v);
+  interleaved_scales8(sb, s);
+  s.b[0] = s.b[1] = _mm256_setzero_ps();
+}
+
 #include "tandem/kernels/quant_kquants_avx2.inc"
 
 template <void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes>
@@ -265,7 +299,13 @@ void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
   if (nb % 8 != 0) finish_partial_super(out[nb / 8], static_cast<int>(nb % 8) * 32);
 }
 
-void unpack_row(DType type, const uint8_t* row, int64_t k, bool signed_q8, UnpackedSuper* out) {
+void unpack_row(DType type, bool interleaved, const uint8_t* row, int64_t k, bool signed_q8,
+                UnpackedSuper* out) {
+  if (interleaved && type == DType::Q4_0)
+    return unpack_supers<load_q4_0x_super, kQ4_0Super>(row, k / kSuper, out);
+  if (interleaved && type == DType::Q8_0 && signed_q8)
+    return unpack_supers<load_q8_0x_super, kQ8_0Super>(row, k / kSuper, out);
+  if (interleaved) return unpack_row_impl(type, true, row, k, signed_q8, out);
   if (k % kSuper == 0 && type == DType::Q4_0)
     return unpack_supers<load_q4_0_super, kQ4_0Super>(row, k / kSuper, out);
   if (k % kSuper == 0 && type == DType::Q8_0 && signed_q8)
@@ -273,7 +313,7 @@ void unpack_row(DType type, const uint8_t* row, int64_t k, bool signed_q8, Unpac
   if (type == DType::Q4_K) return unpack_supers<load_q4_k_super, sizeof(BlockQ4_K)>(row, k / kSuper, out);
   if (type == DType::Q5_K) return unpack_supers<load_q5_k_super, sizeof(BlockQ5_K)>(row, k / kSuper, out);
   if (type == DType::Q6_K) return unpack_supers<load_q6_k_super, sizeof(BlockQ6_K)>(row, k / kSuper, out);
-  unpack_row_impl(type, row, k, signed_q8, out);
+  unpack_row_impl(type, false, row, k, signed_q8, out);
 }
 
 // How a weight type's offsets enter the sums. kFold > 0: the offset is -2^kFold times the scale in every
@@ -395,7 +435,7 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
 
 #include "tandem/kernels/quant_direct_x86.inc"
 
-int64_t direct_max_rows(DType type, int64_t k, bool signed_q8) {
+int64_t direct_max_rows(DType type, bool /*interleaved: both forms*/, int64_t k, bool signed_q8) {
   if (k % kSuper != 0) return 0;
   if (type == DType::Q4_0 || (type == DType::Q8_0 && signed_q8)) return kDirectRows;
   if (type == DType::Q6_K) return kDirectRows;
@@ -403,9 +443,15 @@ int64_t direct_max_rows(DType type, int64_t k, bool signed_q8) {
   return 0;
 }
 
-void direct_rows(DType type, const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t k, const ActSuper* x,
-                 int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
+void direct_rows(DType type, bool interleaved, const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t k,
+                 const ActSuper* x, int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
   const int64_t ns = k / kSuper;
+  if (type == DType::Q4_0 && interleaved)
+    return direct_rows_t<load_q4_0x_super, kQ4_0Super, fold_of(DType::Q4_0, false)>(
+        w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
+  if (type == DType::Q8_0 && interleaved)
+    return direct_rows_t<load_q8_0x_super, kQ8_0Super, kNoOffset>(w, row_bytes, n_out, ns, x, x_stride,
+                                                                  n_rows, y, y_stride);
   if (type == DType::Q4_0)
     return direct_rows_t<load_q4_0_super, kQ4_0Super, fold_of(DType::Q4_0, false)>(
         w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);

@@ -93,7 +93,9 @@ struct QuantKernels {
   bool signed_q8;  // Q8_0 codes stay signed (see UnpackedSuper)
   // Unpacks one weight row of k elements (k a multiple of the type's block size) into super_count(k) supers;
   // the tail of the last super is zero.
-  void (*unpack_row)(DType type, const uint8_t* row, int64_t k, bool signed_q8, UnpackedSuper* out);
+  // interleaved: the row is in the repacked form of repack.h (Q4_0, Q8_0).
+  void (*unpack_row)(DType type, bool interleaved, const uint8_t* row, int64_t k, bool signed_q8,
+                     UnpackedSuper* out);
   // Quantizes one activation row of k floats into super_count(k) supers (tail zero): one scale per 32
   // elements, or with per_super one per 256 (for K-quant weights, as the reference's Q8_K).
   void (*quantize_row)(const float* x, int64_t k, bool per_super, ActSuper* out);
@@ -106,13 +108,14 @@ struct QuantKernels {
   // file bytes, each super-block decoded into registers and never stored, for windows of up to
   // direct_max_rows rows (0: no direct kernel for this type and k): y[r * y_stride + o] for o < n_out, r <
   // n_rows. Each result is bit-identical to unpack_row + dot_rows.
-  int64_t (*direct_max_rows)(DType type, int64_t k, bool signed_q8);
-  void (*direct_rows)(DType type, const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t k,
-                      const ActSuper* x, int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride);
+  int64_t (*direct_max_rows)(DType type, bool interleaved, int64_t k, bool signed_q8);
+  void (*direct_rows)(DType type, bool interleaved, const uint8_t* w, int64_t row_bytes, int64_t n_out,
+                      int64_t k, const ActSuper* x, int64_t x_stride, int64_t n_rows, float* y,
+                      int64_t y_stride);
 };
 
 // For targets without direct kernels.
-inline int64_t no_direct_rows(DType, int64_t, bool) {
+inline int64_t no_direct_rows(DType, bool, int64_t, bool) {
   return 0;
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "tandem/kernels/quant_layout.h"
+#include "tandem/kernels/repack.h"
 #include "tandem/tensor/blocks.h"
 #include "tandem/tensor/fp16.h"
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "tandem/kernels/repack.h"
 #include "tandem/util/error.h"
 
 namespace tandem::model {
@@ -174,6 +175,27 @@ void bind_standard_layers(const ArchReader& r, const Config& c, Weights& w) {
   }
 }
 
+namespace {
+
+// Repacks the layer matrices that have an interleaved form (kernels/repack.h) in place, once: the decoder
+// layers go through the matmul kernels only (the embedding table, read row by row, keeps the file's form).
+// Where the pages cannot be made writable the file's form stays; the kernels read both, with the same
+// results.
+void repack_layer_weights(const gguf::File& file, Weights& w) {
+  for (LayerWeights& l : w.layers) {
+    for (MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      if (m->empty() || m->interleaved || !kernels::can_interleave(m->type, m->cols)) continue;
+      uint8_t* bytes = file.writable(m->data, m->bytes());
+      if (!bytes) continue;
+      kernels::interleave_rows(m->type, bytes, m->bytes());
+      file.seal(m->data, m->bytes());
+      m->interleaved = true;
+    }
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Model> Model::load(const std::string& path) {
   return from_file(gguf::File::open(path));
 }
@@ -187,6 +209,7 @@ std::unique_ptr<Model> Model::from_file(gguf::File file) {
     if (e.name == *arch) {
       ArchReader reader(m->file_, std::string(*arch));
       e.load(reader, m->config_, m->weights_);
+      repack_layer_weights(m->file_, m->weights_);
       return m;
     }
     known += (known.empty() ? "" : ", ") + std::string(e.name);

@@ -16,6 +16,9 @@ struct MatrixView {
   int64_t cols = 0;
   size_t row_bytes = 0;
   const uint8_t* data = nullptr;
+  // The rows were repacked in place at load into the kernels' interleaved form of `type` (same size;
+  // kernels/repack.h). Only the matmul kernels read such a matrix.
+  bool interleaved = false;
 
   bool empty() const { return data == nullptr; }
   const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }

@@ -1,0 +1,37 @@
+// Weights repacked once at load into the kernels' interleaved form: the same bytes per super-block as the
+// file, rearranged in place (no second copy) so that a super-block decodes into registers with a few loads
+// instead of gathering eight 18- or 34-byte blocks and their scales one by one. Only the matmul kernels read
+// a repacked matrix (MatrixView::interleaved); each result is bit-identical to the file form's.
+//
+// Per super-block of 8 blocks (rows must be whole super-blocks, cols % 256 == 0):
+//   Q4_0 (144 bytes)  [0, 16)    the 8 f16 scales, block j at 2j
+//                     [16, 80)   code bytes 0..7 of block j at 16 + 8j: quarters 0 (low nibbles) and 2 (high)
+//                                of block order (quant_layout.h)
+//                     [80, 144)  code bytes 8..15 of block j at 80 + 8j: quarters 1 and 3
+//   Q8_0 (272 bytes)  [0, 16)    the 8 f16 scales
+//                     [16, 272)  quarter q (codes 8q..8q+7 of block j, signed as in the file) at 16 + 64q +
+//                     8j
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tandem/tensor/weight.h"
+
+namespace tandem::kernels {
+
+// Whether a matrix of this type and width has an interleaved form.
+bool can_interleave(DType type, int64_t cols);
+// Bytes of one super-block of `type` (144 or 272).
+size_t interleave_super_bytes(DType type);
+
+// One super-block, file form -> interleaved form and back (in != out).
+void interleave_super(DType type, const uint8_t* in, uint8_t* out);
+void deinterleave_super(DType type, const uint8_t* in, uint8_t* out);
+
+// Every super-block of the `bytes` bytes at data (whole rows), in place.
+void interleave_rows(DType type, uint8_t* data, size_t bytes);
+// One row of a matrix (interleaved or not) in the file's form: out [w.row_bytes].
+void file_form_row(const MatrixView& w, int64_t r, uint8_t* out);
+
+}  // namespace tandem::kernels

@@ -1,0 +1,133 @@
+// Weights repacked at load (kernels/repack.h): the interleaved form round-trips to the file bytes, every
+// element lands where the header says, and a matmul over the repacked matrix has the bits of the file form's
+// on every target and row class (decode, windows, prefill chunks).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <vector>
+
+#include "tandem/kernels/matmul.h"
+#include "tandem/kernels/repack.h"
+#include "tandem/model/model.h"
+#include "tandem/tensor/blocks.h"
+#include "tandem/tensor/quant.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace tandem;
+using namespace tandem::kernels;
+
+std::vector<uint8_t> quantized_rows(DType t, int64_t rows, int64_t cols, uint32_t seed) {
+  const size_t rb = row_bytes(t, cols);
+  std::vector<uint8_t> bytes(rb * static_cast<size_t>(rows));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t o = 0; o < rows; ++o) {
+    for (auto& v : row) v = dist(rng);
+    quantize_row(t, row.data(), bytes.data() + static_cast<size_t>(o) * rb, cols);
+  }
+  return bytes;
+}
+
+TEST(Repack, OnlyWholeSuperBlocksOfQ4_0AndQ8_0) {
+  EXPECT_TRUE(can_interleave(DType::Q4_0, 2048));
+  EXPECT_TRUE(can_interleave(DType::Q8_0, 256));
+  EXPECT_FALSE(can_interleave(DType::Q4_0, 2080));  // 65 blocks: not whole super-blocks
+  EXPECT_FALSE(can_interleave(DType::Q4_1, 2048));
+  EXPECT_FALSE(can_interleave(DType::Q4_K, 2048));
+  EXPECT_EQ(interleave_super_bytes(DType::Q4_0), 8 * sizeof(BlockQ4_0));
+  EXPECT_EQ(interleave_super_bytes(DType::Q8_0), 8 * sizeof(BlockQ8_0));
+}
+
+TEST(Repack, RoundTripsAndPlacesEveryByte) {
+  for (DType t : {DType::Q4_0, DType::Q8_0}) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    const size_t sb = interleave_super_bytes(t), bb = sb / 8;
+    // Distinct bytes, so a misplaced one shows.
+    std::vector<uint8_t> file(3 * sb);
+    for (size_t i = 0; i < file.size(); ++i) file[i] = static_cast<uint8_t>(i * 131 + 7);
+    std::vector<uint8_t> packed = file;
+    interleave_rows(t, packed.data(), packed.size());
+    for (size_t s = 0; s < 3; ++s) {
+      const uint8_t* f = file.data() + s * sb;
+      const uint8_t* p = packed.data() + s * sb;
+      for (int j = 0; j < 8; ++j) {
+        EXPECT_EQ(0, std::memcmp(p + 2 * j, f + j * bb, 2)) << "scale of block " << j;
+        for (size_t i = 0; i + 2 < bb; ++i)
+          EXPECT_EQ(p[16 + 64 * (i / 8) + 8 * static_cast<size_t>(j) + i % 8], f[j * bb + 2 + i])
+              << "code byte " << i << " of block " << j;
+      }
+    }
+    const MatrixView view{t, 1, 3 * 256, 3 * sb, packed.data(), true};
+    std::vector<uint8_t> back(file.size());
+    file_form_row(view, 0, back.data());
+    EXPECT_EQ(file, back);
+  }
+}
+
+TEST(Repack, MatmulIsBitIdenticalToTheFileFormOnEveryTarget) {
+  ThreadPool pool(2);
+  for (DType t : {DType::Q4_0, DType::Q8_0}) {
+    for (int64_t k : {256, 2048, 5632}) {
+      const int64_t n = 45;
+      const std::vector<uint8_t> file = quantized_rows(t, n, k, 3);
+      std::vector<uint8_t> packed = file;
+      interleave_rows(t, packed.data(), packed.size());
+      const size_t rb = row_bytes(t, k);
+      const MatrixView a{t, n, k, rb, file.data()}, b{t, n, k, rb, packed.data(), true};
+      std::mt19937 rng(5);
+      std::normal_distribution<float> dist(0.0f, 1.0f);
+      std::vector<float> x(static_cast<size_t>(70 * k));
+      for (auto& v : x) v = dist(rng);
+      for (Target target : runnable_targets()) {
+        MatmulScratch scratch(pool.size(), k, 70, target);
+        for (int64_t rows : {1, 2, 3, 5, 8, 9, 16, 70}) {
+          SCOPED_TRACE(std::string(target_name(target)) + " " + std::string(dtype_name(t)) +
+                       " k=" + std::to_string(k) + " rows=" + std::to_string(rows));
+          std::vector<float> ya(static_cast<size_t>(rows * n)), yb(ya.size());
+          matmul(a, x.data(), rows, ya.data(), pool, scratch);
+          matmul(b, x.data(), rows, yb.data(), pool, scratch);
+          EXPECT_EQ(0, std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(float)));
+        }
+      }
+      // The double-precision reference reads either form.
+      std::vector<float> ra(static_cast<size_t>(2 * n)), rb2(ra.size());
+      matmul_reference(a, x.data(), 2, ra.data());
+      matmul_reference(b, x.data(), 2, rb2.data());
+      EXPECT_EQ(ra, rb2);
+    }
+  }
+}
+
+std::vector<char> file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The loader repacks every layer matrix that has an interleaved form, in this process's private pages only:
+// the file on disk keeps its bytes. (The goldens check the repacked models' outputs.)
+TEST(Repack, LoaderRepacksLayerMatricesAndNeverWritesTheFile) {
+  for (const char* name : {"synth/synth-llama-d256-Q4_0.gguf", "synth/synth-llama-d256-Q8_0.gguf"}) {
+    SCOPED_TRACE(name);
+    const std::string path = tandem::testing::shared_path("models/" + std::string(name));
+    const std::vector<char> before = file_bytes(path);
+    ASSERT_FALSE(before.empty());
+    auto model = tandem::model::Model::load(path);
+    int repacked = 0;
+    for (const auto& l : model->weights().layers)
+      for (const MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+        EXPECT_EQ(m->interleaved, can_interleave(m->type, m->cols));
+        repacked += m->interleaved ? 1 : 0;
+      }
+    EXPECT_GT(repacked, 0);
+    EXPECT_FALSE(model->weights().tok_embd.interleaved);  // read row by row: keeps the file's form
+    EXPECT_TRUE(file_bytes(path) == before);
+  }
+}
+
+}  // namespace
