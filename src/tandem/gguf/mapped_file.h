@@ -1,4 +1,5 @@
-// A read-only memory map of a whole file (RAII). Weights are used in place from it.
+// A memory map of a whole file (RAII), read-only. Weights are used in place from it; the loader may repack
+// some in place into private pages (writable()).
 #pragma once
 
 #include <cstddef>
