@@ -3,6 +3,7 @@
 // on every target and row class (decode, windows, prefill chunks).
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -39,7 +40,8 @@ TEST(Repack, OnlyWholeSuperBlocksOfQ4_0AndQ8_0) {
   EXPECT_TRUE(can_interleave(DType::Q8_0, 256));
   EXPECT_FALSE(can_interleave(DType::Q4_0, 2080));  // 65 blocks: not whole super-blocks
   EXPECT_FALSE(can_interleave(DType::Q4_1, 2048));
-  EXPECT_FALSE(can_interleave(DType::Q4_K, 2048));
+  EXPECT_TRUE(can_interleave(DType::Q4_K, 2048));
+  EXPECT_FALSE(can_interleave(DType::Q5_K, 2048));
   EXPECT_EQ(interleave_super_bytes(DType::Q4_0), 8 * sizeof(BlockQ4_0));
   EXPECT_EQ(interleave_super_bytes(DType::Q8_0), 8 * sizeof(BlockQ8_0));
 }
@@ -70,9 +72,35 @@ TEST(Repack, RoundTripsAndPlacesEveryByte) {
   }
 }
 
+// Q4_K: every element's code where the header says (planes A and B in group order), the header untouched,
+// and the way back.
+TEST(Repack, Q4KCodesSitAtTheirDocumentedPositions) {
+  constexpr size_t kBytes = sizeof(BlockQ4_K), kQs = offsetof(BlockQ4_K, qs);
+  std::vector<uint8_t> file(2 * kBytes);
+  std::mt19937 rng(11);
+  for (auto& b : file) b = static_cast<uint8_t>(rng());
+  std::vector<uint8_t> packed = file;
+  interleave_rows(DType::Q4_K, packed.data(), packed.size());
+  for (size_t s = 0; s < 2; ++s) {
+    const uint8_t* f = file.data() + s * kBytes;
+    const uint8_t* p = packed.data() + s * kBytes;
+    EXPECT_EQ(0, std::memcmp(f, p, kQs));
+    for (int e = 0; e < 256; ++e) {
+      const int file_code = (f[kQs + 32 * (e / 64) + e % 32] >> (4 * ((e % 64) / 32))) & 0xF;
+      const int g = e / 16, q = (e % 16) / 4, i = e % 4;
+      const uint8_t byte = p[kQs + 64 * (q % 2) + 4 * g + i];
+      EXPECT_EQ(file_code, (byte >> (4 * (q / 2))) & 0xF) << "element " << e;
+    }
+  }
+  const MatrixView view{DType::Q4_K, 1, 512, 2 * kBytes, packed.data(), true};
+  std::vector<uint8_t> back(file.size());
+  file_form_row(view, 0, back.data());
+  EXPECT_EQ(file, back);
+}
+
 TEST(Repack, MatmulIsBitIdenticalToTheFileFormOnEveryTarget) {
   ThreadPool pool(2);
-  for (DType t : {DType::Q4_0, DType::Q8_0}) {
+  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K}) {
     for (int64_t k : {256, 2048, 5632}) {
       const int64_t n = 45;
       const std::vector<uint8_t> file = quantized_rows(t, n, k, 3);
@@ -112,7 +140,8 @@ std::vector<char> file_bytes(const std::string& path) {
 // The loader repacks every layer matrix that has an interleaved form, in this process's private pages only:
 // the file on disk keeps its bytes. (The goldens check the repacked models' outputs.)
 TEST(Repack, LoaderRepacksLayerMatricesAndNeverWritesTheFile) {
-  for (const char* name : {"synth/synth-llama-d256-Q4_0.gguf", "synth/synth-llama-d256-Q8_0.gguf"}) {
+  for (const char* name : {"synth/synth-llama-d256-Q4_0.gguf", "synth/synth-llama-d256-Q8_0.gguf",
+                           "synth/synth-llama-d256-Q4_K_M.gguf"}) {
     SCOPED_TRACE(name);
     const std::string path = tandem::testing::shared_path("models/" + std::string(name));
     const std::vector<char> before = file_bytes(path);

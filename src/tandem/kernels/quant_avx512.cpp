@@ -350,6 +350,8 @@ void unpack_row(DType type, bool interleaved, const uint8_t* row, int64_t k, boo
     return unpack_supers<load_q4_0x_super, kQ4_0Super>(row, k / kSuper, out);
   if (interleaved && type == DType::Q8_0 && !signed_q8)
     return unpack_supers<load_q8_0x_super, kQ8_0Super>(row, k / kSuper, out);
+  if (interleaved && type == DType::Q4_K)
+    return unpack_supers<load_q4_kx_super, sizeof(BlockQ4_K)>(row, k / kSuper, out);
   if (interleaved) return unpack_row_impl(type, true, row, k, signed_q8, out);
   if (k % kSuper == 0 && type == DType::Q4_0)
     return unpack_supers<load_q4_0_super, kQ4_0Super>(row, k / kSuper, out);
@@ -421,6 +423,9 @@ void direct_rows(DType type, bool interleaved, const uint8_t* w, int64_t row_byt
       return direct_rows_t<load_q8_0_super, kQ8_0Super, fold_of(DType::Q8_0)>(w, row_bytes, n_out, ns, x,
                                                                               x_stride, n_rows, y, y_stride);
     case DType::Q4_K:
+      if (interleaved)
+        return direct_rows_t<load_q4_kx_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K)>(
+            w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
       return direct_rows_t<load_q4_k_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K)>(
           w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
     case DType::Q5_K:

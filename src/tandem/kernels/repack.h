@@ -1,16 +1,22 @@
 // Weights repacked once at load into the kernels' interleaved form: the same bytes per super-block as the
 // file, rearranged in place (no second copy) so that a super-block decodes into registers with a few loads
-// instead of gathering eight 18- or 34-byte blocks and their scales one by one. Only the matmul kernels read
-// a repacked matrix (MatrixView::interleaved); each result is bit-identical to the file form's.
+// and no gathering or permuting. Only the matmul kernels read a repacked matrix (MatrixView::interleaved);
+// each result is bit-identical to the file form's.
 //
-// Per super-block of 8 blocks (rows must be whole super-blocks, cols % 256 == 0):
-//   Q4_0 (144 bytes)  [0, 16)    the 8 f16 scales, block j at 2j
-//                     [16, 80)   code bytes 0..7 of block j at 16 + 8j: quarters 0 (low nibbles) and 2 (high)
-//                                of block order (quant_layout.h)
-//                     [80, 144)  code bytes 8..15 of block j at 80 + 8j: quarters 1 and 3
-//   Q8_0 (272 bytes)  [0, 16)    the 8 f16 scales
-//                     [16, 272)  quarter q (codes 8q..8q+7 of block j, signed as in the file) at 16 + 64q +
-//                     8j
+// Per super-block (rows must be whole super-blocks, cols % 256 == 0):
+//   Q4_0 (144 bytes)
+//     [0, 16)    the 8 f16 scales, block j at 2j
+//     [16, 80)   code bytes 0..7 of block j at 16 + 8j: quarters 0 (low nibbles) and 2 (high) of block order
+//                (quant_layout.h)
+//     [80, 144)  code bytes 8..15 of block j at 80 + 8j: quarters 1 and 3
+//   Q8_0 (272 bytes)
+//     [0, 16)    the 8 f16 scales
+//     [16, 272)  quarter q (codes 8q..8q+7 of block j, signed as in the file) at 16 + 64q + 8j
+//   Q4_K (144 bytes)
+//     [0, 16)    d, dmin and the packed scales, as in the file
+//     [16, 144)  two planes of 64 bytes, A then B, in group order (quant_layout.h): byte 4g + i of A holds
+//                quarter 0 of group g (element 16g + i) in its low nibble and quarter 2 (element 16g + 8 + i)
+//                in its high one; B holds quarters 1 and 3 the same way
 #pragma once
 
 #include <cstddef>
