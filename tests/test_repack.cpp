@@ -35,12 +35,13 @@ std::vector<uint8_t> quantized_rows(DType t, int64_t rows, int64_t cols, uint32_
   return bytes;
 }
 
-TEST(Repack, OnlyWholeSuperBlocksOfQ4_0AndQ8_0) {
+TEST(Repack, WholeSuperBlocksOfTheTypesWithARepackedForm) {
   EXPECT_TRUE(can_interleave(DType::Q4_0, 2048));
   EXPECT_TRUE(can_interleave(DType::Q8_0, 256));
   EXPECT_FALSE(can_interleave(DType::Q4_0, 2080));  // 65 blocks: not whole super-blocks
   EXPECT_FALSE(can_interleave(DType::Q4_1, 2048));
   EXPECT_TRUE(can_interleave(DType::Q4_K, 2048));
+  EXPECT_TRUE(can_interleave(DType::Q6_K, 2048));
   EXPECT_FALSE(can_interleave(DType::Q5_K, 2048));
   EXPECT_EQ(interleave_super_bytes(DType::Q4_0), 8 * sizeof(BlockQ4_0));
   EXPECT_EQ(interleave_super_bytes(DType::Q8_0), 8 * sizeof(BlockQ8_0));
@@ -98,9 +99,38 @@ TEST(Repack, Q4KCodesSitAtTheirDocumentedPositions) {
   EXPECT_EQ(file, back);
 }
 
+// Q6_K: every element's low nibble and high bits where the header says, scales and d untouched, and the way
+// back.
+TEST(Repack, Q6KCodesSitAtTheirDocumentedPositions) {
+  constexpr size_t kBytes = sizeof(BlockQ6_K), kQh = offsetof(BlockQ6_K, qh);
+  std::vector<uint8_t> file(2 * kBytes);
+  std::mt19937 rng(13);
+  for (auto& b : file) b = static_cast<uint8_t>(rng());
+  std::vector<uint8_t> packed = file;
+  interleave_rows(DType::Q6_K, packed.data(), packed.size());
+  for (size_t s = 0; s < 2; ++s) {
+    const uint8_t* f = file.data() + s * kBytes;
+    const uint8_t* p = packed.data() + s * kBytes;
+    EXPECT_EQ(0, std::memcmp(f + kQh + 64, p + kQh + 64, kBytes - kQh - 64));
+    for (int e = 0; e < 256; ++e) {
+      const int h = e / 128, c = (e % 128) / 32, l = e % 32;
+      const int file_code = ((f[64 * h + 32 * (c % 2) + l] >> (4 * (c / 2))) & 0xF) |
+                            (((f[kQh + 32 * h + l] >> (2 * c)) & 3) << 4);
+      const int g = e / 16, q = (e % 16) / 4, i = e % 4;
+      const int code = ((p[64 * (q % 2) + 4 * g + i] >> (4 * (q / 2))) & 0xF) |
+                       (((p[kQh + 4 * g + i] >> (2 * q)) & 3) << 4);
+      EXPECT_EQ(file_code, code) << "element " << e;
+    }
+  }
+  const MatrixView view{DType::Q6_K, 1, 512, 2 * kBytes, packed.data(), true};
+  std::vector<uint8_t> back(file.size());
+  file_form_row(view, 0, back.data());
+  EXPECT_EQ(file, back);
+}
+
 TEST(Repack, MatmulIsBitIdenticalToTheFileFormOnEveryTarget) {
   ThreadPool pool(2);
-  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K}) {
+  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
     for (int64_t k : {256, 2048, 5632}) {
       const int64_t n = 45;
       const std::vector<uint8_t> file = quantized_rows(t, n, k, 3);
@@ -154,7 +184,11 @@ TEST(Repack, LoaderRepacksLayerMatricesAndNeverWritesTheFile) {
         repacked += m->interleaved ? 1 : 0;
       }
     EXPECT_GT(repacked, 0);
-    EXPECT_FALSE(model->weights().tok_embd.interleaved);  // read row by row: keeps the file's form
+    const auto& w = model->weights();
+    EXPECT_FALSE(w.tok_embd.interleaved);  // read row by row: keeps the file's form
+    if (w.output.data != w.tok_embd.data) {
+      EXPECT_EQ(w.output.interleaved, can_interleave(w.output.type, w.output.cols));
+    }
     EXPECT_TRUE(file_bytes(path) == before);
   }
 }

@@ -352,6 +352,8 @@ void unpack_row(DType type, bool interleaved, const uint8_t* row, int64_t k, boo
     return unpack_supers<load_q8_0x_super, kQ8_0Super>(row, k / kSuper, out);
   if (interleaved && type == DType::Q4_K)
     return unpack_supers<load_q4_kx_super, sizeof(BlockQ4_K)>(row, k / kSuper, out);
+  if (interleaved && type == DType::Q6_K)
+    return unpack_supers<load_q6_kx_super, sizeof(BlockQ6_K)>(row, k / kSuper, out);
   if (interleaved) return unpack_row_impl(type, true, row, k, signed_q8, out);
   if (k % kSuper == 0 && type == DType::Q4_0)
     return unpack_supers<load_q4_0_super, kQ4_0Super>(row, k / kSuper, out);
@@ -432,6 +434,9 @@ void direct_rows(DType type, bool interleaved, const uint8_t* w, int64_t row_byt
       return direct_rows_t<load_q5_k_super, sizeof(BlockQ5_K), fold_of(DType::Q5_K)>(
           w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
     default:
+      if (interleaved)
+        return direct_rows_t<load_q6_kx_super, sizeof(BlockQ6_K), fold_of(DType::Q6_K)>(
+            w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
       return direct_rows_t<load_q6_k_super, sizeof(BlockQ6_K), fold_of(DType::Q6_K)>(
           w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
   }

@@ -30,12 +30,14 @@ int codes_per_block(DType type) {
 }  // namespace
 
 bool can_interleave(DType type, int64_t cols) {
-  return (type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q4_K) && cols > 0 &&
-         cols % kSuper == 0;
+  const bool has_form =
+      type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q4_K || type == DType::Q6_K;
+  return has_form && cols > 0 && cols % kSuper == 0;
 }
 
 size_t interleave_super_bytes(DType type) {
   if (type == DType::Q4_K) return sizeof(BlockQ4_K);
+  if (type == DType::Q6_K) return sizeof(BlockQ6_K);
   TANDEM_CHECK(type == DType::Q4_0 || type == DType::Q8_0, "no interleaved form for this type");
   return 8 * block_bytes(type);
 }
@@ -83,11 +85,51 @@ void deinterleave_k4(const uint8_t* in, uint8_t* out) {
     }
 }
 
+// Q6_K: the low nibble planes as Q4_K's (ql at offset 0), and one plane of high bits: byte 4g + i of qh holds
+// the two high bits of quarter q of group g (element 16g + 4q + i) at bits 2q, 2q + 1. The file holds element
+// e = 128h + 32c + l in ql[64h + 32 (c % 2) + l], nibble c / 2, and qh[32h + l], bits 2c, 2c + 1.
+void k6_file_place(int e, int& ql_byte, int& ql_nibble, int& qh_byte, int& qh_shift) {
+  const int h = e / 128, c = (e % 128) / 32, l = e % 32;
+  ql_byte = 64 * h + 32 * (c % 2) + l;
+  ql_nibble = c / 2;
+  qh_byte = 32 * h + l;
+  qh_shift = 2 * c;
+}
+
+constexpr size_t kK6Qh = offsetof(BlockQ6_K, qh);
+
+void interleave_k6(const uint8_t* in, uint8_t* out) {
+  std::memcpy(out, in, sizeof(BlockQ6_K));
+  std::memset(out, 0, kK6Qh + 64);
+  for (int e = 0; e < 256; ++e) {
+    int qb, qn, hb, hs;
+    k6_file_place(e, qb, qn, hb, hs);
+    const int g = e / 16, q = (e % 16) / 4, i = e % 4;
+    const int low = (in[qb] >> (4 * qn)) & 0xF, high = (in[kK6Qh + hb] >> hs) & 3;
+    out[64 * (q % 2) + 4 * g + i] |= static_cast<uint8_t>(low << (4 * (q / 2)));
+    out[kK6Qh + 4 * g + i] |= static_cast<uint8_t>(high << (2 * q));
+  }
+}
+
+void deinterleave_k6(const uint8_t* in, uint8_t* out) {
+  std::memcpy(out, in, sizeof(BlockQ6_K));
+  std::memset(out, 0, kK6Qh + 64);
+  for (int e = 0; e < 256; ++e) {
+    int qb, qn, hb, hs;
+    k6_file_place(e, qb, qn, hb, hs);
+    const int g = e / 16, q = (e % 16) / 4, i = e % 4;
+    const int low = (in[64 * (q % 2) + 4 * g + i] >> (4 * (q / 2))) & 0xF;
+    const int high = (in[kK6Qh + 4 * g + i] >> (2 * q)) & 3;
+    out[qb] |= static_cast<uint8_t>(low << (4 * qn));
+    out[kK6Qh + hb] |= static_cast<uint8_t>(high << hs);
+  }
+}
 }  // namespace
 
 // Code bytes move in 8-byte units: unit h of block j (bytes 8h..8h+7) sits at 16 + 64h + 8j.
 void interleave_super(DType type, const uint8_t* in, uint8_t* out) {
   if (type == DType::Q4_K) return interleave_k4(in, out);
+  if (type == DType::Q6_K) return interleave_k6(in, out);
   const size_t bb = block_bytes(type);
   const int units = codes_per_block(type) / 8;
   for (int j = 0; j < 8; ++j) {
@@ -99,6 +141,7 @@ void interleave_super(DType type, const uint8_t* in, uint8_t* out) {
 
 void deinterleave_super(DType type, const uint8_t* in, uint8_t* out) {
   if (type == DType::Q4_K) return deinterleave_k4(in, out);
+  if (type == DType::Q6_K) return deinterleave_k6(in, out);
   const size_t bb = block_bytes(type);
   const int units = codes_per_block(type) / 8;
   for (int j = 0; j < 8; ++j) {
@@ -112,6 +155,7 @@ void interleave_rows(DType type, uint8_t* data, size_t bytes) {
   const size_t sb = interleave_super_bytes(type);
   TANDEM_CHECK(bytes % sb == 0, "interleave_rows: not whole super-blocks");
   uint8_t tmp[8 * sizeof(BlockQ8_0)];
+  static_assert(sizeof(tmp) >= sizeof(BlockQ6_K));
   for (size_t o = 0; o < bytes; o += sb) {
     std::memcpy(tmp, data + o, sb);
     interleave_super(type, tmp, data + o);

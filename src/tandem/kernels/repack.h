@@ -17,6 +17,11 @@
 //     [16, 144)  two planes of 64 bytes, A then B, in group order (quant_layout.h): byte 4g + i of A holds
 //                quarter 0 of group g (element 16g + i) in its low nibble and quarter 2 (element 16g + 8 + i)
 //                in its high one; B holds quarters 1 and 3 the same way
+//   Q6_K (210 bytes)
+//     [0, 128)   the low 4 bits in two planes, as Q4_K's codes
+//     [128, 192) the high 2 bits: byte 4g + i holds those of quarter q of group g (element 16g + 4q + i) at
+//                bits 2q and 2q + 1
+//     [192, 210) the scales and d, as in the file
 #pragma once
 
 #include <cstddef>
@@ -28,7 +33,7 @@ namespace tandem::kernels {
 
 // Whether a matrix of this type and width has an interleaved form.
 bool can_interleave(DType type, int64_t cols);
-// Bytes of one super-block of `type` (144 or 272).
+// Bytes of one super-block of `type` (144, 210 or 272).
 size_t interleave_super_bytes(DType type);
 
 // One super-block, file form -> interleaved form and back (in != out).

@@ -177,21 +177,24 @@ void bind_standard_layers(const ArchReader& r, const Config& c, Weights& w) {
 
 namespace {
 
-// Repacks the layer matrices that have an interleaved form (kernels/repack.h) in place, once: the decoder
-// layers go through the matmul kernels only (the embedding table, read row by row, keeps the file's form).
+// Repacks the layer matrices and an untied head that have an interleaved form (kernels/repack.h) in place,
+// once: they go through the matmul kernels only (the embedding table, read row by row, keeps the file's form,
+// and so does a head tied to it).
 // Where the pages cannot be made writable the file's form stays; the kernels read both, with the same
 // results.
+void repack(const gguf::File& file, MatrixView& m) {
+  if (m.empty() || m.interleaved || !kernels::can_interleave(m.type, m.cols)) return;
+  uint8_t* bytes = file.writable(m.data, m.bytes());
+  if (!bytes) return;
+  kernels::interleave_rows(m.type, bytes, m.bytes());
+  file.seal(m.data, m.bytes());
+  m.interleaved = true;
+}
+
 void repack_layer_weights(const gguf::File& file, Weights& w) {
-  for (LayerWeights& l : w.layers) {
-    for (MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-      if (m->empty() || m->interleaved || !kernels::can_interleave(m->type, m->cols)) continue;
-      uint8_t* bytes = file.writable(m->data, m->bytes());
-      if (!bytes) continue;
-      kernels::interleave_rows(m->type, bytes, m->bytes());
-      file.seal(m->data, m->bytes());
-      m->interleaved = true;
-    }
-  }
+  for (LayerWeights& l : w.layers)
+    for (MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) repack(file, *m);
+  if (w.output.data != w.tok_embd.data) repack(file, w.output);  // a head of its own (not tied)
 }
 
 }  // namespace
