@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "tandem/kernels/matmul.h"
@@ -73,59 +74,54 @@ TEST(Repack, RoundTripsAndPlacesEveryByte) {
   }
 }
 
-// Q4_K: every element's code where the header says (planes A and B in group order), the header untouched,
-// and the way back.
-TEST(Repack, Q4KCodesSitAtTheirDocumentedPositions) {
-  constexpr size_t kBytes = sizeof(BlockQ4_K), kQs = offsetof(BlockQ4_K, qs);
-  std::vector<uint8_t> file(2 * kBytes);
-  std::mt19937 rng(11);
-  for (auto& b : file) b = static_cast<uint8_t>(rng());
-  std::vector<uint8_t> packed = file;
-  interleave_rows(DType::Q4_K, packed.data(), packed.size());
-  for (size_t s = 0; s < 2; ++s) {
-    const uint8_t* f = file.data() + s * kBytes;
-    const uint8_t* p = packed.data() + s * kBytes;
-    EXPECT_EQ(0, std::memcmp(f, p, kQs));
-    for (int e = 0; e < 256; ++e) {
-      const int file_code = (f[kQs + 32 * (e / 64) + e % 32] >> (4 * ((e % 64) / 32))) & 0xF;
-      const int g = e / 16, q = (e % 16) / 4, i = e % 4;
-      const uint8_t byte = p[kQs + 64 * (q % 2) + 4 * g + i];
-      EXPECT_EQ(file_code, (byte >> (4 * (q / 2))) & 0xF) << "element " << e;
-    }
-  }
-  const MatrixView view{DType::Q4_K, 1, 512, 2 * kBytes, packed.data(), true};
-  std::vector<uint8_t> back(file.size());
-  file_form_row(view, 0, back.data());
-  EXPECT_EQ(file, back);
+// Element e's code in a K-quant super-block of the file's form and of the interleaved one (as repack.h
+// documents it), and the bytes that hold no codes.
+int file_code(DType t, const uint8_t* b, int e) {
+  if (t == DType::Q4_K)
+    return (b[offsetof(BlockQ4_K, qs) + 32 * (e / 64) + e % 32] >> (4 * ((e % 64) / 32))) & 0xF;
+  const int h = e / 128, c = (e % 128) / 32, l = e % 32;
+  return ((b[64 * h + 32 * (c % 2) + l] >> (4 * (c / 2))) & 0xF) |
+         (((b[offsetof(BlockQ6_K, qh) + 32 * h + l] >> (2 * c)) & 3) << 4);
 }
 
-// Q6_K: every element's low nibble and high bits where the header says, scales and d untouched, and the way
-// back.
-TEST(Repack, Q6KCodesSitAtTheirDocumentedPositions) {
-  constexpr size_t kBytes = sizeof(BlockQ6_K), kQh = offsetof(BlockQ6_K, qh);
-  std::vector<uint8_t> file(2 * kBytes);
-  std::mt19937 rng(13);
-  for (auto& b : file) b = static_cast<uint8_t>(rng());
-  std::vector<uint8_t> packed = file;
-  interleave_rows(DType::Q6_K, packed.data(), packed.size());
-  for (size_t s = 0; s < 2; ++s) {
-    const uint8_t* f = file.data() + s * kBytes;
-    const uint8_t* p = packed.data() + s * kBytes;
-    EXPECT_EQ(0, std::memcmp(f + kQh + 64, p + kQh + 64, kBytes - kQh - 64));
-    for (int e = 0; e < 256; ++e) {
-      const int h = e / 128, c = (e % 128) / 32, l = e % 32;
-      const int file_code = ((f[64 * h + 32 * (c % 2) + l] >> (4 * (c / 2))) & 0xF) |
-                            (((f[kQh + 32 * h + l] >> (2 * c)) & 3) << 4);
-      const int g = e / 16, q = (e % 16) / 4, i = e % 4;
-      const int code = ((p[64 * (q % 2) + 4 * g + i] >> (4 * (q / 2))) & 0xF) |
-                       (((p[kQh + 4 * g + i] >> (2 * q)) & 3) << 4);
-      EXPECT_EQ(file_code, code) << "element " << e;
+int packed_code(DType t, const uint8_t* b, int e) {
+  const int g = e / 16, q = (e % 16) / 4, i = e % 4;
+  const size_t planes = t == DType::Q4_K ? offsetof(BlockQ4_K, qs) : 0;
+  const int low = (b[planes + 64 * (q % 2) + 4 * g + i] >> (4 * (q / 2))) & 0xF;
+  if (t == DType::Q4_K) return low;
+  return low | (((b[offsetof(BlockQ6_K, qh) + 4 * g + i] >> (2 * q)) & 3) << 4);
+}
+
+std::pair<size_t, size_t> code_bytes(DType t) {
+  return t == DType::Q4_K ? std::pair<size_t, size_t>{offsetof(BlockQ4_K, qs), sizeof(BlockQ4_K)}
+                          : std::pair<size_t, size_t>{0, offsetof(BlockQ6_K, scales)};
+}
+
+// Q4_K and Q6_K: every element's code where the header says, every other byte untouched, and the way back.
+TEST(Repack, KQuantCodesSitAtTheirDocumentedPositions) {
+  for (DType t : {DType::Q4_K, DType::Q6_K}) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    const size_t bytes = interleave_super_bytes(t);
+    const auto [codes_begin, codes_end] = code_bytes(t);
+    std::vector<uint8_t> file(2 * bytes);
+    std::mt19937 rng(11);
+    for (auto& b : file) b = static_cast<uint8_t>(rng());
+    std::vector<uint8_t> packed = file;
+    interleave_rows(t, packed.data(), packed.size());
+    for (size_t s = 0; s < 2; ++s) {
+      const uint8_t* f = file.data() + s * bytes;
+      const uint8_t* p = packed.data() + s * bytes;
+      for (size_t b = 0; b < bytes; ++b) {
+        const bool code = b >= codes_begin && b < codes_end;
+        EXPECT_TRUE(code || f[b] == p[b]) << "byte " << b;
+      }
+      for (int e = 0; e < 256; ++e) EXPECT_EQ(file_code(t, f, e), packed_code(t, p, e)) << "element " << e;
     }
+    const MatrixView view{t, 1, 512, 2 * bytes, packed.data(), true};
+    std::vector<uint8_t> back(file.size());
+    file_form_row(view, 0, back.data());
+    EXPECT_EQ(file, back);
   }
-  const MatrixView view{DType::Q6_K, 1, 512, 2 * kBytes, packed.data(), true};
-  std::vector<uint8_t> back(file.size());
-  file_form_row(view, 0, back.data());
-  EXPECT_EQ(file, back);
 }
 
 TEST(Repack, MatmulIsBitIdenticalToTheFileFormOnEveryTarget) {

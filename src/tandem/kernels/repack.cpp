@@ -44,92 +44,57 @@ size_t interleave_super_bytes(DType type) {
 
 namespace {
 
-// Q4_K: byte p of the interleaved codes (p < 64: plane A, else plane B) and its nibble n hold the code of
-// element k4_element(p, n); the file holds element e in qs[32 (e / 64) + e % 32], nibble (e % 64) / 32.
-int k4_element(int p, int n) {
-  const int pos = p % 64, g = pos / 4, i = pos % 4, q = p / 64 + 2 * n;
-  return 16 * g + 4 * q + i;
-}
+// A bit field of one element's code: `bits` bits at bit `shift` of byte `byte` of the super-block.
+struct Field {
+  int byte, shift, bits;
+};
 
-int k4_file_byte(int e) {
-  return 32 * (e / 64) + e % 32;
-}
-
-int k4_file_nibble(int e) {
-  return (e % 64) / 32;
-}
-
-constexpr size_t kK4Header = offsetof(BlockQ4_K, qs);
-
-void interleave_k4(const uint8_t* in, uint8_t* out) {
-  std::memcpy(out, in, kK4Header);
-  for (int p = 0; p < 128; ++p) {
-    uint8_t b = 0;
-    for (int n = 0; n < 2; ++n) {
-      const int e = k4_element(p, n);
-      b = static_cast<uint8_t>(
-          b | (((in[kK4Header + k4_file_byte(e)] >> (4 * k4_file_nibble(e))) & 0xF) << (4 * n)));
-    }
-    out[kK4Header + p] = b;
+// Where the K-quant forms keep element e's code. Q4_K: the file holds it in qs[32 (e / 64) + e % 32] (qs at
+// byte 16), nibble (e % 64) / 32. Q6_K: the low 4 bits in ql[64h + 32 (c % 2) + l] (ql at byte 0), nibble
+// c / 2, the high 2 bits in qh[32h + l] (qh at byte 128), bits 2c, 2c + 1, for e = 128h + 32c + l. The
+// interleaved forms (repack.h) keep quarter q of group g (element 16g + 4q + i) in byte 64 (q % 2) + 4g + i
+// of the nibble planes, nibble q / 2, and for Q6_K its high bits at bits 2q, 2q + 1 of byte 4g + i of the qh
+// plane. fields() gives the low field first, then the high one (Q6_K).
+int fields(DType type, int e, bool interleaved, Field* out) {
+  const int g = e / 16, q = (e % 16) / 4, i = e % 4;
+  if (type == DType::Q4_K) {
+    constexpr int kQs = offsetof(BlockQ4_K, qs);
+    out[0] = interleaved ? Field{kQs + 64 * (q % 2) + 4 * g + i, 4 * (q / 2), 4}
+                         : Field{kQs + 32 * (e / 64) + e % 32, 4 * ((e % 64) / 32), 4};
+    return 1;
   }
-}
-
-void deinterleave_k4(const uint8_t* in, uint8_t* out) {
-  std::memcpy(out, in, kK4Header);
-  std::memset(out + kK4Header, 0, 128);
-  for (int p = 0; p < 128; ++p)
-    for (int n = 0; n < 2; ++n) {
-      const int e = k4_element(p, n);
-      out[kK4Header + k4_file_byte(e)] |=
-          static_cast<uint8_t>(((in[kK4Header + p] >> (4 * n)) & 0xF) << (4 * k4_file_nibble(e)));
-    }
-}
-
-// Q6_K: the low nibble planes as Q4_K's (ql at offset 0), and one plane of high bits: byte 4g + i of qh holds
-// the two high bits of quarter q of group g (element 16g + 4q + i) at bits 2q, 2q + 1. The file holds element
-// e = 128h + 32c + l in ql[64h + 32 (c % 2) + l], nibble c / 2, and qh[32h + l], bits 2c, 2c + 1.
-void k6_file_place(int e, int& ql_byte, int& ql_nibble, int& qh_byte, int& qh_shift) {
+  constexpr int kQl = offsetof(BlockQ6_K, ql), kQh = offsetof(BlockQ6_K, qh);
   const int h = e / 128, c = (e % 128) / 32, l = e % 32;
-  ql_byte = 64 * h + 32 * (c % 2) + l;
-  ql_nibble = c / 2;
-  qh_byte = 32 * h + l;
-  qh_shift = 2 * c;
+  out[0] = interleaved ? Field{kQl + 64 * (q % 2) + 4 * g + i, 4 * (q / 2), 4}
+                       : Field{kQl + 64 * h + 32 * (c % 2) + l, 4 * (c / 2), 4};
+  out[1] = interleaved ? Field{kQh + 4 * g + i, 2 * q, 2} : Field{kQh + 32 * h + l, 2 * c, 2};
+  return 2;
 }
 
-constexpr size_t kK6Qh = offsetof(BlockQ6_K, qh);
-
-void interleave_k6(const uint8_t* in, uint8_t* out) {
-  std::memcpy(out, in, sizeof(BlockQ6_K));
-  std::memset(out, 0, kK6Qh + 64);
-  for (int e = 0; e < 256; ++e) {
-    int qb, qn, hb, hs;
-    k6_file_place(e, qb, qn, hb, hs);
-    const int g = e / 16, q = (e % 16) / 4, i = e % 4;
-    const int low = (in[qb] >> (4 * qn)) & 0xF, high = (in[kK6Qh + hb] >> hs) & 3;
-    out[64 * (q % 2) + 4 * g + i] |= static_cast<uint8_t>(low << (4 * (q / 2)));
-    out[kK6Qh + 4 * g + i] |= static_cast<uint8_t>(high << (2 * q));
+// One K-quant super-block from one form to the other: the code fields move, every other byte (scales, d)
+// stays.
+void move_k_codes(DType type, const uint8_t* in, bool in_interleaved, uint8_t* out) {
+  const size_t bytes = interleave_super_bytes(type);
+  const size_t codes_begin = type == DType::Q4_K ? offsetof(BlockQ4_K, qs) : offsetof(BlockQ6_K, ql);
+  const size_t codes_end = type == DType::Q4_K ? sizeof(BlockQ4_K) : offsetof(BlockQ6_K, scales);
+  std::memcpy(out, in, bytes);
+  std::memset(out + codes_begin, 0, codes_end - codes_begin);
+  for (int e = 0; e < kSuper; ++e) {
+    Field from[2], to[2];
+    const int n = fields(type, e, in_interleaved, from);
+    fields(type, e, !in_interleaved, to);
+    for (int f = 0; f < n; ++f) {
+      const int v = (in[from[f].byte] >> from[f].shift) & ((1 << from[f].bits) - 1);
+      out[to[f].byte] = static_cast<uint8_t>(out[to[f].byte] | (v << to[f].shift));
+    }
   }
 }
 
-void deinterleave_k6(const uint8_t* in, uint8_t* out) {
-  std::memcpy(out, in, sizeof(BlockQ6_K));
-  std::memset(out, 0, kK6Qh + 64);
-  for (int e = 0; e < 256; ++e) {
-    int qb, qn, hb, hs;
-    k6_file_place(e, qb, qn, hb, hs);
-    const int g = e / 16, q = (e % 16) / 4, i = e % 4;
-    const int low = (in[64 * (q % 2) + 4 * g + i] >> (4 * (q / 2))) & 0xF;
-    const int high = (in[kK6Qh + 4 * g + i] >> (2 * q)) & 3;
-    out[qb] |= static_cast<uint8_t>(low << (4 * qn));
-    out[kK6Qh + hb] |= static_cast<uint8_t>(high << hs);
-  }
-}
 }  // namespace
 
 // Code bytes move in 8-byte units: unit h of block j (bytes 8h..8h+7) sits at 16 + 64h + 8j.
 void interleave_super(DType type, const uint8_t* in, uint8_t* out) {
-  if (type == DType::Q4_K) return interleave_k4(in, out);
-  if (type == DType::Q6_K) return interleave_k6(in, out);
+  if (type == DType::Q4_K || type == DType::Q6_K) return move_k_codes(type, in, false, out);
   const size_t bb = block_bytes(type);
   const int units = codes_per_block(type) / 8;
   for (int j = 0; j < 8; ++j) {
@@ -140,8 +105,7 @@ void interleave_super(DType type, const uint8_t* in, uint8_t* out) {
 }
 
 void deinterleave_super(DType type, const uint8_t* in, uint8_t* out) {
-  if (type == DType::Q4_K) return deinterleave_k4(in, out);
-  if (type == DType::Q6_K) return deinterleave_k6(in, out);
+  if (type == DType::Q4_K || type == DType::Q6_K) return move_k_codes(type, in, true, out);
   const size_t bb = block_bytes(type);
   const int units = codes_per_block(type) / 8;
   for (int j = 0; j < 8; ++j) {
