@@ -11,7 +11,7 @@
 //                      prefill kernels need four per 256 weights per activation row, so this bounds them.
 //   RowWorkFloor       the window kernels' per-row work alone (loads, vpdpbusd, convert, scaling), weights in
 //                      registers: the floor of MatmulHot at 8 rows, without the decoding of the weights.
-// Q4_0 and Q8_0 weights are in their repacked form (kernels/repack.h), as the model loader leaves them.
+// Weights are in the form the model loader leaves them in (repacked where kernels/repack.h says it pays).
 // Bytes/s counts weight bytes, so decode-class numbers compare directly with memory bandwidth.
 #include <benchmark/benchmark.h>
 
@@ -53,7 +53,7 @@ Weights make_weights(DType t, int64_t n, int64_t k) {
     quantize_row(t, row.data(), w.bytes.data() + static_cast<size_t>(o) * rb, k);
   }
   w.view = {t, n, k, rb, w.bytes.data()};
-  if (can_interleave(t, k)) {  // as the model loader repacks them
+  if (repack_pays(t, k)) {  // as the model loader repacks them
     interleave_rows(t, w.bytes.data(), w.bytes.size());
     w.view.interleaved = true;
   }

@@ -35,6 +35,10 @@ bool can_interleave(DType type, int64_t cols) {
   return has_form && cols > 0 && cols % kSuper == 0;
 }
 
+bool repack_pays(DType type, int64_t cols) {
+  return can_interleave(type, cols) && (type != DType::Q4_0 || best_target() != Target::kAVX512);
+}
+
 size_t interleave_super_bytes(DType type) {
   if (type == DType::Q4_K) return sizeof(BlockQ4_K);
   if (type == DType::Q6_K) return sizeof(BlockQ6_K);

@@ -177,13 +177,12 @@ void bind_standard_layers(const ArchReader& r, const Config& c, Weights& w) {
 
 namespace {
 
-// Repacks the layer matrices and an untied head that have an interleaved form (kernels/repack.h) in place,
-// once: they go through the matmul kernels only (the embedding table, read row by row, keeps the file's form,
-// and so does a head tied to it).
-// Where the pages cannot be made writable the file's form stays; the kernels read both, with the same
-// results.
+// Repacks the layer matrices and an untied head in place, once, where the interleaved form pays on this CPU
+// (kernels/repack.h): they go through the matmul kernels only (the embedding table, read row by row, keeps
+// the file's form, and so does a head tied to it). Where the pages cannot be made writable the file's form
+// stays; the kernels read both, with the same results.
 void repack(const gguf::File& file, MatrixView& m) {
-  if (m.empty() || m.interleaved || !kernels::can_interleave(m.type, m.cols)) return;
+  if (m.empty() || m.interleaved || !kernels::repack_pays(m.type, m.cols)) return;
   uint8_t* bytes = file.writable(m.data, m.bytes());
   if (!bytes) return;
   kernels::interleave_rows(m.type, bytes, m.bytes());
