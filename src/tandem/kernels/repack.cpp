@@ -1,8 +1,10 @@
 #include "tandem/kernels/repack.h"
 
+#include <array>
 #include <cstddef>
 #include <cstring>
 
+#include "tandem/kernels/matmul.h"
 #include "tandem/kernels/quant_layout.h"
 #include "tandem/tensor/blocks.h"
 #include "tandem/util/error.h"
@@ -36,7 +38,9 @@ bool can_interleave(DType type, int64_t cols) {
 }
 
 bool repack_pays(DType type, int64_t cols) {
-  return can_interleave(type, cols) && (type != DType::Q4_0 || best_target() != Target::kAVX512);
+  const Target best = best_target();
+  return can_interleave(type, cols) && best != Target::kScalar &&
+         (type != DType::Q4_0 || best != Target::kAVX512);
 }
 
 size_t interleave_super_bytes(DType type) {
@@ -75,30 +79,75 @@ int fields(DType type, int e, bool interleaved, Field* out) {
   return 2;
 }
 
-// One K-quant super-block from one form to the other: the code fields move, every other byte (scales, d)
-// stays.
-void move_k_codes(DType type, const uint8_t* in, bool in_interleaved, uint8_t* out) {
+// The moves of every code field from one form to the other, worked out once per type and direction.
+struct Move {
+  uint8_t src, src_shift, mask, dst, dst_shift;
+};
+
+struct MovePlan {
+  std::array<Move, 2 * kSuper> moves;
+  int size = 0;
+};
+
+MovePlan plan_moves(DType type, bool from_interleaved) {
+  MovePlan p;
+  for (int e = 0; e < kSuper; ++e) {
+    Field from[2], to[2];
+    const int n = fields(type, e, from_interleaved, from);
+    fields(type, e, !from_interleaved, to);
+    for (int f = 0; f < n; ++f)
+      p.moves[static_cast<size_t>(p.size++)] = {
+          static_cast<uint8_t>(from[f].byte), static_cast<uint8_t>(from[f].shift),
+          static_cast<uint8_t>((1 << from[f].bits) - 1), static_cast<uint8_t>(to[f].byte),
+          static_cast<uint8_t>(to[f].shift)};
+  }
+  return p;
+}
+
+// A K-quant super-block from the interleaved form back to the file's: the code fields move, every other byte
+// (scales, d) stays.
+void unpack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
+  static const MovePlan plans[2] = {plan_moves(DType::Q4_K, true), plan_moves(DType::Q6_K, true)};
+  const MovePlan& plan = plans[type == DType::Q4_K ? 0 : 1];
   const size_t bytes = interleave_super_bytes(type);
   const size_t codes_begin = type == DType::Q4_K ? offsetof(BlockQ4_K, qs) : offsetof(BlockQ6_K, ql);
   const size_t codes_end = type == DType::Q4_K ? sizeof(BlockQ4_K) : offsetof(BlockQ6_K, scales);
   std::memcpy(out, in, bytes);
   std::memset(out + codes_begin, 0, codes_end - codes_begin);
-  for (int e = 0; e < kSuper; ++e) {
-    Field from[2], to[2];
-    const int n = fields(type, e, in_interleaved, from);
-    fields(type, e, !in_interleaved, to);
-    for (int f = 0; f < n; ++f) {
-      const int v = (in[from[f].byte] >> from[f].shift) & ((1 << from[f].bits) - 1);
-      out[to[f].byte] = static_cast<uint8_t>(out[to[f].byte] | (v << to[f].shift));
-    }
+  for (int m = 0; m < plan.size; ++m) {
+    const Move& mv = plan.moves[static_cast<size_t>(m)];
+    out[mv.dst] =
+        static_cast<uint8_t>(out[mv.dst] | (((in[mv.src] >> mv.src_shift) & mv.mask) << mv.dst_shift));
   }
+}
+
+// A K-quant super-block to the interleaved form through this CPU's unpack kernel, which lays its codes out in
+// group order (UnpackedSuper::u: position 64q + 4g + i holds quarter q of group g), so the planes are plain
+// byte loops: plane A byte p takes quarters 0 and 2 at p, plane B quarters 1 and 3, the Q6_K high-bit plane
+// the top two bits of all four.
+void pack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
+  static const QuantKernels& qk = quant_kernels(best_target());
+  UnpackedSuper us;
+  qk.unpack_row(type, false, in, kSuper, qk.signed_q8, &us);
+  const uint8_t* u = us.u;
+  std::memcpy(out, in, interleave_super_bytes(type));
+  uint8_t* planes = out + (type == DType::Q4_K ? offsetof(BlockQ4_K, qs) : offsetof(BlockQ6_K, ql));
+  for (int p = 0; p < 64; ++p) {
+    planes[p] = static_cast<uint8_t>((u[p] & 0xF) | ((u[128 + p] & 0xF) << 4));
+    planes[64 + p] = static_cast<uint8_t>((u[64 + p] & 0xF) | ((u[192 + p] & 0xF) << 4));
+  }
+  if (type != DType::Q6_K) return;
+  uint8_t* qh = out + offsetof(BlockQ6_K, qh);
+  for (int p = 0; p < 64; ++p)
+    qh[p] = static_cast<uint8_t>(((u[p] >> 4) & 3) | (((u[64 + p] >> 4) & 3) << 2) |
+                                 (((u[128 + p] >> 4) & 3) << 4) | (((u[192 + p] >> 4) & 3) << 6));
 }
 
 }  // namespace
 
 // Code bytes move in 8-byte units: unit h of block j (bytes 8h..8h+7) sits at 16 + 64h + 8j.
 void interleave_super(DType type, const uint8_t* in, uint8_t* out) {
-  if (type == DType::Q4_K || type == DType::Q6_K) return move_k_codes(type, in, false, out);
+  if (type == DType::Q4_K || type == DType::Q6_K) return pack_k_planes(type, in, out);
   const size_t bb = block_bytes(type);
   const int units = codes_per_block(type) / 8;
   for (int j = 0; j < 8; ++j) {
@@ -109,7 +158,7 @@ void interleave_super(DType type, const uint8_t* in, uint8_t* out) {
 }
 
 void deinterleave_super(DType type, const uint8_t* in, uint8_t* out) {
-  if (type == DType::Q4_K || type == DType::Q6_K) return move_k_codes(type, in, true, out);
+  if (type == DType::Q4_K || type == DType::Q6_K) return unpack_k_planes(type, in, out);
   const size_t bb = block_bytes(type);
   const int units = codes_per_block(type) / 8;
   for (int j = 0; j < 8; ++j) {
