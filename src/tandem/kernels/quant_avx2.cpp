@@ -299,27 +299,6 @@ void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
   if (nb % 8 != 0) finish_partial_super(out[nb / 8], static_cast<int>(nb % 8) * 32);
 }
 
-void unpack_row(DType type, bool interleaved, const uint8_t* row, int64_t k, bool signed_q8,
-                UnpackedSuper* out) {
-  if (interleaved && type == DType::Q4_0)
-    return unpack_supers<load_q4_0x_super, kQ4_0Super>(row, k / kSuper, out);
-  if (interleaved && type == DType::Q8_0 && signed_q8)
-    return unpack_supers<load_q8_0x_super, kQ8_0Super>(row, k / kSuper, out);
-  if (interleaved && type == DType::Q4_K)
-    return unpack_supers<load_q4_kx_super, sizeof(BlockQ4_K)>(row, k / kSuper, out);
-  if (interleaved && type == DType::Q6_K)
-    return unpack_supers<load_q6_kx_super, sizeof(BlockQ6_K)>(row, k / kSuper, out);
-  if (interleaved) return unpack_row_impl(type, true, row, k, signed_q8, out);
-  if (k % kSuper == 0 && type == DType::Q4_0)
-    return unpack_supers<load_q4_0_super, kQ4_0Super>(row, k / kSuper, out);
-  if (k % kSuper == 0 && type == DType::Q8_0 && signed_q8)
-    return unpack_supers<load_q8_0_super, kQ8_0Super>(row, k / kSuper, out);
-  if (type == DType::Q4_K) return unpack_supers<load_q4_k_super, sizeof(BlockQ4_K)>(row, k / kSuper, out);
-  if (type == DType::Q5_K) return unpack_supers<load_q5_k_super, sizeof(BlockQ5_K)>(row, k / kSuper, out);
-  if (type == DType::Q6_K) return unpack_supers<load_q6_k_super, sizeof(BlockQ6_K)>(row, k / kSuper, out);
-  unpack_row_impl(type, false, row, k, signed_q8, out);
-}
-
 // How a weight type's offsets enter the sums. kFold > 0: the offset is -2^kFold times the scale in every
 // group (Q4_0: -8, Q6_K: -32), so it is folded into the integer sums (minus 2^kFold times the activation code
 // sums, exact) and the offset term vanishes. kNoOffset: signed Q8_0 codes, whose offset is zero. 0: b times
@@ -400,6 +379,9 @@ void dot_tile(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_
 // 8 measured a little faster than 4 for 8-row windows in cache (Q4_0 and Q8_0), though not every weight
 // vector stays in a register at 8 rows.
 constexpr int64_t kDirectRows = 8;
+
+// Q8_0 codes of this target's unpacked form and loaders: signed (vpmaddubsw saturates at 255 unsigned).
+constexpr bool kSignedQ8 = true;
 // Q4_K and Q5_K keep an offset accumulator per row (fold 0): 8 rows need 16 accumulators, all of AVX2's
 // registers, and spill; two passes of 4 rows (decoding each weight super-block twice) measured faster. Q6_K
 // folds its offset and, like Q4_0, is a little faster with 8.
@@ -437,6 +419,31 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
   }
 }
 
+// The register loader of a weight type in its file or repacked form (repack.h), with its super-block size and
+// offset fold, handed to fn (call_with); false for a type this target does not decode in registers. Q8_0 is
+// decoded to signed codes.
+template <typename Fn>
+bool with_loader(DType type, bool interleaved, Fn&& fn) {
+  switch (type) {
+    case DType::Q4_0:
+      return interleaved ? call_with<load_q4_0x_super, kQ4_0Super, fold_of(DType::Q4_0, false)>(fn)
+                         : call_with<load_q4_0_super, kQ4_0Super, fold_of(DType::Q4_0, false)>(fn);
+    case DType::Q8_0:
+      return interleaved ? call_with<load_q8_0x_super, kQ8_0Super, kNoOffset>(fn)
+                         : call_with<load_q8_0_super, kQ8_0Super, kNoOffset>(fn);
+    case DType::Q4_K:
+      return interleaved ? call_with<load_q4_kx_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K, false)>(fn)
+                         : call_with<load_q4_k_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K, false)>(fn);
+    case DType::Q5_K:
+      return !interleaved && call_with<load_q5_k_super, sizeof(BlockQ5_K), fold_of(DType::Q5_K, false)>(fn);
+    case DType::Q6_K:
+      return interleaved ? call_with<load_q6_kx_super, sizeof(BlockQ6_K), fold_of(DType::Q6_K, false)>(fn)
+                         : call_with<load_q6_k_super, sizeof(BlockQ6_K), fold_of(DType::Q6_K, false)>(fn);
+    default:
+      return false;
+  }
+}
+
 #include "tandem/kernels/quant_direct_x86.inc"
 
 int64_t direct_max_rows(DType type, bool /*interleaved: both forms*/, int64_t k, bool signed_q8) {
@@ -445,37 +452,6 @@ int64_t direct_max_rows(DType type, bool /*interleaved: both forms*/, int64_t k,
   if (type == DType::Q6_K) return kDirectRows;
   if (type == DType::Q4_K || type == DType::Q5_K) return kDirectRowsOffset;
   return 0;
-}
-
-void direct_rows(DType type, bool interleaved, const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t k,
-                 const ActSuper* x, int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
-  const int64_t ns = k / kSuper;
-  if (type == DType::Q4_0 && interleaved)
-    return direct_rows_t<load_q4_0x_super, kQ4_0Super, fold_of(DType::Q4_0, false)>(
-        w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
-  if (type == DType::Q8_0 && interleaved)
-    return direct_rows_t<load_q8_0x_super, kQ8_0Super, kNoOffset>(w, row_bytes, n_out, ns, x, x_stride,
-                                                                  n_rows, y, y_stride);
-  if (type == DType::Q4_0)
-    return direct_rows_t<load_q4_0_super, kQ4_0Super, fold_of(DType::Q4_0, false)>(
-        w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
-  if (type == DType::Q4_K && interleaved)
-    return direct_rows_t<load_q4_kx_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K, false)>(
-        w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
-  if (type == DType::Q4_K)
-    return direct_rows_t<load_q4_k_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K, false)>(
-        w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
-  if (type == DType::Q5_K)
-    return direct_rows_t<load_q5_k_super, sizeof(BlockQ5_K), fold_of(DType::Q5_K, false)>(
-        w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
-  if (type == DType::Q6_K && interleaved)
-    return direct_rows_t<load_q6_kx_super, sizeof(BlockQ6_K), fold_of(DType::Q6_K, false)>(
-        w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
-  if (type == DType::Q6_K)
-    return direct_rows_t<load_q6_k_super, sizeof(BlockQ6_K), fold_of(DType::Q6_K, false)>(
-        w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
-  direct_rows_t<load_q8_0_super, kQ8_0Super, kNoOffset>(w, row_bytes, n_out, ns, x, x_stride, n_rows, y,
-                                                        y_stride);
 }
 
 void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,

@@ -224,6 +224,9 @@ constexpr int fold_of(DType type) {
   return type == DType::Q4_0 ? 3 : type == DType::Q6_K ? 5 : type == DType::Q8_0 ? 7 : 0;
 }
 
+// Q8_0 codes of this target's unpacked form and loaders: unsigned (offset folded).
+constexpr bool kSignedQ8 = false;
+
 // Direct kernels: weight rows straight from their file bytes, each super-block decoded into registers and
 // applied to up to kDirectRows activation rows, with no unpack buffer (decode and small verify windows).
 constexpr int64_t kDirectRows = 8;
@@ -344,29 +347,29 @@ void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
   if (nb % 8 != 0) finish_partial_super(out[nb / 8], static_cast<int>(nb % 8) * 32);
 }
 
-void unpack_row(DType type, bool interleaved, const uint8_t* row, int64_t k, bool signed_q8,
-                UnpackedSuper* out) {
-  if (interleaved && type == DType::Q4_0)
-    return unpack_supers<load_q4_0x_super, kQ4_0Super>(row, k / kSuper, out);
-  if (interleaved && type == DType::Q8_0 && !signed_q8)
-    return unpack_supers<load_q8_0x_super, kQ8_0Super>(row, k / kSuper, out);
-  if (interleaved && type == DType::Q4_K)
-    return unpack_supers<load_q4_kx_super, sizeof(BlockQ4_K)>(row, k / kSuper, out);
-  if (interleaved && type == DType::Q6_K)
-    return unpack_supers<load_q6_kx_super, sizeof(BlockQ6_K)>(row, k / kSuper, out);
-  if (interleaved) return unpack_row_impl(type, true, row, k, signed_q8, out);
-  if (k % kSuper == 0 && type == DType::Q4_0)
-    return unpack_supers<load_q4_0_super, kQ4_0Super>(row, k / kSuper, out);
-  if (k % kSuper == 0 && type == DType::Q8_0 && !signed_q8)
-    return unpack_supers<load_q8_0_super, kQ8_0Super>(row, k / kSuper, out);
-  // K-quant rows are whole super-blocks by construction; the check keeps a malformed k on the generic path.
-  if (k % kSuper == 0 && type == DType::Q4_K)
-    return unpack_supers<load_q4_k_super, sizeof(BlockQ4_K)>(row, k / kSuper, out);
-  if (k % kSuper == 0 && type == DType::Q5_K)
-    return unpack_supers<load_q5_k_super, sizeof(BlockQ5_K)>(row, k / kSuper, out);
-  if (k % kSuper == 0 && type == DType::Q6_K)
-    return unpack_supers<load_q6_k_super, sizeof(BlockQ6_K)>(row, k / kSuper, out);
-  unpack_row_impl(type, false, row, k, signed_q8, out);
+// The register loader of a weight type in its file or repacked form (repack.h), with its super-block size and
+// offset fold, handed to fn (call_with); false for a type this target does not decode in registers. Q8_0 is
+// decoded to unsigned codes.
+template <typename Fn>
+bool with_loader(DType type, bool interleaved, Fn&& fn) {
+  switch (type) {
+    case DType::Q4_0:
+      return interleaved ? call_with<load_q4_0x_super, kQ4_0Super, fold_of(DType::Q4_0)>(fn)
+                         : call_with<load_q4_0_super, kQ4_0Super, fold_of(DType::Q4_0)>(fn);
+    case DType::Q8_0:
+      return interleaved ? call_with<load_q8_0x_super, kQ8_0Super, fold_of(DType::Q8_0)>(fn)
+                         : call_with<load_q8_0_super, kQ8_0Super, fold_of(DType::Q8_0)>(fn);
+    case DType::Q4_K:
+      return interleaved ? call_with<load_q4_kx_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K)>(fn)
+                         : call_with<load_q4_k_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K)>(fn);
+    case DType::Q5_K:
+      return !interleaved && call_with<load_q5_k_super, sizeof(BlockQ5_K), fold_of(DType::Q5_K)>(fn);
+    case DType::Q6_K:
+      return interleaved ? call_with<load_q6_kx_super, sizeof(BlockQ6_K), fold_of(DType::Q6_K)>(fn)
+                         : call_with<load_q6_k_super, sizeof(BlockQ6_K), fold_of(DType::Q6_K)>(fn);
+    default:
+      return false;
+  }
 }
 
 // Each row keeps the same two accumulators and the same operation sequence whatever NR is (and whichever
@@ -405,40 +408,6 @@ int64_t direct_max_rows(DType type, bool /*interleaved: both forms*/, int64_t k,
       return signed_q8 ? 0 : kDirectRows;
     default:
       return 0;
-  }
-}
-
-void direct_rows(DType type, bool interleaved, const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t k,
-                 const ActSuper* x, int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
-  const int64_t ns = k / kSuper;
-  switch (type) {
-    case DType::Q4_0:
-      if (interleaved)
-        return direct_rows_t<load_q4_0x_super, kQ4_0Super, fold_of(DType::Q4_0)>(
-            w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
-      return direct_rows_t<load_q4_0_super, kQ4_0Super, fold_of(DType::Q4_0)>(w, row_bytes, n_out, ns, x,
-                                                                              x_stride, n_rows, y, y_stride);
-    case DType::Q8_0:
-      if (interleaved)
-        return direct_rows_t<load_q8_0x_super, kQ8_0Super, fold_of(DType::Q8_0)>(
-            w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
-      return direct_rows_t<load_q8_0_super, kQ8_0Super, fold_of(DType::Q8_0)>(w, row_bytes, n_out, ns, x,
-                                                                              x_stride, n_rows, y, y_stride);
-    case DType::Q4_K:
-      if (interleaved)
-        return direct_rows_t<load_q4_kx_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K)>(
-            w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
-      return direct_rows_t<load_q4_k_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K)>(
-          w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
-    case DType::Q5_K:
-      return direct_rows_t<load_q5_k_super, sizeof(BlockQ5_K), fold_of(DType::Q5_K)>(
-          w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
-    default:
-      if (interleaved)
-        return direct_rows_t<load_q6_kx_super, sizeof(BlockQ6_K), fold_of(DType::Q6_K)>(
-            w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
-      return direct_rows_t<load_q6_k_super, sizeof(BlockQ6_K), fold_of(DType::Q6_K)>(
-          w, row_bytes, n_out, ns, x, x_stride, n_rows, y, y_stride);
   }
 }
 
