@@ -133,7 +133,9 @@ TEST(Kernels, CodesSitAtTheirDocumentedPositions) {
       ASSERT_EQ(ws.u[pb], static_cast<uint8_t>(qk.signed_q8 ? code : code + 128)) << e;
       ASSERT_EQ(ws.a[lane_group(i, true)], 1.0f) << e;
       ASSERT_EQ(a[static_cast<size_t>(e / kSuper)].q[pb], code) << e;
+      ASSERT_EQ(a[static_cast<size_t>(e / kSuper)].qb[pb], code + 128) << e;  // biased codes
       ASSERT_EQ(b[static_cast<size_t>(e / kSuper)].q[pg], -code) << e;
+      ASSERT_EQ(b[static_cast<size_t>(e / kSuper)].qb[pg], 128 - code) << e;
       block_sums[e / kSuper][lane_group(i, true)] += code;
       group_sums[e / kSuper][lane_group(i, false)] -= code;
     }

@@ -297,6 +297,7 @@ void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
     if (j % 8 == 7) interleave_blocks(reinterpret_cast<uint8_t*>(s.q));
   }
   if (nb % 8 != 0) finish_partial_super(out[nb / 8], static_cast<int>(nb % 8) * 32);
+  bias_codes(out, super_count(k));
 }
 
 // How a weight type's offsets enter the sums. kFold > 0: the offset is -2^kFold times the scale in every
@@ -393,7 +394,8 @@ constexpr size_t kDotTileRows = 4;
 // Accumulator state per activation row between column chunks (quant_direct_x86.inc): acc, then acc_b.
 constexpr int64_t kStateFloats = 16;
 
-template <int NR, void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold>
+// Signed: nullptr (this target has no signed form; see quant_layout.h).
+template <int NR, void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold, auto Signed>
 void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x_stride, float* y,
                  int64_t y_stride, const TilePart& part) {
   __m256 acc[NR], acc_b[NR];

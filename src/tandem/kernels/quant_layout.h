@@ -7,7 +7,10 @@
 // 16-element group is then
 //     sum(w * x) = dx * (a * sum(u * q) + b * sum(q)),
 // an integer dot product of u8 by s8 (VNNI vpdpbusd; AVX2 vpmaddubsw + vpmaddwd) followed by one float
-// scaling per group. Weight rows are unpacked once per matmul row pass (or, with direct kernels, decoded into
+// scaling per group. (A target may also take weights with a fixed offset as signed codes s = u + b / a
+// against the activation codes biased to unsigned, q + 128, starting each group sum at -128 * sum(s): the
+// same integer sums, with the correction computed once per weight super-block instead of read per
+// activation row.) Weight rows are unpacked once per matmul row pass (or, with direct kernels, decoded into
 // registers super-block by super-block) and then applied to every activation row of a window, so a verify
 // window reads (and decodes) its weights once. Where b is a fixed multiple of a (Q4_0: -8a, Q6_K: -32a, Q8_0
 // stored unsigned: -128a), a target may fold the offset term into the integer sums instead
@@ -47,16 +50,17 @@ struct alignas(64) UnpackedSuper {
 
 // 256 activations of one row, quantized.
 struct alignas(64) ActSuper {
-  int8_t q[kSuper];   // codes in [-127, 127], interleaved (block or group order)
-  float d[kGroups];   // scale of each lane group (the scale of its 32- or 256-element block)
-  float bs[kGroups];  // sum of the 16 codes of each lane group times its scale
+  int8_t q[kSuper];    // codes in [-127, 127], interleaved (block or group order)
+  uint8_t qb[kSuper];  // the same codes plus 128 (unsigned), for kernels that take the weights signed
+  float d[kGroups];    // scale of each lane group (the scale of its 32- or 256-element block)
+  float bs[kGroups];   // sum of the 16 codes of each lane group times its scale
   // Minus the sum of the 16 codes of each lane group times 2^3, 2^5 and 2^7 (fold_index): the integer offset
   // terms of weights stored as unsigned codes with a fixed offset of -8 (Q4_0), -32 (Q6_K) or -128 (Q8_0)
   // times their scale, ready to start a group sum.
   int32_t offset_sums[3][kGroups];
 };
 
-static_assert(sizeof(UnpackedSuper) == 384 && sizeof(ActSuper) == 576);
+static_assert(sizeof(UnpackedSuper) == 384 && sizeof(ActSuper) == 832);
 
 // Row of ActSuper::offset_sums for a weight offset of -2^fold (fold 3, 5 or 7).
 constexpr int fold_index(int fold) {

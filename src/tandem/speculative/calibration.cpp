@@ -125,7 +125,7 @@ std::string cpu_model_name() {
 
 std::string machine_key() {
   // Bump kKernelRevision whenever kernel changes move the verify cost curve.
-  constexpr int kKernelRevision = 8;
+  constexpr int kKernelRevision = 9;
   return cpu_model_name() + " | " + std::string(kernels::target_name(kernels::best_target())) + " r" +
          std::to_string(kKernelRevision);
 }
