@@ -249,6 +249,55 @@ TEST(Kernels, DirectKernelsAreBitIdenticalToUnpackAndDot) {
   }
 }
 
+// Each target's unpacked kernels (unpack_row + dot_rows, on a single thread) against the scalar target's
+// within the float-order tolerance, and a row's bits whatever window it runs in (batch invariance), for every
+// row count up to 9 (two tiles and a rest on every target).
+TEST(Kernels, DotRowsMatchScalarAndDoNotDependOnTheWindow) {
+  const QuantKernels& ref = quant_kernels(Target::kScalar);
+  constexpr int64_t kRows = 9, kOut = 3;
+  for (DType t : kQuantTypes) {
+    for (int64_t k : sizes_for(t)) {
+      const int64_t ns = super_count(k);
+      const TestMatrix m = make_matrix(t, kOut, k, 23);
+      const auto x = make_activations(kRows, k, 29);
+      std::vector<ActSuper> act(static_cast<size_t>(ns * kRows));
+      for (int64_t r = 0; r < kRows; ++r)
+        ref.quantize_row(x.data() + 1 + r * k, k, per_super_activations(t), act.data() + r * ns);
+      std::vector<UnpackedSuper> buf(static_cast<size_t>(ns));
+      std::vector<float> want(static_cast<size_t>(kRows * kOut));
+      for (int64_t o = 0; o < kOut; ++o) {
+        ref.unpack_row(t, false, m.view.row(o), k, false, buf.data());
+        ref.dot_rows(buf.data(), ns, act.data(), ns, kRows, t, false, want.data() + o, kOut);
+      }
+      for (Target target : runnable_targets()) {
+        SCOPED_TRACE(std::string(target_name(target)) + " " + std::string(dtype_name(t)) +
+                     " k=" + std::to_string(k));
+        const QuantKernels& qk = quant_kernels(target);
+        const bool signed_codes = t == DType::Q8_0 && qk.signed_q8;
+        for (int64_t o = 0; o < kOut; ++o) {
+          qk.unpack_row(t, false, m.view.row(o), k, signed_codes, buf.data());
+          std::vector<float> alone(static_cast<size_t>(kRows));
+          for (int64_t r = 0; r < kRows; ++r)
+            qk.dot_rows(buf.data(), ns, act.data() + r * ns, ns, 1, t, signed_codes, &alone[r], 1);
+          for (int64_t r = 0; r < kRows; ++r) {
+            double mag = 0;
+            for (int64_t i = 0; i < k; ++i)
+              mag += std::fabs(m.dequant[static_cast<size_t>(o * k + i)] *
+                               x[static_cast<size_t>(1 + r * k + i)]);
+            ASSERT_NEAR(alone[r], want[static_cast<size_t>(r * kOut + o)], 1e-5 * mag + 1e-6) << "r=" << r;
+          }
+          for (int64_t rows = 2; rows <= kRows; ++rows) {
+            std::vector<float> got(static_cast<size_t>(rows));
+            qk.dot_rows(buf.data(), ns, act.data(), ns, rows, t, signed_codes, got.data(), 1);
+            EXPECT_EQ(0, std::memcmp(got.data(), alone.data(), got.size() * sizeof(float)))
+                << "rows=" << rows;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Kernels, QuantizedMatmulMatchesReferences) {
   ThreadPool pool(2);
   for (DType t : kQuantTypes) {

@@ -1,5 +1,10 @@
 #include "tandem/kernels/cpu_target.h"
 
+#if defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
 namespace tandem::kernels {
 namespace {
 
@@ -16,6 +21,13 @@ bool cpu_supports(Target t) {
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512vnni");
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+    case Target::kNEON:
+      return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#elif defined(__aarch64__) && defined(__APPLE__)
+    case Target::kNEON:
+      return true;  // every Apple arm64 CPU has the dot-product extension
+#endif
     default:
       return false;
   }
@@ -31,13 +43,15 @@ std::string_view target_name(Target t) {
       return "avx2";
     case Target::kAVX512:
       return "avx512-vnni";
+    case Target::kNEON:
+      return "neon-dotprod";
   }
   return "?";
 }
 
 std::vector<Target> runnable_targets() {
   std::vector<Target> out;
-  for (Target t : {Target::kScalar, Target::kAVX2, Target::kAVX512})
+  for (Target t : {Target::kScalar, Target::kAVX2, Target::kAVX512, Target::kNEON})
     if (cpu_supports(t)) out.push_back(t);
   return out;
 }

@@ -11,6 +11,7 @@ enum class Target {
   kScalar,  // portable C++: the reference every SIMD kernel is tested against
   kAVX2,    // x86-64 AVX2 + FMA + F16C
   kAVX512,  // x86-64 AVX-512 F/BW/VL + VNNI
+  kNEON,    // AArch64 NEON with the dot-product extension (ARMv8.2 sdot)
 };
 
 std::string_view target_name(Target t);

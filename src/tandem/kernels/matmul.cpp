@@ -33,6 +33,8 @@ const QuantKernels& quant_kernels(Target t) {
       return quant_kernels_avx512();
     case Target::kAVX2:
       return quant_kernels_avx2();
+    case Target::kNEON:
+      return quant_kernels_neon();
     default:
       return quant_kernels_scalar();
   }

@@ -127,5 +127,6 @@ inline int64_t no_direct_rows(DType, bool, int64_t, bool) {
 const QuantKernels& quant_kernels_scalar();
 const QuantKernels& quant_kernels_avx2();
 const QuantKernels& quant_kernels_avx512();
+const QuantKernels& quant_kernels_neon();
 
 }  // namespace tandem::kernels

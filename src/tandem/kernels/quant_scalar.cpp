@@ -17,36 +17,7 @@ inline float half_to_float(uint16_t h) {
   return fp16_to_f32(h);
 }
 
-// The two bit-level helpers quant_unpack.inc expects, in plain C++.
-inline void nibbles32(const uint8_t* __restrict qs, uint8_t* __restrict u) {
-  for (int l = 0; l < 16; ++l) {
-    u[l] = qs[l] & 0x0F;
-    u[l + 16] = qs[l] >> 4;
-  }
-}
-
-inline void fifth_bits32(const uint8_t* qh, uint8_t* __restrict u) {
-  uint32_t bits;
-  std::memcpy(&bits, qh, 4);
-  for (int l = 0; l < 32; ++l) u[l] |= static_cast<uint8_t>(((bits >> l) & 1) << 4);
-}
-
-// Element order to group order (quant_layout.h), as a transpose of 4-byte units.
-inline void interleave_groups(uint8_t* codes) {
-  uint8_t tmp[kSuper];
-  for (int g = 0; g < kGroups; ++g)
-    for (int q = 0; q < 4; ++q) std::memcpy(tmp + 64 * q + 4 * g, codes + 16 * g + 4 * q, 4);
-  std::memcpy(codes, tmp, kSuper);
-}
-
-// Element order to block order (quant_layout.h), as a transpose of 8-byte units.
-inline void interleave_blocks(uint8_t* codes) {
-  uint8_t tmp[kSuper];
-  for (int j = 0; j < 8; ++j)
-    for (int q = 0; q < 4; ++q) std::memcpy(tmp + 64 * q + 8 * j, codes + 32 * j + 8 * q, 8);
-  std::memcpy(codes, tmp, kSuper);
-}
-
+#include "tandem/kernels/quant_plain_helpers.inc"
 #include "tandem/kernels/quant_unpack.inc"
 
 float dot_one(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, bool signed_codes) {

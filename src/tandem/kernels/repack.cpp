@@ -39,7 +39,9 @@ bool can_interleave(DType type, int64_t cols) {
 
 bool repack_pays(DType type, int64_t cols) {
   const Target best = best_target();
-  return can_interleave(type, cols) && best != Target::kScalar &&
+  // Only the x86 targets decode the repacked forms in registers; the others would read them back through the
+  // file form on every matmul.
+  return can_interleave(type, cols) && (best == Target::kAVX2 || best == Target::kAVX512) &&
          (type != DType::Q4_0 || best != Target::kAVX512);
 }
 
