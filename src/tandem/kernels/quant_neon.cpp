@@ -2,7 +2,8 @@
 // asimddp). Weight rows are unpacked once per matmul row pass by the shared plain C++ (quant_unpack.inc,
 // vectorized by the compiler), then applied to up to kDotTileRows activation rows: sdot multiplies the codes
 // as signed bytes, 16 per instruction, which every unpacked code fits (at most 63, or Q8_0's signed codes:
-// signed_q8), and the offset term b * sum(q) is added per group in float.
+// signed_q8). A fixed offset (Q4_0, Q5_0, Q6_K) is taken out of the codes once per weight super-block, so it
+// costs nothing per row; other offsets (Q4_1, Q5_1, the K-quants' mins) add b * sum(q) per group in float.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -32,10 +33,31 @@ inline float half_to_float(uint16_t h) {
 // at 4 rows, beside one chunk of weight codes and its scales.
 constexpr int64_t kDotTileRows = 4;
 
+// How a weight type's offset enters the sums: kOffset > 0, the offset is -kOffset times the scale in every
+// group (Q4_0: 8, Q5_0: 16, Q6_K: 32), so the codes minus kOffset (signed, exact) go into the integer sums
+// and the offset term vanishes; kOffset == 0, no offset (Q8_0's signed codes); kGeneralOffset, b times the
+// scaled code sums, added per group in float.
+constexpr int kGeneralOffset = -1;
+
+constexpr int offset_of(DType type, bool signed_codes) {
+  switch (type) {
+    case DType::Q4_0:
+      return 8;
+    case DType::Q5_0:
+      return 16;
+    case DType::Q6_K:
+      return 32;
+    case DType::Q8_0:
+      return signed_codes ? 0 : kGeneralOffset;
+    default:
+      return kGeneralOffset;
+  }
+}
+
 // Each row keeps the same four accumulators and the same operation sequence whatever NR is, so its result
 // does not depend on the rows beside it. Chunk j of a super-block is bytes 16j..16j+15 of each quarter: lanes
 // 4j..4j+3, that is lane groups 4j..4j+3 (quant_layout.h).
-template <int NR>
+template <int NR, int kOffset>
 void dot_tile(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, float* y,
               int64_t y_stride) {
   float32x4_t acc[NR][4];
@@ -45,14 +67,17 @@ void dot_tile(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_
     const UnpackedSuper& W = w[s];
     for (int j = 0; j < 4; ++j) {
       int8x16_t u[4];
-      for (int q = 0; q < 4; ++q) u[q] = vreinterpretq_s8_u8(vld1q_u8(W.u + 64 * q + 16 * j));
+      for (int q = 0; q < 4; ++q) {
+        u[q] = vreinterpretq_s8_u8(vld1q_u8(W.u + 64 * q + 16 * j));
+        if (kOffset > 0) u[q] = vsubq_s8(u[q], vdupq_n_s8(static_cast<int8_t>(kOffset)));
+      }
       const float32x4_t a = vld1q_f32(W.a + 4 * j), b = vld1q_f32(W.b + 4 * j);
       for (int r = 0; r < NR; ++r) {
         const ActSuper& X = x[r * x_stride + s];
         int32x4_t sum = vdupq_n_s32(0);
         for (int q = 0; q < 4; ++q) sum = vdotq_s32(sum, u[q], vld1q_s8(X.q + 64 * q + 16 * j));
         acc[r][j] = vfmaq_f32(acc[r][j], vcvtq_f32_s32(sum), vmulq_f32(a, vld1q_f32(X.d + 4 * j)));
-        acc[r][j] = vfmaq_f32(acc[r][j], b, vld1q_f32(X.bs + 4 * j));
+        if (kOffset == kGeneralOffset) acc[r][j] = vfmaq_f32(acc[r][j], b, vld1q_f32(X.bs + 4 * j));
       }
     }
   }
@@ -60,14 +85,31 @@ void dot_tile(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_
     y[r * y_stride] = vaddvq_f32(vaddq_f32(vaddq_f32(acc[r][0], acc[r][1]), vaddq_f32(acc[r][2], acc[r][3])));
 }
 
-void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
-              DType /*type*/, bool /*signed_codes: codes are read as signed bytes either way*/, float* y,
-              int64_t y_stride) {
+template <int kOffset>
+void dot_rows_t(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
+                float* y, int64_t y_stride) {
   using Tile = void (*)(const UnpackedSuper*, int64_t, const ActSuper*, int64_t, float*, int64_t);
-  static constexpr Tile tiles[kDotTileRows] = {&dot_tile<1>, &dot_tile<2>, &dot_tile<3>, &dot_tile<4>};
+  static constexpr Tile tiles[kDotTileRows] = {&dot_tile<1, kOffset>, &dot_tile<2, kOffset>,
+                                               &dot_tile<3, kOffset>, &dot_tile<4, kOffset>};
   for (int64_t r = 0; r < n_rows; r += kDotTileRows)
     tiles[std::min(kDotTileRows, n_rows - r) - 1](w, n_super, x + r * x_stride, x_stride, y + r * y_stride,
                                                   y_stride);
+}
+
+void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
+              DType type, bool signed_codes, float* y, int64_t y_stride) {
+  switch (offset_of(type, signed_codes)) {
+    case 0:
+      return dot_rows_t<0>(w, n_super, x, x_stride, n_rows, y, y_stride);
+    case 8:
+      return dot_rows_t<8>(w, n_super, x, x_stride, n_rows, y, y_stride);
+    case 16:
+      return dot_rows_t<16>(w, n_super, x, x_stride, n_rows, y, y_stride);
+    case 32:
+      return dot_rows_t<32>(w, n_super, x, x_stride, n_rows, y, y_stride);
+    default:
+      return dot_rows_t<kGeneralOffset>(w, n_super, x, x_stride, n_rows, y, y_stride);
+  }
 }
 
 }  // namespace neon_target
