@@ -42,10 +42,17 @@ if [ ${#missing[@]} -ne 0 ]; then
     sudo="sudo"
   fi
   export DEBIAN_FRONTEND=noninteractive
-  { dpkg --print-foreign-architectures | grep -qx arm64 || $sudo dpkg --add-architecture arm64; } &&
-    $sudo apt-get update -qq &&
-    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
+  added_arch=0
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    $sudo dpkg --add-architecture arm64 || unavailable "could not add the arm64 architecture to dpkg"
+    added_arch=1
+  fi
+  if ! { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"; }; then
+    # Leave the machine's package setup as it was (a package source without arm64 lists would otherwise
+    # fail every later apt-get update).
+    [ $added_arch -eq 1 ] && $sudo dpkg --remove-architecture arm64 && $sudo apt-get update -qq || true
     unavailable "could not install ${missing[*]}"
+  fi
 fi
 
 cmake -S . -B build-arm64 -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DTANDEM_BENCH=OFF \
