@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Cross-builds Tandem (the CLI and the kernel tests) for 64-bit ARM Linux, warnings as errors as natively, and
 # runs the kernel tests that need no thread pool under qemu-user with a CPU that has the dot-product
-# extension, so the NEON kernels are checked against the scalar reference. Installs Debian's cross compiler,
+# extension, so both NEON kernel sets (with and without sdot) are checked against the scalar reference. Installs Debian's cross compiler,
 # qemu-user and the arm64 -dev packages (multiarch) when missing; needs root (or sudo) only then. Build folder:
 # build-arm64.
 #

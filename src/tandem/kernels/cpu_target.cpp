@@ -21,11 +21,15 @@ bool cpu_supports(Target t) {
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512vnni");
 #endif
-#if defined(__aarch64__) && defined(__linux__)
+#if defined(__aarch64__)
     case Target::kNEON:
+      return true;
+#endif
+#if defined(__aarch64__) && defined(__linux__)
+    case Target::kNEONDot:
       return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
 #elif defined(__aarch64__) && defined(__APPLE__)
-    case Target::kNEON:
+    case Target::kNEONDot:
       return true;  // every Apple arm64 CPU has the dot-product extension
 #endif
     default:
@@ -44,6 +48,8 @@ std::string_view target_name(Target t) {
     case Target::kAVX512:
       return "avx512-vnni";
     case Target::kNEON:
+      return "neon";
+    case Target::kNEONDot:
       return "neon-dotprod";
   }
   return "?";
@@ -51,7 +57,7 @@ std::string_view target_name(Target t) {
 
 std::vector<Target> runnable_targets() {
   std::vector<Target> out;
-  for (Target t : {Target::kScalar, Target::kAVX2, Target::kAVX512, Target::kNEON})
+  for (Target t : {Target::kScalar, Target::kAVX2, Target::kAVX512, Target::kNEON, Target::kNEONDot})
     if (cpu_supports(t)) out.push_back(t);
   return out;
 }

@@ -35,6 +35,8 @@ const QuantKernels& quant_kernels(Target t) {
       return quant_kernels_avx2();
     case Target::kNEON:
       return quant_kernels_neon();
+    case Target::kNEONDot:
+      return quant_kernels_neon_dot();
     default:
       return quant_kernels_scalar();
   }

@@ -128,5 +128,6 @@ const QuantKernels& quant_kernels_scalar();
 const QuantKernels& quant_kernels_avx2();
 const QuantKernels& quant_kernels_avx512();
 const QuantKernels& quant_kernels_neon();
+const QuantKernels& quant_kernels_neon_dot();
 
 }  // namespace tandem::kernels
