@@ -269,6 +269,7 @@ TEST(Kernels, DotRowsMatchScalarAndDoNotDependOnTheWindow) {
         ref.unpack_row(t, false, m.view.row(o), k, false, buf.data());
         ref.dot_rows(buf.data(), ns, act.data(), ns, kRows, t, false, want.data() + o, kOut);
       }
+      std::vector<float> neon(static_cast<size_t>(kRows * kOut));  // the NEON target's rows
       for (Target target : runnable_targets()) {
         SCOPED_TRACE(std::string(target_name(target)) + " " + std::string(dtype_name(t)) +
                      " k=" + std::to_string(k));
@@ -279,6 +280,15 @@ TEST(Kernels, DotRowsMatchScalarAndDoNotDependOnTheWindow) {
           std::vector<float> alone(static_cast<size_t>(kRows));
           for (int64_t r = 0; r < kRows; ++r)
             qk.dot_rows(buf.data(), ns, act.data() + r * ns, ns, 1, t, signed_codes, &alone[r], 1);
+          // NEON with and without the dot-product extension compute the same integers, then the same float
+          // operations (runnable_targets lists kNEON before kNEONDot).
+          for (int64_t r = 0; r < kRows; ++r) {
+            if (target == Target::kNEON) neon[static_cast<size_t>(r * kOut + o)] = alone[r];
+            if (target == Target::kNEONDot) {
+              EXPECT_EQ(0, std::memcmp(&alone[r], &neon[static_cast<size_t>(r * kOut + o)], sizeof(float)))
+                  << "neon-dotprod vs neon, r=" << r;
+            }
+          }
           for (int64_t r = 0; r < kRows; ++r) {
             double mag = 0;
             for (int64_t i = 0; i < k; ++i)
