@@ -137,7 +137,7 @@ inline void load_q8_0_super(const uint8_t* sb, SuperRegs& s) {
   if (kUnsigned)
     for (int q = 0; q < 4; ++q) s.u[q] = _mm512_xor_si512(s.u[q], flip);
   s.a = q8_0_scales8(sb);
-  s.b = _mm512_mul_ps(_mm512_set1_ps(kUnsigned ? -128.0f : 0.0f), s.a);
+  s.b = kUnsigned ? _mm512_mul_ps(_mm512_set1_ps(-128.0f), s.a) : _mm512_setzero_ps();
 }
 
 // The repacked forms (repack.h): the 8 scales side by side at the head, each repeated for its two groups.
@@ -179,10 +179,15 @@ inline void load_q8_0x_super(const uint8_t* sb, SuperRegs& s) {
     if (kUnsigned) s.u[q] = _mm512_xor_si512(s.u[q], flip);
   }
   s.a = interleaved_scales8(sb);
-  s.b = _mm512_mul_ps(_mm512_set1_ps(kUnsigned ? -128.0f : 0.0f), s.a);
+  s.b = kUnsigned ? _mm512_mul_ps(_mm512_set1_ps(-128.0f), s.a) : _mm512_setzero_ps();
 }
 
 #include "tandem/kernels/quant_kquants_avx512.inc"
+
+// The fold of a weight type (accumulate_super), or 0.
+constexpr int fold_of(DType type) {
+  return type == DType::Q4_0 ? 3 : type == DType::Q6_K ? 5 : type == DType::Q8_0 ? 7 : 0;
+}
 
 // The signed form of a super-block with a fixed offset (quant_layout.h): codes s = u - kOffset against the
 // biased activation codes qb = q + 128, each group sum started at -128 * sum(s), so that it ends at sum(s *
@@ -227,7 +232,7 @@ inline void load_signed(const uint8_t* sb, SignedRegs& s) {
 // / 0.92, Q6_K 0.97 / 0.96 / 0.91 / 0.90 / 0.88. One row stays unsigned: in cache the signed form costs 1.3x
 // (Q4_0) and 1.15x (Q8_0) there, which binds when the machine's bandwidth is high.
 constexpr int signed_min_rows(int fold) {
-  return fold == 3 ? 4 : 2;  // Q4_0 : Q6_K, Q8_0
+  return fold == fold_of(DType::Q4_0) ? 4 : 2;  // Q6_K, Q8_0: 2
 }
 
 template <void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes>
@@ -270,11 +275,6 @@ inline void accumulate_super(const __m512i* u, __m512 a, __m512 b, const ActRegs
   sum = _mm512_dpbusd_epi32(sum, u[3], x.q[3]);
   acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(a, x.d), acc);
   if (kFold == 0) acc_b = _mm512_fmadd_ps(b, _mm512_load_ps(X.bs), acc_b);
-}
-
-// The fold of a weight type (accumulate_super), or 0.
-constexpr int fold_of(DType type) {
-  return type == DType::Q4_0 ? 3 : type == DType::Q6_K ? 5 : type == DType::Q8_0 ? 7 : 0;
 }
 
 // Q8_0 codes of this target's unpacked form and loaders: unsigned (offset folded).

@@ -97,7 +97,7 @@ struct QuantKernels {
   bool signed_q8;  // Q8_0 codes stay signed (see UnpackedSuper)
   // Unpacks one weight row of k elements (k a multiple of the type's block size) into super_count(k) supers;
   // the tail of the last super is zero.
-  // interleaved: the row is in the repacked form of repack.h (Q4_0, Q8_0).
+  // interleaved: the row is in the repacked form of repack.h (Q4_0, Q8_0, Q4_K, Q6_K).
   void (*unpack_row)(DType type, bool interleaved, const uint8_t* row, int64_t k, bool signed_q8,
                      UnpackedSuper* out);
   // Quantizes one activation row of k floats into super_count(k) supers (tail zero): one scale per 32

@@ -34,11 +34,11 @@ namespace tandem::kernels {
 
 // Whether a matrix of this type and width has an interleaved form.
 bool can_interleave(DType type, int64_t cols);
-// Whether the loader repacks such a matrix for the best kernels of this CPU: never for the scalar kernels
-// (they read the repacked form through the file's, super-block by super-block); every type with a form under
-// AVX2 and AVX-512, except Q4_0 under AVX-512, whose file-form kernel streams one row (decode) faster
-// (measured over the matrices of a TinyLlama token on two threads: 1.09x the time repacked, though 0.94-0.98x
-// at 3 to 8 rows; under AVX2 the repacked form takes 0.73-0.87x).
+// Whether the loader repacks such a matrix for the best kernels of this CPU: never for the scalar and NEON
+// kernels (they would read the repacked form through the file's, super-block by super-block); every type with
+// a form under AVX2 and AVX-512, except Q4_0 under AVX-512, whose file-form kernel streams one row (decode)
+// faster (measured over the matrices of a TinyLlama token on two threads: 1.09x the time repacked, though
+// 0.94-0.98x at 3 to 8 rows; under AVX2 the repacked form takes 0.73-0.87x).
 bool repack_pays(DType type, int64_t cols);
 // Bytes of one super-block of `type` (144, 210 or 272).
 size_t interleave_super_bytes(DType type);

@@ -1,5 +1,5 @@
-// The weights of a decoder, as views into the mapped GGUF file (no copies; Q4_0/Q8_0 layer matrices repacked in
-// place at load, MatrixView::interleaved).
+// The weights of a decoder, as views into the mapped GGUF file (no copies; quantized layer matrices repacked
+// in place at load where it pays, MatrixView::interleaved).
 #pragma once
 
 #include <vector>
