@@ -23,8 +23,9 @@ void add_calibrate_command(CLI::App& app) {
   add_model_options(*cmd, o->model);
   cmd->add_option("--draft-model", o->draft_model, "Also measure this draft model's decode cost per token");
   cmd->add_option("--max-rows", o->calibrate.max_rows, "Largest window measured, in rows (default 17)");
-  cmd->add_option("--repeats", o->calibrate.repeats,
-                  "Timings per row count; the fastest is kept (default 5)");
+  cmd->add_option(
+      "--repeats", o->calibrate.repeats,
+      "Timings per row count, each paired with a one-row forward; the median ratio is kept (default 5)");
   cmd->callback([o] {
     auto target = model::Model::load(o->model.model_path);
     std::unique_ptr<model::Model> draft;

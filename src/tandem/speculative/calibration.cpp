@@ -7,7 +7,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <sstream>
 
 #include <unistd.h>
@@ -39,16 +38,19 @@ uint64_t hash_bytes(uint64_t h, const char* data, size_t n) {
   return h;
 }
 
-// Minimum seconds of `repeats` calls to fn.
+// Seconds of one call to fn.
 template <typename Fn>
-double time_min(int repeats, Fn&& fn) {
-  double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < repeats; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
+double time_once(Fn&& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The median of a non-empty set (the mean of the middle two for an even count).
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // A deterministic token sequence inside the vocabulary (the costs do not depend on which tokens run).
@@ -124,8 +126,8 @@ std::string cpu_model_name() {
 }
 
 std::string machine_key() {
-  // Bump kKernelRevision whenever kernel changes move the verify cost curve.
-  constexpr int kKernelRevision = 9;
+  // Bump kKernelRevision whenever kernel (or calibration) changes move the verify cost curve.
+  constexpr int kKernelRevision = 10;
   return cpu_model_name() + " | " + std::string(kernels::target_name(kernels::best_target())) + " r" +
          std::to_string(kKernelRevision);
 }
@@ -218,31 +220,44 @@ Calibration calibrate(const model::Model& target, const std::string& target_path
   session.eval(all.first(static_cast<size_t>(o.context)));
   const std::span<const int32_t> window = all.subspan(static_cast<size_t>(o.context));
 
-  std::vector<double> best(static_cast<size_t>(o.max_rows) + 1, std::numeric_limits<double>::infinity());
   const auto run_rows = [&](int rows) {
     session.eval(window.first(static_cast<size_t>(rows)), /*all_logits=*/true);
     session.truncate(o.context);
   };
   run_rows(1);  // warm up caches and thread team
-  for (int rep = 0; rep < o.repeats; ++rep)
-    for (int r = 1; r <= o.max_rows; ++r)
-      best[static_cast<size_t>(r)] =
-          std::min(best[static_cast<size_t>(r)], time_min(1, [&] { run_rows(r); }));
-  c.decode_seconds = best[1];
-  c.verify.assign(best.size(), 1.0);
-  for (int r = 2; r <= o.max_rows; ++r)
-    c.verify[static_cast<size_t>(r)] = std::max(1.0, best[static_cast<size_t>(r)] / best[1]);
+  // Each window is timed right after a one-row forward, and its cost is the median over the repeats of these
+  // paired ratios. The machine's memory bandwidth can drift within seconds: a one-row forward (bound by
+  // bandwidth) timed at a fast moment against windows (bound by compute) timed at others would skew every
+  // ratio, as minima taken separately do.
+  const auto reps = static_cast<size_t>(o.repeats);
+  std::vector<std::vector<double>> ratios(static_cast<size_t>(o.max_rows) + 1);
+  std::vector<double> one_row;
+  for (size_t rep = 0; rep < reps; ++rep)
+    for (int r = 2; r <= std::max(2, o.max_rows); ++r) {
+      const double t1 = time_once([&] { run_rows(1); });
+      one_row.push_back(t1);
+      if (r <= o.max_rows) ratios[static_cast<size_t>(r)].push_back(time_once([&] { run_rows(r); }) / t1);
+    }
+  c.decode_seconds = median(one_row);
+  c.verify.assign(ratios.size(), 1.0);
+  for (size_t r = 2; r < ratios.size(); ++r) c.verify[r] = std::max(1.0, median(ratios[r]));
 
   if (draft) {
     engine::Session ds(*draft, pool, so);
     const auto dt = filler_tokens(o.context + 1, ds.n_vocab());
     const std::span<const int32_t> dall(dt);
     ds.eval(dall.first(static_cast<size_t>(o.context)));
-    const double seconds = time_min(o.repeats * 2 + 1, [&] {
+    const auto draft_token = [&] {
       ds.eval(dall.subspan(static_cast<size_t>(o.context), 1));
       ds.truncate(o.context);
-    });
-    c.draft_per_token[file_fingerprint(draft_path)] = seconds / c.decode_seconds;
+    };
+    draft_token();  // warm up
+    std::vector<double> draft_ratios;
+    for (size_t rep = 0; rep < 2 * reps + 1; ++rep) {
+      const double t1 = time_once([&] { run_rows(1); });
+      draft_ratios.push_back(time_once(draft_token) / t1);
+    }
+    c.draft_per_token[file_fingerprint(draft_path)] = median(draft_ratios);
   }
   return c;
 }

@@ -24,7 +24,7 @@ struct Calibration {
   std::string model_hash;  // file_fingerprint() of the target
   std::string cpu;         // machine_key()
   int threads = 0;
-  double decode_seconds = 0;   // one-row target forward
+  double decode_seconds = 0;   // one-row target forward (median)
   std::vector<double> verify;  // [rows] cost relative to one row; index 0 unused, verify[1] == 1
   std::map<std::string, double> draft_per_token;  // draft model fingerprint -> its decode cost / target's
 
@@ -49,7 +49,8 @@ void store_calibration(const std::string& path, const Calibration& calibration);
 struct CalibrateOptions {
   int max_rows = 17;  // verify windows measured: 1..max_rows rows
   int context = 64;   // tokens in the cache before the measured forwards
-  int repeats = 5;    // each row count is timed this often (interleaved); the minimum is kept
+  int repeats = 5;    // each row count is timed this often, after a one-row forward each time; the median
+                      // ratio is kept
 };
 
 // Measures the target (and, when given, a draft model) with `pool`. model_path/draft_path name the files for
