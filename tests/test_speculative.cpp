@@ -165,6 +165,31 @@ TEST(SpeculativeGate, ExpectedRateFollowsTheFormula) {
   EXPECT_LT(gate.acceptance(1), 0.5);
 }
 
+// A position the gate has not drafted to assumes the acceptance of the one before it, not the prior's: after
+// rounds that accept both of 2 drafts, depths 3 and 4 look as good as 2 and the gate drafts 4 (with the fixed
+// prior of 0.6 there it would stop at 3: E(3) / C(3) = 3.6 / 1.6 against E(4) / C(4) = 3.96 / 1.8).
+// Rejections carry down the same way.
+TEST(SpeculativeGate, UnobservedPositionsFollowTheOneBefore) {
+  GateSettings s;  // prior 3 / 2
+  Gate gate(s, CostModel::linear(0.2, 0.0), 4);
+  EXPECT_NEAR(gate.acceptance(3), 0.6, 1e-12);
+  for (int i = 0; i < 60; ++i) gate.record_round(2, 2);
+  EXPECT_GT(gate.acceptance(2), 0.99);
+  EXPECT_NEAR(gate.acceptance(3), gate.acceptance(2), 1e-12);
+  EXPECT_NEAR(gate.acceptance(4), gate.acceptance(2), 1e-12);
+  EXPECT_EQ(gate.decide(4).depth, 4);
+  // Position 3, once observed, follows its own evidence.
+  for (int i = 0; i < 60; ++i) gate.record_round(3, 2);
+  EXPECT_LT(gate.acceptance(3), 0.01);
+  EXPECT_LT(gate.acceptance(4), 0.01);
+  EXPECT_EQ(gate.decide(4).depth, 2);
+
+  Gate low(s, CostModel::linear(0.2, 0.0), 4);
+  for (int i = 0; i < 60; ++i) low.record_round(1, 0);
+  EXPECT_LT(low.acceptance(2), 0.01);
+  EXPECT_EQ(low.best_depth(4), 0);
+}
+
 // In a batch, draft rows slow the forward for every sequence: the same acceptance that pays alone does not
 // pay among 8 decoding sequences when each extra row costs 0.45 of a step.
 TEST(SpeculativeGate, BatchCostsChargeTheWholeBatch) {

@@ -45,16 +45,22 @@ Gate::Gate(const GateSettings& s, CostModel costs, int max_depth, int min_depth)
   if (s.probe_depth < 1) throw Error("the gate's probe depth must be at least 1");
   accepted_.assign(static_cast<size_t>(max_depth), s.prior_accepted);
   rejected_.assign(static_cast<size_t>(max_depth), s.prior_rejected);
+  prior_weight_.assign(static_cast<size_t>(max_depth), s.prior_accepted + s.prior_rejected);
   interval_ = s.probe_interval;
 }
 
 double Gate::acceptance(int position) const {
-  const auto i = static_cast<size_t>(position - 1);
-  const double total = accepted_[i] + rejected_[i];
-  // Counts that decayed to nothing keep the prior's ratio (uniform decay never changes a ratio).
-  if (!(total > 1e-12))
-    return settings_.prior_accepted / (settings_.prior_accepted + settings_.prior_rejected);
-  return accepted_[i] / total;
+  const double prior = settings_.prior_accepted / (settings_.prior_accepted + settings_.prior_rejected);
+  double estimate = prior;  // what the prior's share of position i's counts stands for
+  for (size_t i = 0; i < static_cast<size_t>(position); ++i) {
+    const double w = prior_weight_[i];
+    // The observations alone (the counts less the prior's share, which has decayed with them).
+    const double seen_accepted = std::max(0.0, accepted_[i] - w * prior);
+    const double seen = std::max(0.0, accepted_[i] + rejected_[i] - w);
+    // Counts that decayed to nothing keep the estimate (uniform decay never changes a ratio).
+    if (seen + w > 1e-12) estimate = (seen_accepted + w * estimate) / (seen + w);
+  }
+  return estimate;
 }
 
 double Gate::expected_rate(int depth, int batch) const {
@@ -103,6 +109,7 @@ void Gate::record(std::span<const double> outcomes) {
     const double a = std::clamp(outcomes[i], 0.0, 1.0);
     accepted_[i] = accepted_[i] * settings_.decay + a;
     rejected_[i] = rejected_[i] * settings_.decay + (1.0 - a);
+    prior_weight_[i] *= settings_.decay;
   }
 }
 
@@ -112,12 +119,14 @@ void Gate::record_round(int drafted, int accepted) {
     const double a = i < accepted ? 1.0 : 0.0;
     accepted_[static_cast<size_t>(i)] = accepted_[static_cast<size_t>(i)] * settings_.decay + a;
     rejected_[static_cast<size_t>(i)] = rejected_[static_cast<size_t>(i)] * settings_.decay + (1.0 - a);
+    prior_weight_[static_cast<size_t>(i)] *= settings_.decay;
   }
 }
 
 void Gate::record_idle() {
   for (double& a : accepted_) a *= settings_.idle_decay;
   for (double& r : rejected_) r *= settings_.idle_decay;
+  for (double& w : prior_weight_) w *= settings_.idle_decay;
 }
 
 }  // namespace tandem::speculative

@@ -2,9 +2,13 @@
 // drafter has been accepting and what a verify window costs on this machine.
 //
 // Model. Every draft position i = 1..max_depth keeps accepted and rejected counts (a_i, r_i), starting from
-// the prior (prior_accepted, prior_rejected); a_i / (a_i + r_i) estimates the chance that draft i is accepted
-// given that drafts 1..i-1 were. The expected tokens of a round drafting d are
-//   E(d) = 1 + sum_{k=1..d} prod_{i=1..k} a_i / (a_i + r_i)
+// the prior (prior_accepted, prior_rejected); a_i / (a_i + r_i) estimates the chance p_i that draft i is
+// accepted given that drafts 1..i-1 were. Beyond the first position, the prior's share of the counts (its
+// weight, decayed with them) stands for the estimate of the position before instead of the prior's ratio:
+// a position the gate has not drafted to lately is assumed to accept like the one before it, not like the
+// prior, so the gate can find out that drafting one deeper pays (with a fixed prior it never would, since it
+// only observes the positions it drafts). The expected tokens of a round drafting d are
+//   E(d) = 1 + sum_{k=1..d} prod_{i=1..k} p_i
 // (the target always adds one token), and its cost, in units of one plain decode step, is
 //   C(d) = verify_cost(d + 1 rows) + d * draft_cost_per_token   (CostModel, from calibration.h).
 // The gate drafts the depth d >= min_depth that maximises E(d) / C(d), but only when that rate exceeds a
@@ -97,6 +101,7 @@ class Gate {
   CostModel costs_;
   int max_depth_, min_depth_;
   std::vector<double> accepted_, rejected_;  // [max_depth], position i at index i - 1
+  std::vector<double> prior_weight_;         // [max_depth]: the prior's share of accepted_ + rejected_
   int idle_rounds_ = 0;
   int interval_;  // idle rounds before the next probe
 };
