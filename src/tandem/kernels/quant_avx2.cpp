@@ -388,8 +388,8 @@ constexpr bool kSignedQ8 = true;
 // folds its offset and, like Q4_0, is a little faster with 8.
 constexpr int64_t kDirectRowsOffset = 4;
 
-// No tiles of two weight rows on this target (quant_direct_x86.inc): with 16 registers, two rows' codes and
-// accumulators leave too few for the activations.
+// No tiles of two weight rows on this target (quant_direct_x86.inc). Not measured here: with 16 vector
+// registers, two weight rows' codes and accumulators would leave few for the activations.
 template <void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold, auto Signed>
 int64_t pair_rows(const uint8_t*, int64_t, int64_t, int64_t, const ActSuper*, int64_t, int64_t, float*,
                   int64_t) {

@@ -340,7 +340,7 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
 // tiles stop at kDirectRows. Measured over the matrices of one TinyLlama token (22 layers, two threads,
 // weights streaming from memory, median of 24 pairs), time against one row at a time: Q4_0 1.00 / 1.00 /
 // 0.95 / 0.92 / 0.86 / 0.86 / 0.88 at 1 / 2 / 3 / 4 / 6 / 7 / 8 rows; Q6_K 1.21 / 1.08 / 0.95 / 0.91 at 1 /
-// 3 / 4 / 8; Q8_0 (repacked, 272-byte super-blocks) 1.06-1.39, never.
+// 3 / 4 / 8; Q8_0 (repacked, 272-byte super-blocks) 1.06-1.46, never (0.87-0.94 in cache).
 constexpr int pair_min_rows(int fold) {
   return fold == fold_of(DType::Q4_0) ? 3 : fold == fold_of(DType::Q6_K) ? 4 : 0;
 }
