@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tandem/gguf/reader.h"
@@ -188,6 +190,29 @@ TEST(SpeculativeGate, UnobservedPositionsFollowTheOneBefore) {
   for (int i = 0; i < 60; ++i) low.record_round(1, 0);
   EXPECT_LT(low.acceptance(2), 0.01);
   EXPECT_EQ(low.best_depth(4), 0);
+}
+
+// The gate's settings are flags of run (and bench-spec, serve): bad values are refused naming the flags, and
+// any valid gate leaves greedy output as it is without speculation.
+TEST(SpeculativeGate, SettingsAreFlags) {
+  const std::string run = std::string(TANDEM_BINARY) + " run -m '" +
+                          testing::shared_path("models/stories260K.gguf") +
+                          "' -t 1 --temp 0 -n 24 -p 'Once upon a time'";
+  auto [bad, bad_rc] = testing::run_command(run + " --draft ngram --gate-decay 0 2>&1");
+  EXPECT_NE(bad_rc, 0);
+  EXPECT_NE(bad.find("--gate-"), std::string::npos) << bad;
+  std::tie(bad, bad_rc) =
+      testing::run_command(run + " --draft ngram --gate-probe-interval 9 --gate-max-probe-interval 8 2>&1");
+  EXPECT_NE(bad_rc, 0);
+  EXPECT_NE(bad.find("probe interval"), std::string::npos) << bad;
+  const auto [plain, plain_rc] = testing::run_command(run + " 2>/dev/null");
+  ASSERT_EQ(plain_rc, 0) << plain;
+  EXPECT_GT(plain.size(), 20u);
+  const auto [gated, gated_rc] = testing::run_command(
+      run + " --draft ngram --gate-margin 0 --gate-prior-accepted 9 --gate-prior-rejected 1 " +
+      "--gate-decay 0.5 --gate-idle-decay 0.5 --gate-probe-interval 1 --gate-probe-depth 2 2>/dev/null");
+  ASSERT_EQ(gated_rc, 0) << gated;
+  EXPECT_EQ(plain, gated);
 }
 
 // In a batch, draft rows slow the forward for every sequence: the same acceptance that pays alone does not

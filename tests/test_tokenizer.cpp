@@ -29,6 +29,7 @@
 namespace tandem::tokenizer {
 namespace {
 
+using testing::run_command;
 using testing::shared_path;
 
 std::string read_file(const std::string& path) {
@@ -475,17 +476,6 @@ TEST(TokenizerSynthetic, UnigramPicksTheBestScoringSegmentation) {
   EXPECT_EQ(tok->encode("  hello   xyz ", true, false), (std::vector<int32_t>{3, 6, 2, 1}));
   EXPECT_EQ(tok->encode("hellohe", false, false), (std::vector<int32_t>{3, 7, 8}));
   EXPECT_EQ(tok->decode(tok->encode("hello hello", false, false)), "hello hello");
-}
-
-// Runs a shell command and returns its standard output and exit status.
-std::pair<std::string, int> run_command(const std::string& command) {
-  std::string out;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return {out, -1};
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
-  int status = pclose(pipe);
-  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
 }
 
 TEST(TokenizerCli, TokenizePrintsIdsAndJsonl) {

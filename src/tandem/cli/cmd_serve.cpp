@@ -9,6 +9,7 @@
 
 #include "tandem/cli/commands.h"
 #include "tandem/cli/common.h"
+#include "tandem/cli/spec_common.h"
 #include "tandem/engine/cache_pool.h"
 #include "tandem/engine/scheduler.h"
 #include "tandem/engine/session.h"
@@ -16,6 +17,7 @@
 #include "tandem/server/chat_template.h"
 #include "tandem/server/http.h"
 #include "tandem/server/metrics.h"
+#include "tandem/speculative/calibration.h"
 #include "tandem/speculative/draft_model.h"
 #include "tandem/speculative/ngram.h"
 #include "tandem/tokenizer/tokenizer.h"
@@ -34,6 +36,7 @@ struct ServeOptions {
   int queue = 64;
   int64_t rows = 64;
   int max_draft = 0;
+  speculative::GateSettings gate;
   std::string api_key, alias;
   double drain_seconds = 30;
   size_t max_body = 4u << 20;
@@ -103,18 +106,35 @@ void serve(const ServeOptions& o) {
   so.max_rows = o.rows;
   const bool speculate = !o.draft.empty() || !o.draft_model.empty();
   so.max_draft = speculate ? (o.max_draft > 0 ? o.max_draft : 6) : 0;
+  so.gate = o.gate;
   std::unique_ptr<model::Model> draft;
   engine::DraftFactory drafts;
+  std::string draft_hash;
   if (!o.draft_model.empty()) {
     draft = model::Model::load(o.draft_model);
     speculative::check_same_vocabulary(*model, *draft);
-    // A drafted token costs about one draft decode step: the weight bytes it reads, relative to the target's.
-    so.costs = speculative::CostModel::linear(
-        0.15, static_cast<double>(draft->weight_bytes_per_token()) / model->weight_bytes_per_token());
+    draft_hash = speculative::file_fingerprint(o.draft_model);
     engine::SessionOptions dso{n_ctx, o.model.resolved_kv_type(), 16};
     drafts = [&, dso] { return std::make_unique<speculative::DraftModelSource>(*draft, *model, pool, dso); };
   } else if (o.draft == "ngram") {
     drafts = [] { return std::make_unique<speculative::NgramSource>(); };
+  }
+  if (speculate) {
+    // The gate prices rounds for the current batch from the verify costs `tandem calibrate` measured for this
+    // model, CPU and thread count; without them, each extra row is assumed to cost 0.15 of a decode step.
+    const auto cal = speculative::load_calibration(speculative::calibration_file_path(),
+                                                   speculative::file_fingerprint(o.model.model_path),
+                                                   speculative::machine_key(), pool.size());
+    so.costs = cal ? cal->cost_model(draft_hash) : speculative::CostModel::linear(0.15, 0.0);
+    // A drafted token costs about one draft decode step: the weight bytes it reads, relative to the target's.
+    if (draft && !(cal && cal->draft_per_token.count(draft_hash)))
+      so.costs.draft_per_token =
+          static_cast<double>(draft->weight_bytes_per_token()) / model->weight_bytes_per_token();
+    if (!cal)
+      std::fprintf(stderr,
+                   "note: no calibration for this model, CPU and thread count; the gate assumes each extra "
+                   "verify row costs 0.15 of a decode step (run `tandem calibrate -m %s -t %d`)\n",
+                   o.model.model_path.c_str(), pool.size());
   }
 
   const tokenizer::Tokenizer& tk = *tok;
@@ -181,9 +201,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--draft", o->draft, "Draft source: ngram")->excludes(dm);
   cmd->add_option("--max-draft", o->max_draft, "Deepest drafted window per sequence (default 6 with a draft)")
       ->check(CLI::Range(0, 15));
+  add_gate_options(*cmd, o->gate);
   cmd->callback([o] {
     if (o->parallel > o->rows)
       throw Error("--rows must be at least --parallel (one decode row per sequence)");
+    check_gate_options(o->gate);
     serve(*o);
   });
 }

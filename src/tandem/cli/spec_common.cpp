@@ -23,6 +23,35 @@ void add_spec_options(CLI::App& cmd, SpecFlags& f, bool with_replay) {
   cmd.add_option("--ngram-max", f.ngram_max, "Longest n-gram looked up by --draft ngram (default 4)");
   if (with_replay)
     cmd.add_option("--accept", f.accept, "Acceptance rate of --draft replay, in [0, 1] (default 0.8)");
+  add_gate_options(cmd, f.gate);
+}
+
+void add_gate_options(CLI::App& cmd, speculative::GateSettings& g) {
+  const auto option = [&cmd](const char* name, auto& value, const char* help) {
+    cmd.add_option(name, value, help)->group("Adaptive gate (README: Speculative decoding)");
+  };
+  option("--gate-prior-accepted", g.prior_accepted,
+         "Accepted count every draft position starts from (default 3)");
+  option("--gate-prior-rejected", g.prior_rejected,
+         "Rejected count every draft position starts from (default 2: a 60% prior over 5 rounds)");
+  option("--gate-decay", g.decay,
+         "Factor a position's counts keep per round that observes it, in (0, 1] (default 0.9)");
+  option("--gate-idle-decay", g.idle_decay,
+         "Factor every count keeps per round without drafts, in (0, 1] (default 0.98)");
+  option("--gate-margin", g.margin,
+         "Relative gain over a plain step a round must promise to draft (default 0.05)");
+  option("--gate-probe-interval", g.probe_interval,
+         "Rounds without drafts before a probe, doubling after each idle probe (default 8)");
+  option("--gate-max-probe-interval", g.max_probe_interval, "Longest interval between probes (default 128)");
+  option("--gate-probe-depth", g.probe_depth, "Tokens a probe drafts (default 4)");
+}
+
+void check_gate_options(const speculative::GateSettings& gate) {
+  try {
+    speculative::Gate(gate, speculative::CostModel::linear(0.25, 0.0), 1);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (check the --gate-* flags)");
+  }
 }
 
 SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const std::string& target_path,
@@ -49,6 +78,8 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
   s.options.draft_max = f.draft_max;
   s.options.draft_min = f.draft_min;
   s.options.use_gate = !f.no_gate;
+  check_gate_options(f.gate);
+  s.options.gate = f.gate;
 
   const std::string cache_path = speculative::calibration_file_path();
   const std::string hash = speculative::file_fingerprint(target_path);

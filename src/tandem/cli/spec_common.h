@@ -1,4 +1,5 @@
-// Speculative-decoding flags and setup shared by `tandem run`, `tandem bench-spec` and `tandem calibrate`.
+// Speculative-decoding flags and setup shared by `tandem run` and `tandem bench-spec` (`tandem serve` takes
+// the gate options).
 #pragma once
 
 #include <cstdio>
@@ -22,14 +23,23 @@ struct SpecFlags {
   int draft_min = 1;
   bool no_gate = false;
   int ngram_min = 2, ngram_max = 4;
-  double accept = 0.8;  // --accept, replay only
+  double accept = 0.8;             // --accept, replay only
+  speculative::GateSettings gate;  // --gate-*
 
   bool enabled() const { return !draft_model.empty() || !draft.empty(); }
 };
 
-// Adds --draft-model, --draft, --draft-max, --draft-min, --no-gate, --ngram-min/--ngram-max and, with
-// with_replay, --accept (the replay drafter is for benchmarks only).
+// Adds --draft-model, --draft, --draft-max, --draft-min, --no-gate, --ngram-min/--ngram-max, the gate's
+// settings (add_gate_options) and, with with_replay, --accept (the replay drafter is for benchmarks only).
 void add_spec_options(CLI::App& cmd, SpecFlags& flags, bool with_replay);
+
+// Adds the adaptive gate's settings (speculative/gate.h) as --gate-prior-accepted, --gate-prior-rejected,
+// --gate-decay, --gate-idle-decay, --gate-margin, --gate-probe-interval, --gate-max-probe-interval and
+// --gate-probe-depth, in their own --help group.
+void add_gate_options(CLI::App& cmd, speculative::GateSettings& gate);
+
+// Throws tandem::Error naming the --gate-* flags when the settings are invalid (Gate's own checks).
+void check_gate_options(const speculative::GateSettings& gate);
 
 // A drafter built from the flags, with the gate's cost model read from the calibration cache (or, when the
 // target has no entry, a default linear model, and a note on stderr saying how to calibrate).
