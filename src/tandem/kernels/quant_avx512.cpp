@@ -227,6 +227,26 @@ inline void load_signed(const uint8_t* sb, SignedRegs& s) {
   }
 }
 
+// The per-row work of one super-block in the signed form for kW weight rows (1: direct_tile, 2: pair_tile),
+// one definition so that every tile computes the same bits: for each weight row, four vpdpbusd from the
+// weights' correction add the biased activation codes' products lane by lane into the 16 group sums, then one
+// convert and one scaling per group (as accumulate_super). The rows' instructions are interleaved (as two
+// separate calls they measured 4-9% slower at 8 rows in cache).
+template <int kW>
+inline void accumulate_signed(const SignedRegs* w, const __m512i* qb, __m512 d, __m512* const* acc) {
+  __m512i sum[kW];
+  for (int i = 0; i < kW; ++i) sum[i] = w[i].init;
+  for (int q = 0; q < 4; ++q)
+    for (int i = 0; i < kW; ++i) sum[i] = _mm512_dpbusd_epi32(sum[i], qb[q], w[i].s[q]);
+  for (int i = 0; i < kW; ++i)
+    *acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i]), _mm512_mul_ps(w[i].a, d), *acc[i]);
+}
+
+// The biased activation codes of one super-block, quarter by quarter.
+inline void load_biased_codes(const ActSuper& X, __m512i* qb) {
+  for (int q = 0; q < 4; ++q) qb[q] = _mm512_load_si512(X.qb + 64 * q);
+}
+
 // Window rows from which the direct kernels take the signed form, by offset fold. Measured over a TinyLlama
 // token's matrices on two threads, weights streaming from memory, time against the unsigned form (median of
 // 24 pairs): at 1 / 2 / 3 / 4 / 8 rows Q4_0 0.99 / 1.02 / 0.99 / 0.95 / 0.89, Q8_0 0.98 / 0.97 / 0.92 / 0.97
@@ -309,9 +329,10 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
       Signed(ws, wr);
       for (int r = 0; r < NR; ++r) {
         const ActSuper& X = x[r * x_stride + s];
-        __m512i sum = wr.init;
-        for (int q = 0; q < 4; ++q) sum = _mm512_dpbusd_epi32(sum, _mm512_load_si512(X.qb + 64 * q), wr.s[q]);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(wr.a, _mm512_load_ps(X.d)), acc[r]);
+        __m512i qb[4];
+        load_biased_codes(X, qb);
+        __m512* const out[1] = {&acc[r]};
+        accumulate_signed<1>(&wr, qb, _mm512_load_ps(X.d), out);
       }
     } else {
       SuperRegs wr;
@@ -361,21 +382,15 @@ void pair_tile(const uint8_t* w, int64_t row_bytes, int64_t n_super, const ActSu
     const uint8_t* ws0 = w + s * kSuperBytes;
     for (int64_t b = 0; b < 2 * kSuperBytes; b += 64)
       _mm_prefetch(reinterpret_cast<const char*>(next_pair + 2 * s * kSuperBytes + b), _MM_HINT_T0);
-    SignedRegs w0, w1;
-    Signed(ws0, w0);
-    Signed(ws0 + row_bytes, w1);
+    SignedRegs wr[2];
+    Signed(ws0, wr[0]);
+    Signed(ws0 + row_bytes, wr[1]);
     for (int r = 0; r < NR; ++r) {
       const ActSuper& X = x[r * x_stride + s];
-      __m512i q[4];
-      for (int k = 0; k < 4; ++k) q[k] = _mm512_load_si512(X.qb + 64 * k);
-      const __m512 d = _mm512_load_ps(X.d);
-      __m512i sum0 = w0.init, sum1 = w1.init;
-      for (int k = 0; k < 4; ++k) {
-        sum0 = _mm512_dpbusd_epi32(sum0, q[k], w0.s[k]);
-        sum1 = _mm512_dpbusd_epi32(sum1, q[k], w1.s[k]);
-      }
-      acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum0), _mm512_mul_ps(w0.a, d), acc0[r]);
-      acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum1), _mm512_mul_ps(w1.a, d), acc1[r]);
+      __m512i qb[4];
+      load_biased_codes(X, qb);
+      __m512* const out[2] = {&acc0[r], &acc1[r]};
+      accumulate_signed<2>(wr, qb, _mm512_load_ps(X.d), out);
     }
   }
   // As direct_tile's acc + acc_b, whose acc_b stays zero for a folded offset.
