@@ -49,24 +49,31 @@ Gate::Gate(const GateSettings& s, CostModel costs, int max_depth, int min_depth)
   interval_ = s.probe_interval;
 }
 
+double Gate::prior_acceptance() const {
+  return settings_.prior_accepted / (settings_.prior_accepted + settings_.prior_rejected);
+}
+
+double Gate::estimate(size_t i, double before) const {
+  const double w = prior_weight_[i];
+  // The observations alone (the counts less the prior's share, which has decayed with them); that share
+  // stands for `before`, the estimate of the position before (the prior's ratio for the first).
+  const double seen_accepted = std::max(0.0, accepted_[i] - w * prior_acceptance());
+  const double seen = std::max(0.0, accepted_[i] + rejected_[i] - w);
+  // Counts that decayed to nothing keep the estimate (uniform decay never changes a ratio).
+  return seen + w > 1e-12 ? (seen_accepted + w * before) / (seen + w) : before;
+}
+
 double Gate::acceptance(int position) const {
-  const double prior = settings_.prior_accepted / (settings_.prior_accepted + settings_.prior_rejected);
-  double estimate = prior;  // what the prior's share of position i's counts stands for
-  for (size_t i = 0; i < static_cast<size_t>(position); ++i) {
-    const double w = prior_weight_[i];
-    // The observations alone (the counts less the prior's share, which has decayed with them).
-    const double seen_accepted = std::max(0.0, accepted_[i] - w * prior);
-    const double seen = std::max(0.0, accepted_[i] + rejected_[i] - w);
-    // Counts that decayed to nothing keep the estimate (uniform decay never changes a ratio).
-    if (seen + w > 1e-12) estimate = (seen_accepted + w * estimate) / (seen + w);
-  }
-  return estimate;
+  double p = prior_acceptance();
+  for (size_t i = 0; i < static_cast<size_t>(position); ++i) p = estimate(i, p);
+  return p;
 }
 
 double Gate::expected_rate(int depth, int batch) const {
-  double expected = 1.0, chain = 1.0;
-  for (int k = 1; k <= depth; ++k) {
-    chain *= acceptance(k);
+  double expected = 1.0, chain = 1.0, p = prior_acceptance();
+  for (size_t i = 0; i < static_cast<size_t>(depth); ++i) {
+    p = estimate(i, p);
+    chain *= p;
     expected += chain;
   }
   return expected / costs_.round_cost(depth, batch);

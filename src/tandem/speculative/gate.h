@@ -26,6 +26,7 @@
 // max_probe_interval; a decision to draft resets it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -97,6 +98,10 @@ class Gate {
   int probe_interval() const { return interval_; }
 
  private:
+  double prior_acceptance() const;
+  // The acceptance estimate of the position at index i, given `before`, the estimate of the one before it.
+  double estimate(size_t i, double before) const;
+
   GateSettings settings_;
   CostModel costs_;
   int max_depth_, min_depth_;
