@@ -122,9 +122,7 @@ void serve(const ServeOptions& o) {
   if (speculate) {
     // The gate prices rounds for the current batch from the verify costs `tandem calibrate` measured for this
     // model, CPU and thread count; without them, each extra row is assumed to cost 0.15 of a decode step.
-    const auto cal = speculative::load_calibration(speculative::calibration_file_path(),
-                                                   speculative::file_fingerprint(o.model.model_path),
-                                                   speculative::machine_key(), pool.size());
+    const auto cal = speculative::cached_calibration(o.model.model_path, pool.size());
     so.costs = cal ? cal->cost_model(draft_hash) : speculative::CostModel::linear(0.15, 0.0);
     // A drafted token costs about one draft decode step: the weight bytes it reads, relative to the target's.
     if (draft && !(cal && cal->draft_per_token.count(draft_hash)))

@@ -82,9 +82,7 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
   s.options.gate = f.gate;
 
   const std::string cache_path = speculative::calibration_file_path();
-  const std::string hash = speculative::file_fingerprint(target_path);
-  const std::string cpu = speculative::machine_key();
-  auto cal = speculative::load_calibration(cache_path, hash, cpu, pool.size());
+  auto cal = speculative::cached_calibration(target_path, pool.size());
   const bool complete = cal && static_cast<int>(cal->verify.size()) > f.draft_max + 1 &&
                         (draft_hash.empty() || cal->draft_per_token.count(draft_hash));
   if (!complete && calibrate_if_missing) {

@@ -165,6 +165,10 @@ std::optional<Calibration> load_calibration(const std::string& path, const std::
   return std::nullopt;
 }
 
+std::optional<Calibration> cached_calibration(const std::string& model_path, int threads) {
+  return load_calibration(calibration_file_path(), file_fingerprint(model_path), machine_key(), threads);
+}
+
 void store_calibration(const std::string& path, const Calibration& c) {
   namespace fs = std::filesystem;
   nlohmann::json j = read_cache(path);

@@ -42,6 +42,8 @@ std::string calibration_file_path();
 // The cached entry for (model_hash, cpu, threads), if any. A missing or unreadable cache file gives nullopt.
 std::optional<Calibration> load_calibration(const std::string& path, const std::string& model_hash,
                                             const std::string& cpu, int threads);
+// The entry of calibration_file_path() for this model file on this machine (machine_key()) with `threads`.
+std::optional<Calibration> cached_calibration(const std::string& model_path, int threads);
 // Adds or replaces the entry with the same key (written atomically: temporary file, then rename). Throws
 // tandem::Error when the file cannot be written.
 void store_calibration(const std::string& path, const Calibration& calibration);
