@@ -167,3 +167,17 @@ TEST(TextAssembler, CutsAtStopSequencesAndNeverSendsThem) {
 }
 
 }  // namespace
+
+// Out-of-range serve flags are refused before the server starts, naming the flag (a timeout guards against a
+// server that starts anyway).
+TEST(ServeFlags, OutOfRangeValuesAreRefused) {
+  const std::string serve = "timeout 20 " + std::string(TANDEM_BINARY) + " serve -m '" +
+                            tandem::testing::shared_path("models/stories260K.gguf") + "' ";
+  for (const std::string flag :
+       {"--port 65536", "--max-body 0", "--drain-timeout -1", "-b 0", "--parallel 0"}) {
+    const auto [out, rc] = tandem::testing::run_command(serve + flag + " 2>&1");
+    EXPECT_NE(rc, 0) << flag;
+    EXPECT_NE(rc, 124) << flag << ": the server started";
+    EXPECT_NE(out.find(flag.substr(0, flag.find(' '))), std::string::npos) << flag << ": " << out;
+  }
+}

@@ -15,11 +15,13 @@ namespace tandem::cli {
 
 void add_sampling_options(CLI::App& cmd, sampling::Params& p, bool& seed_given) {
   cmd.add_option("--temp", p.temperature, "Temperature; 0 is greedy (default 0.8)");
-  cmd.add_option("--top-k", p.top_k, "Keep the k most likely tokens; 0 disables (default 40)");
+  cmd.add_option("--top-k", p.top_k, "Keep the k most likely tokens; 0 or less disables (default 40)");
   cmd.add_option("--top-p", p.top_p, "Nucleus sampling mass; 1 disables (default 0.95)");
-  cmd.add_option("--min-p", p.min_p, "Drop tokens below min-p x the top probability; 0 disables (default 0.05)");
+  cmd.add_option("--min-p", p.min_p,
+                 "Drop tokens below min-p x the top probability; 0 disables (default 0.05)");
   cmd.add_option("--repeat-penalty", p.repeat_penalty, "Repetition penalty; 1 disables (default 1)");
-  cmd.add_option("--repeat-last-n", p.repeat_last_n, "Tokens the penalties look back over (default 64, -1 all)");
+  cmd.add_option("--repeat-last-n", p.repeat_last_n,
+                 "Tokens the penalties look back over (default 64, -1 all)");
   cmd.add_option("--presence-penalty", p.presence_penalty, "Presence penalty (default 0)");
   cmd.add_option("--frequency-penalty", p.frequency_penalty, "Frequency penalty (default 0)");
   cmd.add_option("--seed", p.seed, "Random seed; a seeded run repeats exactly (default: random, printed)")
@@ -75,7 +77,8 @@ void add_run_command(CLI::App& app) {
     std::fprintf(stderr, "model: %s (%s, %lld layers), %d threads, context %lld, KV %s, seed %llu\n",
                  o->model.model_path.c_str(), model->config().arch.c_str(),
                  static_cast<long long>(model->config().n_layer), pool.size(),
-                 static_cast<long long>(session.n_ctx()), std::string(cache::kv_type_name(so.kv_type)).c_str(),
+                 static_cast<long long>(session.n_ctx()),
+                 std::string(cache::kv_type_name(so.kv_type)).c_str(),
                  static_cast<unsigned long long>(o->sampling.seed));
 
     engine::GenerateOptions go;
@@ -108,8 +111,9 @@ void add_run_command(CLI::App& app) {
     std::fflush(stdout);
     if (spec_stats) print_spec_report(stderr, *spec_stats);
     std::fprintf(stderr, "load: %.2f s\n", load_s);
-    std::fprintf(stderr, "prompt: %lld tokens in %.3f s (%.1f tok/s)\n", static_cast<long long>(st.prompt_tokens),
-                 st.prompt_seconds, st.prompt_seconds > 0 ? st.prompt_tokens / st.prompt_seconds : 0.0);
+    std::fprintf(stderr, "prompt: %lld tokens in %.3f s (%.1f tok/s)\n",
+                 static_cast<long long>(st.prompt_tokens), st.prompt_seconds,
+                 st.prompt_seconds > 0 ? st.prompt_tokens / st.prompt_seconds : 0.0);
     std::fprintf(stderr, "generation: %lld tokens in %.3f s (%.1f tok/s)%s\n",
                  static_cast<long long>(st.generated), st.generate_seconds,
                  st.generate_seconds > 0 ? st.generated / st.generate_seconds : 0.0,

@@ -183,7 +183,7 @@ void add_serve_command(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   add_model_options(*cmd, o->model);
   cmd->add_option("--host", o->host, "Address to listen on (default 127.0.0.1: this machine only)");
-  cmd->add_option("--port", o->port, "Port (default 8080; 0 picks a free one)");
+  cmd->add_option("--port", o->port, "Port (default 8080; 0 picks a free one)")->check(CLI::Range(0, 65535));
   cmd->add_option("--parallel", o->parallel, "Sequences generating at once (default 4)")
       ->check(CLI::Range(1, 256));
   cmd->add_option("--queue", o->queue, "Requests waiting beyond those; more get 503 (default 64)")
@@ -193,8 +193,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
   cmd->add_option("--alias", o->alias, "Model name clients use (default: the file name without .gguf)");
   cmd->add_option("--drain-timeout", o->drain_seconds,
-                  "Seconds running requests get after SIGTERM (default 30)");
-  cmd->add_option("--max-body", o->max_body, "Largest request body in bytes (default 4 MiB)");
+                  "Seconds running requests get after SIGTERM (default 30)")
+      ->check(CLI::Range(0.0, 86400.0));
+  cmd->add_option("--max-body", o->max_body, "Largest request body in bytes (default 4 MiB)")
+      ->check(CLI::Range(size_t{1} << 10, size_t{1} << 30));
   auto* dm = cmd->add_option("--draft-model", o->draft_model, "Draft model for speculative decoding");
   cmd->add_option("--draft", o->draft, "Draft source: ngram")->excludes(dm);
   cmd->add_option("--max-draft", o->max_draft, "Deepest drafted window per sequence (default 6 with a draft)")

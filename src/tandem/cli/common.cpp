@@ -22,10 +22,14 @@ cache::KvType ModelOptions::resolved_kv_type() const {
 void add_model_options(CLI::App& cmd, ModelOptions& o, bool model_required) {
   auto* m = cmd.add_option("-m,--model", o.model_path, "GGUF model file");
   if (model_required) m->required();
-  cmd.add_option("-t,--threads", o.threads, "Threads (default: physical cores)");
-  cmd.add_option("-c,--ctx-size", o.n_ctx, "Context size in tokens (default: the model's, at most 4096)");
-  cmd.add_option("--kv-type", o.kv_type, "KV cache type: f16 (default), f32, q8_0, q4, or q4r (4-bit after a per-head random rotation)");
-  cmd.add_option("-b,--batch-size", o.batch, "Prompt tokens per forward (default 256)");
+  cmd.add_option("-t,--threads", o.threads, "Threads (default, or 0: physical cores)");
+  cmd.add_option("-c,--ctx-size", o.n_ctx,
+                 "Context size in tokens (default, or 0: the model's, at most 4096)");
+  cmd.add_option(
+      "--kv-type", o.kv_type,
+      "KV cache type: f16 (default), f32, q8_0, q4, or q4r (4-bit after a per-head random rotation)");
+  cmd.add_option("-b,--batch-size", o.batch, "Prompt tokens per forward (default 256)")
+      ->check(CLI::Range(1, 1 << 16));
 }
 
 std::string default_model_path() {
