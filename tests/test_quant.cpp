@@ -705,3 +705,31 @@ TEST(QuantErrors, PartialBlocksAreRejected) {
 
 }  // namespace
 }  // namespace tandem
+
+// tandem quantize on a model whose feed-forward rows (172 wide) fit no 32-element block: those matrices are
+// written as F16 (with a note), the others in the asked type, and the file loads and generates.
+TEST(QuantizeCommand, RowsThatFitNoBlockFallBackToF16) {
+  const std::string out = ::testing::TempDir() + "/tandem-quantize-q8.gguf";
+  std::remove(out.c_str());
+  const std::string tandem(TANDEM_BINARY);
+  const auto [log, rc] = tandem::testing::run_command(
+      tandem + " quantize '" + tandem::testing::shared_path("models/stories260K.gguf") + "' '" + out +
+      "' Q8_0 2>&1");
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_NE(log.find("written as F16"), std::string::npos) << log;
+  {
+    const tandem::gguf::File f = tandem::gguf::File::open(out);
+    const tandem::gguf::TensorInfo* down = f.tensor("blk.0.ffn_down.weight");
+    const tandem::gguf::TensorInfo* up = f.tensor("blk.0.ffn_up.weight");
+    ASSERT_NE(down, nullptr);
+    ASSERT_NE(up, nullptr);
+    EXPECT_EQ(down->ne[0], 172);
+    EXPECT_EQ(down->type, tandem::DType::F16);
+    EXPECT_EQ(up->type, tandem::DType::Q8_0);
+  }
+  const auto [text, run_rc] =
+      tandem::testing::run_command(tandem + " run -m '" + out + "' -t 1 --temp 0 -n 8 -p 'Once' 2>/dev/null");
+  EXPECT_EQ(run_rc, 0);
+  EXPECT_FALSE(text.empty());
+  std::remove(out.c_str());
+}

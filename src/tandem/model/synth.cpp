@@ -175,17 +175,24 @@ DType matrix_type(const FileType& ft, std::string_view tensor, int64_t cols, int
     switch (t) {
       case DType::Q2_K:
       case DType::Q3_K:
-        return DType::Q4_0;
+        t = DType::Q4_0;
+        break;
       case DType::Q4_K:
-        return DType::Q5_0;
+        t = DType::Q5_0;
+        break;
       case DType::Q5_K:
-        return DType::Q5_1;
+        t = DType::Q5_1;
+        break;
       case DType::Q6_K:
-        return DType::Q8_0;
+        t = DType::Q8_0;
+        break;
       default:
         break;
     }
   }
+  // Rows that fit no block of the type (stories260K's feed-forward width 172) stay exact-ish in F16, as the
+  // reference's quantizer falls back.
+  if (cols % traits(t).block_size != 0) return DType::F16;
   return t;
 }
 
@@ -343,6 +350,7 @@ void quantize_model(const std::string& in_path, const std::string& out_path, con
     }
     copy_value(w, key, value);
   }
+  int f16_fallbacks = 0;
   for (const gguf::TensorInfo& t : in.tensors()) {
     std::vector<int64_t> ne(t.ne.begin(), t.ne.begin() + std::max(1, t.n_dims));
     const bool is_matrix = t.n_dims == 2 && t.name.size() > 7 && t.name.ends_with(".weight") &&
@@ -355,6 +363,7 @@ void quantize_model(const std::string& in_path, const std::string& out_path, con
     if (t.name.rfind("blk.", 0) == 0) layer = std::atoll(t.name.c_str() + 4);
     const bool tied_head = tied && t.name == "token_embd.weight";
     const DType type = matrix_type(ft, tied_head ? "output.weight" : t.name, t.ne[0], layer, n_layer);
+    if (type == DType::F16 && ft.base != DType::F16) ++f16_fallbacks;
     const int64_t cols = t.ne[0], rows = t.ne[1];
     const DType src_type = t.type;
     const uint8_t* src = t.data;
@@ -367,6 +376,9 @@ void quantize_model(const std::string& in_path, const std::string& out_path, con
     });
   }
   w.write_file(out_path);
+  if (f16_fallbacks > 0)
+    std::fprintf(stderr, "quantize: %d matrices whose rows fit no %s block were written as F16\n",
+                 f16_fallbacks, std::string(ft.name).c_str());
 }
 
 }  // namespace tandem::model
