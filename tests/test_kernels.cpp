@@ -473,7 +473,7 @@ TEST(Kernels, ActivationQuantizationEdgeCasesAreBitIdenticalOnEveryTarget) {
 }
 
 // Grouped attention primitives (several query heads sharing a KV head) give each query the bits of a separate
-// call, on every Highway target.
+// call, and a row's score the bits it has in any split of the rows, on every Highway target.
 TEST(Kernels, GroupedAttentionPrimitivesEqualSeparateCalls) {
   std::mt19937 rng(8);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -502,6 +502,16 @@ TEST(Kernels, GroupedAttentionPrimitivesEqualSeparateCalls) {
           accumulate_f16(p.data() + h * ss, kh.data(), n, dim, b16.data() + h * dim);
           accumulate_f32(p.data() + h * ss, kf.data(), n, dim, b32.data() + h * dim);
         }
+        // A score does not depend on the rows computed beside it: rows split over two calls give the same.
+        std::vector<float> split16(one16), split32(one32);
+        for (int64_t h = 0; h < G; ++h) {
+          dots_f16(q.data() + h * qs, kh.data(), 5, dim, split16.data() + h * ss);
+          dots_f16(q.data() + h * qs, kh.data() + 5 * dim, n - 5, dim, split16.data() + h * ss + 5);
+          dots_f32(q.data() + h * qs, kf.data(), 5, dim, split32.data() + h * ss);
+          dots_f32(q.data() + h * qs, kf.data() + 5 * dim, n - 5, dim, split32.data() + h * ss + 5);
+        }
+        EXPECT_EQ(split16, one16) << "dim=" << dim << " G=" << G;
+        EXPECT_EQ(split32, one32) << "dim=" << dim << " G=" << G;
         EXPECT_EQ(g16, one16) << "dim=" << dim << " G=" << G;
         EXPECT_EQ(g32, one32) << "dim=" << dim << " G=" << G;
         EXPECT_EQ(a16, b16) << "dim=" << dim << " G=" << G;

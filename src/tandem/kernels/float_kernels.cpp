@@ -138,11 +138,21 @@ HWY_INLINE void axpy(float p, const uint8_t* vrow, float* out, size_t dim) {
   for (; i < dim; ++i) out[i] += p * scalar_w<T>(vrow, i);
 }
 
+// Scores of a query against n key rows. On targets with fixed-size vectors the rows go through the grouped
+// form (one query), so a score has the same bits alone or in a group.
+template <DType T>
+void dots_group_t(const float* q, int64_t G, int64_t q_stride, const uint8_t* rows, int64_t n, int64_t dim,
+                  float* s, int64_t s_stride);
+
 template <DType T>
 void dots_t(const float* q, const uint8_t* rows, int64_t n, int64_t dim, float* s) {
+#if HWY_HAVE_SCALABLE || HWY_TARGET == HWY_SCALAR
   constexpr size_t es = T == DType::F32 ? 4 : 2;
   for (int64_t j = 0; j < n; ++j)
     s[j] = dot_q<T>(q, rows + static_cast<size_t>(j * dim) * es, static_cast<size_t>(dim));
+#else
+  dots_group_t<T>(q, 1, 0, rows, n, dim, s, 0);
+#endif
 }
 template <DType T>
 void accumulate_t(const float* p, const uint8_t* rows, int64_t n, int64_t dim, float* acc) {
@@ -151,35 +161,87 @@ void accumulate_t(const float* p, const uint8_t* rows, int64_t n, int64_t dim, f
     axpy<T>(p[j], rows + static_cast<size_t>(j * dim) * es, acc, static_cast<size_t>(dim));
 }
 // The grouped forms: G queries (q_stride apart) over the same rows, each row loaded and converted once for
-// all of them. Each query's operation sequence is exactly dot_q's / axpy's, so the results are bit-identical
-// to G separate calls. Targets with scalable vectors (no arrays of vectors) make the separate calls.
-constexpr int kGroupChunk = 8;  // queries whose accumulators are live at once
+// all of them, each query's result bit-identical to a call of its own. Targets with scalable vectors (no
+// arrays of vectors) make the separate calls.
 
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
+// Lane j of the result is the sum of the lanes of v[j] (j < Lanes), added in a fixed tree (adjacent lanes,
+// then adjacent pairs of those, and so on) whatever the other vectors hold. Transposing as it adds, it costs
+// about three operations per vector instead of a full horizontal reduction each. v is overwritten.
+HWY_INLINE hn::Vec<DF> lane_sums(DF df, hn::Vec<DF>* v) {
+  for (size_t m = hn::Lanes(df); m > 1; m /= 2)
+    for (size_t i = 0; i < m / 2; ++i)
+      v[i] = hn::Add(hn::ConcatEven(df, v[2 * i + 1], v[2 * i]), hn::ConcatOdd(df, v[2 * i + 1], v[2 * i]));
+  return v[0];
+}
+
+// Largest head size whose key rows dots_group_t converts into its stack buffer (larger ones take the
+// per-query path).
+constexpr size_t kMaxConvertedDim = 512;
+// The key row read past the last row of a block.
+alignas(64) constexpr float kZeroRow[kMaxConvertedDim] = {};
+#endif
+
+// Key rows Lanes at a time: each query's partial products of a row accumulate in one vector (the same
+// MulAdd sequence as dot_q), the block's vectors are summed by lane_sums, then the dims past the last whole
+// vector are added one by one as in dot_q. A score depends only on its query and key row, never on the rows
+// or queries beside it. F16 and BF16 rows are converted to f32 once per block for all queries.
 template <DType T>
 void dots_group_t(const float* q, int64_t G, int64_t q_stride, const uint8_t* rows, int64_t n, int64_t dim,
                   float* s, int64_t s_stride) {
   constexpr size_t es = T == DType::F32 ? 4 : 2;
-#if HWY_HAVE_SCALABLE
-  for (int64_t h = 0; h < G; ++h) dots_t<T>(q + h * q_stride, rows, n, dim, s + h * s_stride);
+#if HWY_HAVE_SCALABLE || HWY_TARGET == HWY_SCALAR
+  for (int64_t h = 0; h < G; ++h)
+    for (int64_t j = 0; j < n; ++j)
+      s[h * s_stride + j] =
+          dot_q<T>(q + h * q_stride, rows + static_cast<size_t>(j * dim) * es, static_cast<size_t>(dim));
 #else
   const DF df;
-  const size_t lanes = hn::Lanes(df), d = static_cast<size_t>(dim);
-  for (int64_t h0 = 0; h0 < G; h0 += kGroupChunk) {
-    const int hn_ = static_cast<int>(std::min<int64_t>(kGroupChunk, G - h0));
-    const float* qh = q + h0 * q_stride;
-    for (int64_t j = 0; j < n; ++j) {
-      const uint8_t* krow = rows + static_cast<size_t>(j * dim) * es;
-      hn::Vec<DF> acc[kGroupChunk];
-      for (int h = 0; h < hn_; ++h) acc[h] = hn::Zero(df);
-      size_t i = 0;
-      for (; i + lanes <= d; i += lanes) {
-        const auto kv = load_w<T>(df, krow, i);
-        for (int h = 0; h < hn_; ++h) acc[h] = hn::MulAdd(hn::LoadU(df, qh + h * q_stride + i), kv, acc[h]);
+  constexpr size_t N = hn::MaxLanes(DF());
+  const size_t d = static_cast<size_t>(dim), vd = d / N * N;
+  HWY_ALIGN float converted[T == DType::F32 ? 1 : N * kMaxConvertedDim];
+  HWY_ALIGN float sums[N];
+  if (vd > kMaxConvertedDim) {  // no such head size in the supported models; kept correct anyway
+    for (int64_t h = 0; h < G; ++h)
+      for (int64_t j = 0; j < n; ++j)
+        s[h * s_stride + j] =
+            dot_q<T>(q + h * q_stride, rows + static_cast<size_t>(j * dim) * es, static_cast<size_t>(dim));
+    return;
+  }
+  for (int64_t j0 = 0; j0 < n; j0 += static_cast<int64_t>(N)) {
+    const size_t nj = std::min(N, static_cast<size_t>(n - j0));
+    const uint8_t* block = rows + static_cast<size_t>(j0) * d * es;
+    // The block's key rows as f32 (a zero row past the last one).
+    const float* keys[N];
+    for (size_t jj = 0; jj < N; ++jj) {
+      if (jj >= nj) {
+        keys[jj] = kZeroRow;
+      } else if constexpr (T == DType::F32) {
+        keys[jj] = reinterpret_cast<const float*>(block + jj * d * es);
+      } else {
+        float* row = converted + jj * vd;
+        for (size_t i = 0; i < vd; i += N) hn::Store(load_w<T>(df, block + jj * d * es, i), df, row + i);
+        keys[jj] = row;
       }
-      for (int h = 0; h < hn_; ++h) {
-        float v = hn::GetLane(hn::SumOfLanes(df, acc[h]));
-        for (size_t t = i; t < d; ++t) v += qh[h * q_stride + static_cast<int64_t>(t)] * scalar_w<T>(krow, t);
-        s[(h0 + h) * s_stride + j] = v;
+    }
+    for (int64_t h = 0; h < G; ++h) {
+      const float* qh = q + h * q_stride;
+      hn::Vec<DF> parts[N];
+      for (size_t jj = 0; jj < N; ++jj) parts[jj] = hn::Zero(df);
+      for (size_t i = 0; i < vd; i += N) {
+        const auto qv = hn::LoadU(df, qh + i);
+        for (size_t jj = 0; jj < N; ++jj) parts[jj] = hn::MulAdd(qv, hn::LoadU(df, keys[jj] + i), parts[jj]);
+      }
+      float* out = s + h * s_stride + j0;
+      if (nj == N && vd == d) {  // a whole block and no dims past the vectors: the sums are the scores
+        hn::StoreU(lane_sums(df, parts), df, out);
+        continue;
+      }
+      hn::Store(lane_sums(df, parts), df, sums);
+      for (size_t jj = 0; jj < nj; ++jj) {
+        float v = sums[jj];
+        for (size_t i = vd; i < d; ++i) v += qh[i] * scalar_w<T>(block + jj * d * es, i);
+        out[jj] = v;
       }
     }
   }
