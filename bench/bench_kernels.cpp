@@ -11,18 +11,25 @@
 //                      prefill kernels need four per 256 weights per activation row, so this bounds them.
 //   RowWorkFloor       the window kernels' per-row work alone (loads, vpdpbusd, convert, scaling), weights in
 //                      registers: the floor of MatmulHot at 8 rows, without the decoding of the weights.
+//   AttentionDots/G    attention scores of G query heads sharing one KV head against 256 cached f16 key rows
+//                      of 64 dims, in blocks of 16 positions as the paged cache holds them (TinyLlama: G = 8)
+//   AttentionValues/G  the weighted sum of the same rows' values for G heads
 // Weights are in the form the model loader leaves them in (repacked where kernels/repack.h says it pays).
 // Bytes/s counts weight bytes, so decode-class numbers compare directly with memory bandwidth.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 #include <vector>
 
+#include "tandem/kernels/float_kernels.h"
 #include "tandem/kernels/matmul.h"
 #include "tandem/kernels/repack.h"
+#include "tandem/tensor/fp16.h"
 #include "tandem/tensor/quant.h"
 
 namespace {
@@ -212,6 +219,52 @@ void BM_VnniPeak(benchmark::State& state) {
 }
 BENCHMARK(BM_VnniPeak);
 #endif
+
+// One KV head's cache of 256 positions (f16, 64 dims) and G queries or weights.
+struct AttentionInputs {
+  static constexpr int64_t kPositions = 256, kDim = 64, kBlock = 16;
+  std::vector<uint16_t> rows;
+  std::vector<float> q, s;
+  explicit AttentionInputs(int64_t G) : rows(kPositions * kDim), q(G * kDim), s(G * kPositions) {
+    std::mt19937 rng(3);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (auto& v : rows) v = f32_to_fp16(dist(rng));
+    for (auto& v : q) v = dist(rng);
+    for (auto& v : s) v = std::fabs(dist(rng)) / kPositions;
+  }
+};
+
+void BM_AttentionDots(benchmark::State& state) {
+  const int64_t G = state.range(0);
+  AttentionInputs in(G);
+  using A = AttentionInputs;
+  for (auto _ : state) {
+    for (int64_t b = 0; b < A::kPositions; b += A::kBlock)
+      dots_group_f16(in.q.data(), G, A::kDim, in.rows.data() + b * A::kDim, A::kBlock, A::kDim,
+                     in.s.data() + b, A::kPositions);
+    benchmark::DoNotOptimize(in.s.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * G * A::kPositions);
+  state.SetLabel("items = scores");
+}
+BENCHMARK(BM_AttentionDots)->Arg(1)->Arg(8);
+
+void BM_AttentionValues(benchmark::State& state) {
+  const int64_t G = state.range(0);
+  AttentionInputs in(G);
+  using A = AttentionInputs;
+  std::vector<float> acc(static_cast<size_t>(G * A::kDim));
+  for (auto _ : state) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t b = 0; b < A::kPositions; b += A::kBlock)
+      accumulate_group_f16(in.s.data() + b, G, A::kPositions, in.rows.data() + b * A::kDim, A::kBlock,
+                           A::kDim, acc.data(), A::kDim);
+    benchmark::DoNotOptimize(acc.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * G * A::kPositions);
+  state.SetLabel("items = weighted rows");
+}
+BENCHMARK(BM_AttentionValues)->Arg(1)->Arg(8);
 
 void matmul_args(benchmark::internal::Benchmark* b) {
   for (int t = 0; t < static_cast<int>(std::size(kTypes)); ++t)
