@@ -375,6 +375,9 @@ void dot_tile(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_
   for (int r = 0; r < NR; ++r) y[r * y_stride] = finish_row<kFold>(acc[r], acc_b[r]);
 }
 
+// One-row tiles prefetch as windows do (the L2 form of quant_avx512.cpp is unmeasured here).
+constexpr int64_t kDecodePrefetchBytes = kPrefetchBytes;
+
 // Direct kernels: weight rows straight from their file bytes, each super-block decoded into registers and
 // applied to up to kDirectRows activation rows, with no unpack buffer (decode and small verify windows).
 // 8 measured a little faster than 4 for 8-row windows in cache (Q4_0 and Q8_0), though not every weight
