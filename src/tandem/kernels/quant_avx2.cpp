@@ -375,8 +375,11 @@ void dot_tile(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_
   for (int r = 0; r < NR; ++r) y[r * y_stride] = finish_row<kFold>(acc[r], acc_b[r]);
 }
 
-// One-row tiles prefetch as windows do (the L2 form of quant_avx512.cpp is unmeasured here).
-constexpr int64_t kDecodePrefetchBytes = kPrefetchBytes;
+// Every tile prefetches into L1, kPrefetchBytes ahead (quant_avx512.cpp's L2 prefetch is unmeasured here).
+constexpr bool l2_prefetch(int, int64_t) {
+  return false;
+}
+constexpr int64_t kL2PrefetchBytes = kPrefetchBytes;
 
 // Direct kernels: weight rows straight from their file bytes, each super-block decoded into registers and
 // applied to up to kDirectRows activation rows, with no unpack buffer (decode and small verify windows).

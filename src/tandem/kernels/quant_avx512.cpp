@@ -301,12 +301,17 @@ inline void accumulate_super(const __m512i* u, __m512 a, __m512 b, const ActRegs
 // Q8_0 codes of this target's unpacked form and loaders: unsigned (offset folded).
 constexpr bool kSignedQ8 = false;
 
-// One-row tiles (decode) prefetch into L2, 6 KB ahead; windows into L1, kPrefetchBytes ahead. Measured over
-// a TinyLlama token's matrices (two threads, weights from memory, median of 24 pairs), one row against L1 at
-// 3 KB: Q8_0 0.86-0.96, Q4_K 0.95-0.97, Q6_K 0.96-0.99, Q4_0 0.98-0.99 (and the previous build against this
-// one, paired the same way: Q8_0 1.14, Q6_K 1.05, Q4_K 1.03, Q4_0 1.01). Windows lose with it (Q4_K at 4 and
-// 8 rows: 1.04). Multiples of 4 KB measured worse (the prefetch aliases the load it runs ahead of).
-constexpr int64_t kDecodePrefetchBytes = 6144;
+// Which tiles prefetch into L2, kL2PrefetchBytes ahead, rather than into L1, kPrefetchBytes ahead: one-row
+// tiles (decode), and Q8_0 (272-byte repacked super-blocks) at every row count. Measured over a TinyLlama
+// token's matrices (two threads, weights from memory, median of 24 pairs) against L1 at 3 KB: one row Q8_0
+// 0.86-0.96, Q4_K 0.95-0.97, Q6_K 0.96-0.99, Q4_0 0.98-0.99 (the previous build against this one, paired the
+// same way: Q8_0 1.14, Q6_K 1.05, Q4_K 1.03, Q4_0 1.01); Q8_0 windows 0.81-0.97 / 0.93 / 0.91-0.93 / 0.94 at
+// 2 / 3 / 4 / 8 rows. Other windows lose with it (Q4_K at 4 and 8 rows: 1.04). Distances that are multiples
+// of 4 KB measured worse (the prefetch aliases the load it runs ahead of).
+constexpr bool l2_prefetch(int fold, int64_t rows) {
+  return rows == 1 || fold == fold_of(DType::Q8_0);
+}
+constexpr int64_t kL2PrefetchBytes = 6144;
 
 // Direct kernels: weight rows straight from their file bytes, each super-block decoded into registers and
 // applied to up to kDirectRows activation rows, with no unpack buffer (decode and small verify windows).
@@ -330,7 +335,7 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
   }
   for (int64_t s = 0; s < n_super; ++s) {
     const uint8_t* ws = w + s * kSuperBytes;
-    prefetch_ahead<kSuperBytes, NR == 1 ? _MM_HINT_T1 : _MM_HINT_T0>(ws, part.prefetch);
+    prefetch_ahead<kSuperBytes, l2_prefetch(kFold, NR) ? _MM_HINT_T1 : _MM_HINT_T0>(ws, part.prefetch);
     if constexpr (!std::is_null_pointer_v<decltype(Signed)> && NR >= signed_min_rows(kFold)) {
       SignedRegs wr;
       Signed(ws, wr);
