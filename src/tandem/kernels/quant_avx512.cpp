@@ -301,15 +301,17 @@ inline void accumulate_super(const __m512i* u, __m512 a, __m512 b, const ActRegs
 // Q8_0 codes of this target's unpacked form and loaders: unsigned (offset folded).
 constexpr bool kSignedQ8 = false;
 
-// Which tiles prefetch into L2, kL2PrefetchBytes ahead, rather than into L1, kPrefetchBytes ahead: one-row
-// tiles (decode), and Q8_0 (272-byte repacked super-blocks) at every row count. Measured over a TinyLlama
-// token's matrices (two threads, weights from memory, median of 24 pairs) against L1 at 3 KB: one row Q8_0
-// 0.86-0.96, Q4_K 0.95-0.97, Q6_K 0.96-0.99, Q4_0 0.98-0.99 (the previous build against this one, paired the
-// same way: Q8_0 1.14, Q6_K 1.05, Q4_K 1.03, Q4_0 1.01); Q8_0 windows 0.81-0.97 / 0.93 / 0.91-0.93 / 0.94 at
-// 2 / 3 / 4 / 8 rows. Other windows lose with it (Q4_K at 4 and 8 rows: 1.04). Distances that are multiples
-// of 4 KB measured worse (the prefetch aliases the load it runs ahead of).
+// Which tiles prefetch into L2 rather than L1: one-row tiles (decode), and every tile of Q8_0 (272-byte
+// repacked super-blocks) and Q6_K; L2 kL2PrefetchBytes ahead, L1 kPrefetchBytes ahead (pair tiles: a pair
+// ahead either way). Measured over a TinyLlama token's matrices (two threads, weights from memory, median of
+// 24 pairs) against L1: one row Q8_0 0.86-0.96, Q4_K 0.95-0.97, Q6_K 0.96-0.99, Q4_0 0.98-0.99 (the previous
+// build against this one, paired the same way: Q8_0 1.02-1.18, Q6_K 1.04, Q4_K 1.03-1.05, Q4_0 1.01); Q8_0
+// windows 0.81-0.97 / 0.93 / 0.91-0.93 / 0.94 at 2 / 3 / 4 / 8 rows; Q6_K 0.945 / 0.94 at 2 / 3 rows and, in
+// pair tiles, 0.99 / 0.92 at 4 / 8. Other windows lose with it (Q4_K at 4 and 8 rows 1.04; Q4_0 pair tiles
+// 1.28 / 1.12 / 1.04 at 3 / 4 / 8 rows). Distances that are multiples of 4 KB measured worse (the prefetch
+// aliases the load it runs ahead of).
 constexpr bool l2_prefetch(int fold, int64_t rows) {
-  return rows == 1 || fold == fold_of(DType::Q8_0);
+  return rows == 1 || fold == fold_of(DType::Q8_0) || fold == fold_of(DType::Q6_K);
 }
 constexpr int64_t kL2PrefetchBytes = 6144;
 
@@ -393,7 +395,8 @@ void pair_tile(const uint8_t* w, int64_t row_bytes, int64_t n_super, const ActSu
   for (int64_t s = 0; s < n_super; ++s) {
     const uint8_t* ws0 = w + s * kSuperBytes;
     for (int64_t b = 0; b < 2 * kSuperBytes; b += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(next_pair + 2 * s * kSuperBytes + b), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(next_pair + 2 * s * kSuperBytes + b),
+                   l2_prefetch(kFold, NR) ? _MM_HINT_T1 : _MM_HINT_T0);
     SignedRegs wr[2];
     Signed(ws0, wr[0]);
     Signed(ws0 + row_bytes, wr[1]);
