@@ -138,21 +138,15 @@ HWY_INLINE void axpy(float p, const uint8_t* vrow, float* out, size_t dim) {
   for (; i < dim; ++i) out[i] += p * scalar_w<T>(vrow, i);
 }
 
-// Scores of a query against n key rows. On targets with fixed-size vectors the rows go through the grouped
-// form (one query), so a score has the same bits alone or in a group.
 template <DType T>
 void dots_group_t(const float* q, int64_t G, int64_t q_stride, const uint8_t* rows, int64_t n, int64_t dim,
                   float* s, int64_t s_stride);
 
+// Scores of a query against n key rows: the grouped form with one query, so a score has the same bits alone
+// or in a group.
 template <DType T>
 void dots_t(const float* q, const uint8_t* rows, int64_t n, int64_t dim, float* s) {
-#if HWY_HAVE_SCALABLE || HWY_TARGET == HWY_SCALAR
-  constexpr size_t es = T == DType::F32 ? 4 : 2;
-  for (int64_t j = 0; j < n; ++j)
-    s[j] = dot_q<T>(q, rows + static_cast<size_t>(j * dim) * es, static_cast<size_t>(dim));
-#else
   dots_group_t<T>(q, 1, 0, rows, n, dim, s, 0);
-#endif
 }
 template <DType T>
 void accumulate_t(const float* p, const uint8_t* rows, int64_t n, int64_t dim, float* acc) {
@@ -182,6 +176,17 @@ constexpr size_t kMaxConvertedDim = 512;
 alignas(64) constexpr float kZeroRow[kMaxConvertedDim] = {};
 #endif
 
+// Each score by dot_q, one query and row at a time.
+template <DType T>
+void dots_each(const float* q, int64_t G, int64_t q_stride, const uint8_t* rows, int64_t n, int64_t dim,
+               float* s, int64_t s_stride) {
+  constexpr size_t es = T == DType::F32 ? 4 : 2;
+  for (int64_t h = 0; h < G; ++h)
+    for (int64_t j = 0; j < n; ++j)
+      s[h * s_stride + j] =
+          dot_q<T>(q + h * q_stride, rows + static_cast<size_t>(j * dim) * es, static_cast<size_t>(dim));
+}
+
 // Key rows Lanes at a time: each query's partial products of a row accumulate in one vector (the same
 // MulAdd sequence as dot_q), the block's vectors are summed by lane_sums, then the dims past the last whole
 // vector are added one by one as in dot_q. A score depends only on its query and key row, never on the rows
@@ -189,23 +194,17 @@ alignas(64) constexpr float kZeroRow[kMaxConvertedDim] = {};
 template <DType T>
 void dots_group_t(const float* q, int64_t G, int64_t q_stride, const uint8_t* rows, int64_t n, int64_t dim,
                   float* s, int64_t s_stride) {
-  constexpr size_t es = T == DType::F32 ? 4 : 2;
 #if HWY_HAVE_SCALABLE || HWY_TARGET == HWY_SCALAR
-  for (int64_t h = 0; h < G; ++h)
-    for (int64_t j = 0; j < n; ++j)
-      s[h * s_stride + j] =
-          dot_q<T>(q + h * q_stride, rows + static_cast<size_t>(j * dim) * es, static_cast<size_t>(dim));
+  dots_each<T>(q, G, q_stride, rows, n, dim, s, s_stride);
 #else
+  constexpr size_t es = T == DType::F32 ? 4 : 2;
   const DF df;
   constexpr size_t N = hn::MaxLanes(DF());
   const size_t d = static_cast<size_t>(dim), vd = d / N * N;
   HWY_ALIGN float converted[T == DType::F32 ? 1 : N * kMaxConvertedDim];
   HWY_ALIGN float sums[N];
-  if (vd > kMaxConvertedDim) {  // no such head size in the supported models; kept correct anyway
-    for (int64_t h = 0; h < G; ++h)
-      for (int64_t j = 0; j < n; ++j)
-        s[h * s_stride + j] =
-            dot_q<T>(q + h * q_stride, rows + static_cast<size_t>(j * dim) * es, static_cast<size_t>(dim));
+  if (vd > kMaxConvertedDim) {  // past the buffer and the zero row; no supported model has such heads
+    dots_each<T>(q, G, q_stride, rows, n, dim, s, s_stride);
     return;
   }
   for (int64_t j0 = 0; j0 < n; j0 += static_cast<int64_t>(N)) {

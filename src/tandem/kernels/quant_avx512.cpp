@@ -314,6 +314,10 @@ constexpr bool l2_prefetch(int fold, int64_t rows) {
   return rows == 1 || fold == fold_of(DType::Q8_0) || fold == fold_of(DType::Q6_K);
 }
 constexpr int64_t kL2PrefetchBytes = 6144;
+// The prefetch hint of a tile (l2_prefetch).
+constexpr int prefetch_hint(int fold, int64_t rows) {
+  return l2_prefetch(fold, rows) ? _MM_HINT_T1 : _MM_HINT_T0;
+}
 
 // Direct kernels: weight rows straight from their file bytes, each super-block decoded into registers and
 // applied to up to kDirectRows activation rows, with no unpack buffer (decode and small verify windows).
@@ -337,7 +341,7 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
   }
   for (int64_t s = 0; s < n_super; ++s) {
     const uint8_t* ws = w + s * kSuperBytes;
-    prefetch_ahead<kSuperBytes, l2_prefetch(kFold, NR) ? _MM_HINT_T1 : _MM_HINT_T0>(ws, part.prefetch);
+    prefetch_ahead<kSuperBytes, prefetch_hint(kFold, NR)>(ws, part.prefetch);
     if constexpr (!std::is_null_pointer_v<decltype(Signed)> && NR >= signed_min_rows(kFold)) {
       SignedRegs wr;
       Signed(ws, wr);
@@ -396,7 +400,7 @@ void pair_tile(const uint8_t* w, int64_t row_bytes, int64_t n_super, const ActSu
     const uint8_t* ws0 = w + s * kSuperBytes;
     for (int64_t b = 0; b < 2 * kSuperBytes; b += 64)
       _mm_prefetch(reinterpret_cast<const char*>(next_pair + 2 * s * kSuperBytes + b),
-                   l2_prefetch(kFold, NR) ? _MM_HINT_T1 : _MM_HINT_T0);
+                   static_cast<_mm_hint>(prefetch_hint(kFold, NR)));
     SignedRegs wr[2];
     Signed(ws0, wr[0]);
     Signed(ws0 + row_bytes, wr[1]);

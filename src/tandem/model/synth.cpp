@@ -190,8 +190,8 @@ DType matrix_type(const FileType& ft, std::string_view tensor, int64_t cols, int
         break;
     }
   }
-  // Rows that fit no block of the type (stories260K's feed-forward width 172) stay exact-ish in F16, as the
-  // reference's quantizer falls back.
+  // Rows that fit no block of the type (stories260K's feed-forward width 172) are written in F16, the
+  // reference quantizer's fallback too.
   if (cols % traits(t).block_size != 0) return DType::F16;
   return t;
 }
