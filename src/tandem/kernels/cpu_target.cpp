@@ -20,6 +20,8 @@ bool cpu_supports(Target t) {
       return cpu_supports(Target::kAVX2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512vnni");
+    case Target::kAVX512VBMI:
+      return cpu_supports(Target::kAVX512) && __builtin_cpu_supports("avx512vbmi");
 #endif
 #if defined(__aarch64__)
     case Target::kNEON:
@@ -47,6 +49,8 @@ std::string_view target_name(Target t) {
       return "avx2";
     case Target::kAVX512:
       return "avx512-vnni";
+    case Target::kAVX512VBMI:
+      return "avx512-vnni-vbmi";
     case Target::kNEON:
       return "neon";
     case Target::kNEONDot:
@@ -57,7 +61,8 @@ std::string_view target_name(Target t) {
 
 std::vector<Target> runnable_targets() {
   std::vector<Target> out;
-  for (Target t : {Target::kScalar, Target::kAVX2, Target::kAVX512, Target::kNEON, Target::kNEONDot})
+  for (Target t : {Target::kScalar, Target::kAVX2, Target::kAVX512, Target::kAVX512VBMI, Target::kNEON,
+                   Target::kNEONDot})
     if (cpu_supports(t)) out.push_back(t);
   return out;
 }

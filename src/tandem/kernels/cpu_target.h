@@ -8,11 +8,12 @@
 namespace tandem::kernels {
 
 enum class Target {
-  kScalar,   // portable C++: the reference every SIMD kernel is tested against
-  kAVX2,     // x86-64 AVX2 + FMA + F16C
-  kAVX512,   // x86-64 AVX-512 F/BW/VL + VNNI
-  kNEON,     // AArch64 Advanced SIMD (every AArch64 CPU)
-  kNEONDot,  // AArch64 Advanced SIMD with the dot-product extension (ARMv8.2 sdot)
+  kScalar,      // portable C++: the reference every SIMD kernel is tested against
+  kAVX2,        // x86-64 AVX2 + FMA + F16C
+  kAVX512,      // x86-64 AVX-512 F/BW/VL + VNNI
+  kAVX512VBMI,  // the same with VBMI (byte permutes)
+  kNEON,        // AArch64 Advanced SIMD (every AArch64 CPU)
+  kNEONDot,     // AArch64 Advanced SIMD with the dot-product extension (ARMv8.2 sdot)
 };
 
 std::string_view target_name(Target t);

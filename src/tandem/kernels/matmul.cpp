@@ -31,6 +31,8 @@ const QuantKernels& quant_kernels(Target t) {
   switch (t) {
     case Target::kAVX512:
       return quant_kernels_avx512();
+    case Target::kAVX512VBMI:
+      return quant_kernels_avx512_vbmi();
     case Target::kAVX2:
       return quant_kernels_avx2();
     case Target::kNEON:

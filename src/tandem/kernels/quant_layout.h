@@ -127,6 +127,7 @@ inline int64_t no_direct_rows(DType, bool, int64_t, bool) {
 const QuantKernels& quant_kernels_scalar();
 const QuantKernels& quant_kernels_avx2();
 const QuantKernels& quant_kernels_avx512();
+const QuantKernels& quant_kernels_avx512_vbmi();
 const QuantKernels& quant_kernels_neon();
 const QuantKernels& quant_kernels_neon_dot();
 

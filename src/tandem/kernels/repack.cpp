@@ -41,8 +41,8 @@ bool repack_pays(DType type, int64_t cols) {
   const Target best = best_target();
   // Only the x86 targets decode the repacked forms in registers; the others would read them back through the
   // file form on every matmul.
-  return can_interleave(type, cols) && (best == Target::kAVX2 || best == Target::kAVX512) &&
-         (type != DType::Q4_0 || best != Target::kAVX512);
+  const bool avx512 = best == Target::kAVX512 || best == Target::kAVX512VBMI;
+  return can_interleave(type, cols) && (best == Target::kAVX2 || avx512) && (type != DType::Q4_0 || !avx512);
 }
 
 size_t interleave_super_bytes(DType type) {

@@ -1,0 +1,48 @@
+// Quantized kernels for x86-64 CPUs with AVX-512 VNNI and VBMI (byte permutes): quant_avx512.inc.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "tandem/kernels/quant_layout.h"
+#include "tandem/kernels/repack.h"
+#include "tandem/tensor/blocks.h"
+#include "tandem/tensor/fp16.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+// GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsic headers as
+// (maybe-)uninitialized.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")
+#include <immintrin.h>
+
+namespace tandem::kernels {
+namespace avx512_vbmi_target {
+
+#define TANDEM_AVX512_VBMI 1
+#include "tandem/kernels/quant_avx512.inc"
+#undef TANDEM_AVX512_VBMI
+
+}  // namespace avx512_vbmi_target
+
+const QuantKernels& quant_kernels_avx512_vbmi() {
+  return avx512_vbmi_target::kernels();
+}
+
+}  // namespace tandem::kernels
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+#else
+namespace tandem::kernels {
+const QuantKernels& quant_kernels_avx512_vbmi() {
+  return quant_kernels_scalar();
+}
+}  // namespace tandem::kernels
+#endif
