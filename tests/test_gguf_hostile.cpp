@@ -286,6 +286,28 @@ TEST(GgufHostile, MisalignedOffsets) {
   expect_refused(b, "is not aligned to 64");
 }
 
+// With general.alignment 1 the data section starts wherever the header ends, so tensor data can sit at any
+// address. Placed at each of four consecutive addresses, the file parses at the one where the F32 tensor is
+// 4-byte aligned (every other tensor then sits at an even address) and is refused at the other three.
+TEST(GgufHostile, DataBelowItsTypesAlignment) {
+  const Bytes b = small_file(1);
+  int parsed = 0;
+  for (size_t shift = 0; shift < 4; ++shift) {
+    std::vector<uint32_t> words(b.size() / 4 + 2);  // 4-byte aligned storage
+    uint8_t* at = reinterpret_cast<uint8_t*>(words.data()) + shift;
+    std::memcpy(at, b.data(), b.size());
+    try {
+      File::parse(at, b.size(), "hostile.gguf");
+      ++parsed;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("is not aligned to"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("general.alignment 1 is too small"), std::string::npos) << msg;
+    }
+  }
+  EXPECT_EQ(parsed, 1);
+}
+
 TEST(GgufHostile, DimensionsOutOfRange) {
   Bytes b = small_file();
   poke<uint32_t>(b, dims_count_at(b, "t.q8"), 0);

@@ -34,7 +34,13 @@ using namespace tandem::kernels;
 const DType kQuantTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0,
                              DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
-// A weight matrix stored one byte past an aligned address, so rows are misaligned.
+// Bytes past an aligned address at which test matrices start: misaligned for every vector width, but at the
+// alignment the loader guarantees for the type's data (4 for F32, 2 for the block types, F16 and BF16).
+size_t misalign(DType t) {
+  return t == DType::F32 ? 4 : 2;
+}
+
+// A weight matrix stored misalign(t) bytes past an aligned address, so rows are misaligned.
 struct TestMatrix {
   std::vector<uint8_t> storage;
   MatrixView view;
@@ -44,17 +50,19 @@ struct TestMatrix {
 TestMatrix make_matrix(DType t, int64_t rows, int64_t cols, uint32_t seed) {
   TestMatrix m;
   const size_t rb = row_bytes(t, cols);
-  m.storage.resize(rb * static_cast<size_t>(rows) + 1);
+  const size_t skip = misalign(t);
+  m.storage.resize(rb * static_cast<size_t>(rows) + skip);
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> row(static_cast<size_t>(cols));
   m.dequant.resize(static_cast<size_t>(rows * cols));
   for (int64_t o = 0; o < rows; ++o) {
     for (auto& v : row) v = dist(rng);
-    quantize_row(t, row.data(), m.storage.data() + 1 + static_cast<size_t>(o) * rb, cols);
-    dequantize_row(t, m.storage.data() + 1 + static_cast<size_t>(o) * rb, m.dequant.data() + o * cols, cols);
+    quantize_row(t, row.data(), m.storage.data() + skip + static_cast<size_t>(o) * rb, cols);
+    dequantize_row(t, m.storage.data() + skip + static_cast<size_t>(o) * rb, m.dequant.data() + o * cols,
+                   cols);
   }
-  m.view = {t, rows, cols, rb, m.storage.data() + 1};
+  m.view = {t, rows, cols, rb, m.storage.data() + skip};
   return m;
 }
 
@@ -168,9 +176,9 @@ TEST(Kernels, KQuantUnpackIsBitIdenticalOnRandomBlocks) {
       const int64_t rows = 8, ns = k / 256;
       const size_t rb = row_bytes(l.type, k);
       ASSERT_EQ(rb, l.block_bytes * static_cast<size_t>(ns));
-      std::vector<uint8_t> storage(rb * static_cast<size_t>(rows) + 1);
+      std::vector<uint8_t> storage(rb * static_cast<size_t>(rows) + misalign(l.type));
       for (auto& v : storage) v = static_cast<uint8_t>(rng());
-      uint8_t* base = storage.data() + 1;
+      uint8_t* base = storage.data() + misalign(l.type);
       for (int64_t b = 0; b < rows * ns; ++b)
         for (size_t off : l.half_offsets) {
           // Exponent field 0..30: zero, subnormal or normal, never infinity or NaN.
@@ -225,7 +233,7 @@ TEST(Kernels, DirectKernelsAreBitIdenticalToUnpackAndDot) {
           const int64_t n = k == 5632 ? 37 : 5, ns = k / 256;
           TestMatrix m = make_matrix(t, n, k, 17);
           if (interleaved) {
-            interleave_rows(t, m.storage.data() + 1, m.view.bytes());
+            interleave_rows(t, m.storage.data() + misalign(t), m.view.bytes());
             m.view.interleaved = true;
           }
           const auto x = make_activations(max_rows, k, 19);

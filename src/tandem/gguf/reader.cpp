@@ -399,6 +399,14 @@ void File::parse_all() {
       c.fail("tensor '" + ti.name + "' data (offset " + std::to_string(ti.offset) + ", " +
              std::to_string(ti.bytes) + " bytes) lies past the end of the file; the file may be truncated");
     ti.data = data_ + data_start + ti.offset;
+    // The kernels read each element (or a block's f16 scales) in place, so the data must sit at that type's
+    // natural alignment: always so with the format's default alignment of 32, but not with a smaller one.
+    const DTypeTraits& tr = traits(ti.type);
+    const size_t need = tr.block_size > 1 ? (tr.type_size % 2 == 0 ? 2 : 1) : tr.type_size;
+    if (reinterpret_cast<uintptr_t>(ti.data) % need != 0)
+      c.fail("tensor '" + ti.name + "' data (file byte " + std::to_string(data_start + ti.offset) +
+             ") is not aligned to " + std::to_string(need) + " bytes as " + std::string(tr.name) +
+             " data must be (general.alignment " + std::to_string(alignment_) + " is too small)");
   }
 }
 
