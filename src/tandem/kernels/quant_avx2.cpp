@@ -447,6 +447,10 @@ bool with_loader(DType type, bool interleaved, Fn&& fn) {
     case DType::Q8_0:
       return interleaved ? call_with<load_q8_0x_super, kQ8_0Super, kNoOffset>(fn)
                          : call_with<load_q8_0_super, kQ8_0Super, kNoOffset>(fn);
+    case DType::Q2_K:
+      return !interleaved && call_with<load_q2_k_super, sizeof(BlockQ2_K), fold_of(DType::Q2_K, false)>(fn);
+    case DType::Q3_K:
+      return !interleaved && call_with<load_q3_k_super, sizeof(BlockQ3_K), fold_of(DType::Q3_K, false)>(fn);
     case DType::Q4_K:
       return interleaved ? call_with<load_q4_kx_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K, false)>(fn)
                          : call_with<load_q4_k_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K, false)>(fn);
@@ -466,7 +470,8 @@ int64_t direct_max_rows(DType type, bool /*interleaved: both forms*/, int64_t k,
   if (k % kSuper != 0) return 0;
   if (type == DType::Q4_0 || (type == DType::Q8_0 && signed_q8)) return kDirectRows;
   if (type == DType::Q6_K) return kDirectRows;
-  if (type == DType::Q4_K || type == DType::Q5_K) return kDirectRowsOffset;
+  if (type == DType::Q2_K || type == DType::Q3_K || type == DType::Q4_K || type == DType::Q5_K)
+    return kDirectRowsOffset;
   return 0;
 }
 
