@@ -88,14 +88,14 @@ struct SuperRegs {
   __m256 a[2], b[2];
 };
 
-// Scales of 8 legacy blocks (f16 at the start of each kBlock-byte block), each repeated for its two groups.
-// Inserted word by word: storing them to a buffer and loading it as one vector would stall on store
-// forwarding.
+// The f16 words at the start of 8 legacy blocks of kBlock bytes from p, as floats, each repeated for its
+// block's two groups (groups 0..7 in out[0], 8..15 in out[1]). Inserted word by word: storing them to a
+// buffer and loading it as one vector would stall on store forwarding.
 template <int64_t kBlock>
-inline void block_scales8(const uint8_t* sb, SuperRegs& s) {
-  const auto half = [sb](int j) {
+inline void block_halves8(const uint8_t* p, __m256* out) {
+  const auto half = [p](int j) {
     uint16_t h;
-    std::memcpy(&h, sb + j * kBlock, 2);
+    std::memcpy(&h, p + j * kBlock, 2);
     return static_cast<int>(h);
   };
   __m128i h = _mm_cvtsi32_si128(half(0));
@@ -107,27 +107,84 @@ inline void block_scales8(const uint8_t* sb, SuperRegs& s) {
   h = _mm_insert_epi16(h, half(6), 6);
   h = _mm_insert_epi16(h, half(7), 7);
   const __m256 d = _mm256_cvtph_ps(h);
-  s.a[0] = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-  s.a[1] = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
+  out[0] = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+  out[1] = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
+}
+
+// Scales of 8 legacy blocks (f16 at the start of each kBlock-byte block) to s.a.
+template <int64_t kBlock>
+inline void block_scales8(const uint8_t* sb, SuperRegs& s) {
+  block_halves8<kBlock>(sb, s.a);
 }
 
 constexpr int64_t kQ4_0Block = sizeof(BlockQ4_0), kQ8_0Block = sizeof(BlockQ8_0);
 
-// Q4_0 (8 blocks from sb) in block order: quarters 0 and 1 are the low nibbles of each block's bytes 0..7 and
-// 8..15, quarters 2 and 3 the high ones; b = -8a.
-inline void load_q4_0_super(const uint8_t* sb, SuperRegs& s) {
+// The 4-bit codes of 8 legacy blocks of kB bytes from sb, each block's 16 code bytes at kQs, in block order:
+// quarters 0 and 1 are the low nibbles of each block's bytes 0..7 and 8..15, quarters 2 and 3 the high ones.
+template <int64_t kB, int64_t kQs>
+inline void legacy_nibbles(const uint8_t* sb, __m256i* u) {
   const __m256i nib = _mm256_set1_epi8(0x0F);
-  const auto qs = [sb](int j) { return sb + j * kQ4_0Block + 2; };
+  const auto qs = [sb](int j) { return sb + j * kB + kQs; };
   for (int h = 0; h < 2; ++h) {
     const __m256i x02 = load_pair(qs(4 * h), qs(4 * h + 2)), x13 = load_pair(qs(4 * h + 1), qs(4 * h + 3));
-    block_quarters(_mm256_and_si256(x02, nib), _mm256_and_si256(x13, nib), s.u + h);
+    block_quarters(_mm256_and_si256(x02, nib), _mm256_and_si256(x13, nib), u + h);
     block_quarters(_mm256_and_si256(_mm256_srli_epi16(x02, 4), nib),
-                   _mm256_and_si256(_mm256_srli_epi16(x13, 4), nib), s.u + 4 + h);
+                   _mm256_and_si256(_mm256_srli_epi16(x13, 4), nib), u + 4 + h);
   }
+}
+
+// Q4_0 (8 blocks from sb) in block order; b = -8a.
+inline void load_q4_0_super(const uint8_t* sb, SuperRegs& s) {
+  legacy_nibbles<kQ4_0Block, offsetof(BlockQ4_0, qs)>(sb, s.u);
   block_scales8<kQ4_0Block>(sb, s);
   const __m256 m8 = _mm256_set1_ps(-8.0f);
   s.b[0] = _mm256_mul_ps(m8, s.a[0]);
   s.b[1] = _mm256_mul_ps(m8, s.a[1]);
+}
+
+// Adds 16 to the codes whose fifth bit is set (Q5_0, Q5_1): in vector 2q + h, byte i of qword k is element 8q
+// + i of block 4h + k, whose fifth bit is bit i of byte q of the block's 32-bit qh word at kQh: byte q is
+// spread over the qword's 8 bytes and compared with the bit pattern 1, 2, 4, ... 128.
+template <int64_t kB, int64_t kQh>
+inline void legacy_fifth_bits(const uint8_t* sb, __m256i* u) {
+  const auto qh = [sb](int j) {
+    uint32_t w;
+    std::memcpy(&w, sb + j * kB + kQh, 4);
+    return static_cast<int>(w);
+  };
+  const __m256i bits = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  const __m256i sixteen = _mm256_set1_epi8(16);
+  for (int h = 0; h < 2; ++h) {
+    // Inserted dword by dword (through memory, the vector load would stall on store forwarding).
+    const int j = 4 * h;
+    const __m128i w = _mm_insert_epi32(
+        _mm_insert_epi32(_mm_insert_epi32(_mm_cvtsi32_si128(qh(j)), qh(j + 1), 1), qh(j + 2), 2), qh(j + 3),
+        3);
+    const __m256i words = _mm256_cvtepu32_epi64(w);  // qword k: block 4h + k's qh
+    for (int q = 0; q < 4; ++q) {
+      const long long lo = 0x0101010101010101LL * q, hi = 0x0101010101010101LL * (8 + q);
+      const __m256i spread = _mm256_shuffle_epi8(words, _mm256_setr_epi64x(lo, hi, lo, hi));
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits);
+      u[2 * q + h] = _mm256_or_si256(u[2 * q + h], _mm256_and_si256(set, sixteen));
+    }
+  }
+}
+
+// Q4_1, Q5_0 and Q5_1 (8 blocks from sb) in block order: 4-bit codes, plus the fifth bits for Q5_*; a = d, b
+// = m (Q4_1, Q5_1) or -16 * d (Q5_0), as unpack_row_impl.
+template <typename Block, bool kMin, bool kFifth>
+inline void load_legacy_super(const uint8_t* sb, SuperRegs& s) {
+  constexpr int64_t kB = sizeof(Block);
+  legacy_nibbles<kB, offsetof(Block, qs)>(sb, s.u);
+  if constexpr (kFifth) legacy_fifth_bits<kB, offsetof(Block, qh)>(sb, s.u);
+  block_halves8<kB>(sb + offsetof(Block, d), s.a);
+  if constexpr (kMin) {
+    block_halves8<kB>(sb + offsetof(Block, m), s.b);
+  } else {
+    const __m256 m16 = _mm256_set1_ps(-16.0f);
+    s.b[0] = _mm256_mul_ps(m16, s.a[0]);
+    s.b[1] = _mm256_mul_ps(m16, s.a[1]);
+  }
 }
 
 // Q8_0 with signed codes (8 blocks from sb) in block order: quarter q holds bytes 8q..8q+7 of each block;
@@ -447,6 +504,15 @@ bool with_loader(DType type, bool interleaved, Fn&& fn) {
     case DType::Q8_0:
       return interleaved ? call_with<load_q8_0x_super, kQ8_0Super, kNoOffset>(fn)
                          : call_with<load_q8_0_super, kQ8_0Super, kNoOffset>(fn);
+    case DType::Q4_1:
+      return !interleaved && call_with<load_legacy_super<BlockQ4_1, true, false>, 8 * sizeof(BlockQ4_1),
+                                       fold_of(DType::Q4_1, false)>(fn);
+    case DType::Q5_0:
+      return !interleaved && call_with<load_legacy_super<BlockQ5_0, false, true>, 8 * sizeof(BlockQ5_0),
+                                       fold_of(DType::Q5_0, false)>(fn);
+    case DType::Q5_1:
+      return !interleaved && call_with<load_legacy_super<BlockQ5_1, true, true>, 8 * sizeof(BlockQ5_1),
+                                       fold_of(DType::Q5_1, false)>(fn);
     case DType::Q2_K:
       return !interleaved && call_with<load_q2_k_super, sizeof(BlockQ2_K), fold_of(DType::Q2_K, false)>(fn);
     case DType::Q3_K:
@@ -470,7 +536,8 @@ int64_t direct_max_rows(DType type, bool /*interleaved: both forms*/, int64_t k,
   if (k % kSuper != 0) return 0;
   if (type == DType::Q4_0 || (type == DType::Q8_0 && signed_q8)) return kDirectRows;
   if (type == DType::Q6_K) return kDirectRows;
-  if (type == DType::Q2_K || type == DType::Q3_K || type == DType::Q4_K || type == DType::Q5_K)
+  if (type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1 || type == DType::Q2_K ||
+      type == DType::Q3_K || type == DType::Q4_K || type == DType::Q5_K)
     return kDirectRowsOffset;
   return 0;
 }
