@@ -432,7 +432,7 @@ void dot_tile(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_
   for (int r = 0; r < NR; ++r) y[r * y_stride] = finish_row<kFold>(acc[r], acc_b[r]);
 }
 
-// Every tile prefetches into L1, kPrefetchBytes ahead (quant_avx512.cpp's L2 prefetch is unmeasured here).
+// Every tile prefetches into L1, kPrefetchBytes ahead (quant_avx512.inc's L2 prefetch is unmeasured here).
 constexpr bool l2_prefetch(int, int64_t) {
   return false;
 }
