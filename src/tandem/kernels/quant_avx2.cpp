@@ -111,12 +111,6 @@ inline void block_halves8(const uint8_t* p, __m256* out) {
   out[1] = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
 }
 
-// Scales of 8 legacy blocks (f16 at the start of each kBlock-byte block) to s.a.
-template <int64_t kBlock>
-inline void block_scales8(const uint8_t* sb, SuperRegs& s) {
-  block_halves8<kBlock>(sb, s.a);
-}
-
 constexpr int64_t kQ4_0Block = sizeof(BlockQ4_0), kQ8_0Block = sizeof(BlockQ8_0);
 
 // The 4-bit codes of 8 legacy blocks of kB bytes from sb, each block's 16 code bytes at kQs, in block order:
@@ -136,7 +130,7 @@ inline void legacy_nibbles(const uint8_t* sb, __m256i* u) {
 // Q4_0 (8 blocks from sb) in block order; b = -8a.
 inline void load_q4_0_super(const uint8_t* sb, SuperRegs& s) {
   legacy_nibbles<kQ4_0Block, offsetof(BlockQ4_0, qs)>(sb, s.u);
-  block_scales8<kQ4_0Block>(sb, s);
+  block_halves8<kQ4_0Block>(sb, s.a);
   const __m256 m8 = _mm256_set1_ps(-8.0f);
   s.b[0] = _mm256_mul_ps(m8, s.a[0]);
   s.b[1] = _mm256_mul_ps(m8, s.a[1]);
@@ -199,7 +193,7 @@ inline void load_q8_0_super(const uint8_t* sb, SuperRegs& s) {
     block_quarters(load_pair(qs(j) + 16, qs(j + 2) + 16), load_pair(qs(j + 1) + 16, qs(j + 3) + 16),
                    s.u + 4 + h);
   }
-  block_scales8<kQ8_0Block>(sb, s);
+  block_halves8<kQ8_0Block>(sb, s.a);
   s.b[0] = s.b[1] = _mm256_setzero_ps();
 }
 
