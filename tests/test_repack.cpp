@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/engine/session.h"
 #include "tandem/kernels/matmul.h"
 #include "tandem/kernels/repack.h"
 #include "tandem/model/model.h"
@@ -164,8 +165,8 @@ std::vector<char> file_bytes(const std::string& path) {
 }
 
 // The loader repacks every layer matrix (and an untied head) where the interleaved form pays on this CPU,
-// in this process's private pages only: the file on disk keeps its bytes. (The goldens check the repacked
-// models' outputs.)
+// in this process's private pages only: the file on disk keeps its bytes, whether the file is mapped or
+// copied into memory. (The goldens check the repacked models' outputs.) Both ways give the same logits.
 TEST(Repack, LoaderRepacksWhereItPaysAndNeverWritesTheFile) {
   for (const char* name : {"synth/synth-llama-d256-Q4_0.gguf", "synth/synth-llama-d256-Q8_0.gguf",
                            "synth/synth-llama-d256-Q4_K_M.gguf"}) {
@@ -173,20 +174,30 @@ TEST(Repack, LoaderRepacksWhereItPaysAndNeverWritesTheFile) {
     const std::string path = tandem::testing::shared_path("models/" + std::string(name));
     const std::vector<char> before = file_bytes(path);
     ASSERT_FALSE(before.empty());
-    auto model = tandem::model::Model::load(path);
-    const auto& w = model->weights();
-    std::vector<const MatrixView*> matrices;
-    for (const auto& l : w.layers)
-      for (const MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-        matrices.push_back(m);
-    if (w.output.data != w.tok_embd.data) matrices.push_back(&w.output);  // a head of its own
-    int repacked = 0;
-    for (const MatrixView* m : matrices) {
-      EXPECT_EQ(m->interleaved, repack_pays(m->type, m->cols));
-      repacked += m->interleaved ? 1 : 0;
+    std::vector<std::vector<float>> logits;
+    for (const gguf::LoadMode mode : {gguf::LoadMode::kMap, gguf::LoadMode::kCopy}) {
+      auto model = tandem::model::Model::load(path, mode);
+      EXPECT_EQ(model->file().copied(), mode == gguf::LoadMode::kCopy);
+      const auto& w = model->weights();
+      std::vector<const MatrixView*> matrices;
+      for (const auto& l : w.layers)
+        for (const MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+          matrices.push_back(m);
+      if (w.output.data != w.tok_embd.data) matrices.push_back(&w.output);  // a head of its own
+      int repacked = 0;
+      for (const MatrixView* m : matrices) {
+        EXPECT_EQ(m->interleaved, repack_pays(m->type, m->cols));
+        repacked += m->interleaved ? 1 : 0;
+      }
+      EXPECT_GT(repacked, 0);                // each of these files has Q8_0, Q4_K or Q6_K matrices
+      EXPECT_FALSE(w.tok_embd.interleaved);  // read row by row: keeps the file's form
+      ThreadPool pool(2);
+      engine::Session session(*model, pool, engine::SessionOptions{});
+      const std::vector<int32_t> prompt = {1, 17, 300, 5, 42};
+      const auto out = session.eval(prompt, /*all_logits=*/true);
+      logits.emplace_back(out.begin(), out.end());
     }
-    EXPECT_GT(repacked, 0);                // each of these files has Q8_0, Q4_K or Q6_K matrices
-    EXPECT_FALSE(w.tok_embd.interleaved);  // read row by row: keeps the file's form
+    EXPECT_TRUE(logits[0] == logits[1]);
     EXPECT_TRUE(file_bytes(path) == before);
   }
 }

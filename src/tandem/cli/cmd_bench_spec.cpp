@@ -107,7 +107,7 @@ void add_bench_spec_command(CLI::App& app) {
       throw Error("bench-spec needs a drafter: --draft-model FILE, --draft ngram or --draft replay");
     if (o->n_tokens < 1) throw Error("-n must be at least 1");
     sampling::validate(o->sampling);
-    auto target = model::Model::load(o->model.model_path);
+    auto target = model::Model::load(o->model.model_path, o->model.load_mode());
     std::unique_ptr<tokenizer::Tokenizer> tok;
     try {
       tok = tokenizer::Tokenizer::from_gguf(target->file());
@@ -119,8 +119,7 @@ void add_bench_spec_command(CLI::App& app) {
     so.n_ctx = o->model.n_ctx;
     so.kv_type = o->model.resolved_kv_type();
     so.batch = o->model.batch;
-    SpecSetup setup =
-        make_spec_setup(o->spec, *target, o->model.model_path, pool, so, /*calibrate_if_missing=*/true);
+    SpecSetup setup = make_spec_setup(o->spec, *target, o->model, pool, so, /*calibrate_if_missing=*/true);
     auto* replay = dynamic_cast<speculative::ReplaySource*>(setup.source.get());
     setup.options.generate.max_tokens = o->n_tokens;
     setup.options.generate.sampling = o->sampling;

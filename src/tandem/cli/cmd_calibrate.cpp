@@ -27,9 +27,9 @@ void add_calibrate_command(CLI::App& app) {
       "--repeats", o->calibrate.repeats,
       "Timings per row count, each paired with a one-row forward; the median ratio is kept (default 5)");
   cmd->callback([o] {
-    auto target = model::Model::load(o->model.model_path);
+    auto target = model::Model::load(o->model.model_path, o->model.load_mode());
     std::unique_ptr<model::Model> draft;
-    if (!o->draft_model.empty()) draft = model::Model::load(o->draft_model);
+    if (!o->draft_model.empty()) draft = model::Model::load(o->draft_model, o->model.load_mode());
     ThreadPool pool(o->model.resolved_threads());
     const auto c =
         speculative::calibrate(*target, o->model.model_path, draft.get(), o->draft_model, pool, o->calibrate);

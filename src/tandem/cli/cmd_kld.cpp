@@ -68,7 +68,7 @@ void add_kld_command(CLI::App& app) {
   cmd->add_flag("--json", o->json,
                 "End with one JSON line: mean_kld, p99_kld, top1_agreement, kv_bytes_per_token");
   cmd->callback([o] {
-    auto model = model::Model::load(o->model.model_path);
+    auto model = model::Model::load(o->model.model_path, o->model.load_mode());
     auto tok = tokenizer::Tokenizer::from_gguf(model->file());
     const std::string text = o->file.empty() ? std::string(kDefaultText) : read_text_file(o->file);
     std::vector<int32_t> ids = tok->encode(text, /*add_special=*/false, /*parse_special=*/false);

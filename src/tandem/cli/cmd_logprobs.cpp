@@ -36,7 +36,7 @@ void add_logprobs_command(CLI::App& app) {
     if (o->top <= 0) throw Error("--top must be positive");
     auto prompt = parse_id_list(o->prompt_ids, "--prompt-ids");
     auto cont = parse_id_list(o->continuation_ids, "--continuation-ids");
-    auto model = model::Model::load(o->model.model_path);
+    auto model = model::Model::load(o->model.model_path, o->model.load_mode());
     ThreadPool pool(o->model.resolved_threads());
     std::vector<int32_t> ids = prompt;
     ids.insert(ids.end(), cont.begin(), cont.end() - 1);

@@ -56,7 +56,7 @@ void add_run_command(CLI::App& app) {
     sampling::validate(o->sampling);
 
     auto t0 = std::chrono::steady_clock::now();
-    auto model = model::Model::load(o->model.model_path);
+    auto model = model::Model::load(o->model.model_path, o->model.load_mode());
     auto tok = tokenizer::Tokenizer::from_gguf(model->file());
     ThreadPool pool(o->model.resolved_threads());
     engine::SessionOptions so;
@@ -96,7 +96,7 @@ void add_run_command(CLI::App& app) {
     engine::GenerateStats st;
     std::optional<speculative::SpecStats> spec_stats;
     if (o->spec.enabled()) {
-      SpecSetup setup = make_spec_setup(o->spec, *model, o->model.model_path, pool, so, false);
+      SpecSetup setup = make_spec_setup(o->spec, *model, o->model, pool, so, false);
       setup.options.generate = go;
       speculative::SpecStats ss =
           speculative::generate_speculative(session, *setup.source, prompt, setup.options, on_token, is_eog);
@@ -110,7 +110,8 @@ void add_run_command(CLI::App& app) {
     std::fputc('\n', stdout);
     std::fflush(stdout);
     if (spec_stats) print_spec_report(stderr, *spec_stats);
-    std::fprintf(stderr, "load: %.2f s\n", load_s);
+    std::fprintf(stderr, "load: %.2f s (%s)\n", load_s,
+                 model->file().copied() ? "copied into memory" : "mapped from the file");
     std::fprintf(stderr, "prompt: %lld tokens in %.3f s (%.1f tok/s)\n",
                  static_cast<long long>(st.prompt_tokens), st.prompt_seconds,
                  st.prompt_seconds > 0 ? st.prompt_tokens / st.prompt_seconds : 0.0);

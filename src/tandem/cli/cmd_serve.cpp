@@ -86,7 +86,7 @@ void serve(const ServeOptions& o) {
     throw Error("--draft takes 'ngram' (or use --draft-model FILE)");
   std::signal(SIGPIPE, SIG_IGN);  // a client that disconnects must not end the process
   SignalWatcher signals;          // before any thread starts, so that all inherit the mask
-  auto model = model::Model::load(o.model.model_path);
+  auto model = model::Model::load(o.model.model_path, o.model.load_mode());
   auto tok = tokenizer::Tokenizer::from_gguf(model->file());
   const int64_t n_ctx = engine::default_context(*model, o.model.n_ctx);
   std::string source;
@@ -111,7 +111,7 @@ void serve(const ServeOptions& o) {
   engine::DraftFactory drafts;
   std::string draft_hash;
   if (!o.draft_model.empty()) {
-    draft = model::Model::load(o.draft_model);
+    draft = model::Model::load(o.draft_model, o.model.load_mode());
     speculative::check_same_vocabulary(*model, *draft);
     draft_hash = speculative::file_fingerprint(o.draft_model);
     engine::SessionOptions dso{n_ctx, o.model.resolved_kv_type(), 16};

@@ -30,6 +30,19 @@ void add_model_options(CLI::App& cmd, ModelOptions& o, bool model_required) {
       "KV cache type: f16 (default), f32, q8_0, q4, or q4r (4-bit after a per-head random rotation)");
   cmd.add_option("-b,--batch-size", o.batch, "Prompt tokens per forward (default 256)")
       ->check(CLI::Range(1, 1 << 16));
+  auto* map =
+      cmd.add_flag("--mmap", o.mmap,
+                   "Map the model file instead of copying it into memory (by default it is copied when "
+                   "it fits in half of the available memory, else mapped)");
+  auto* copy =
+      cmd.add_flag("--no-mmap", o.no_mmap,
+                   "Copy the model file into memory (2 MB pages where the system gives them) even when "
+                   "it does not fit in half of the available memory");
+  map->excludes(copy);
+}
+
+gguf::LoadMode ModelOptions::load_mode() const {
+  return mmap ? gguf::LoadMode::kMap : no_mmap ? gguf::LoadMode::kCopy : gguf::LoadMode::kAuto;
 }
 
 std::string default_model_path() {

@@ -17,12 +17,16 @@ struct ModelOptions {
   int64_t n_ctx = 0;  // 0: the model's, capped at 4096
   std::string kv_type = "f16";
   int64_t batch = 256;
+  bool mmap = false;     // --mmap: always map the model file
+  bool no_mmap = false;  // --no-mmap: always copy it into memory
 
   int resolved_threads() const;
+  gguf::LoadMode load_mode() const;
   cache::KvType resolved_kv_type() const;
 };
 
-// Adds -m, -t, -c, --kv-type, -b. With model_required false, -m may be omitted (see default_model_path()).
+// Adds -m, -t, -c, --kv-type, -b, --mmap, --no-mmap. With model_required false, -m may be omitted (see
+// default_model_path()).
 void add_model_options(CLI::App& cmd, ModelOptions& options, bool model_required = true);
 
 // The model `tandem run` uses when -m is absent: $TANDEM_MODEL, else ../shared/models/stories260K.gguf if it

@@ -54,16 +54,17 @@ void check_gate_options(const speculative::GateSettings& gate) {
   }
 }
 
-SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const std::string& target_path,
+SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const ModelOptions& target_options,
                           ThreadPool& pool, const engine::SessionOptions& session_options,
                           bool calibrate_if_missing) {
+  const std::string& target_path = target_options.model_path;
   if (!f.draft_model.empty() && !f.draft.empty())
     throw Error("pass either --draft-model or --draft, not both");
   if (f.draft_max < 1) throw Error("--draft-max must be at least 1");
   SpecSetup s;
   std::string draft_hash;
   if (!f.draft_model.empty()) {
-    s.draft_model = model::Model::load(f.draft_model);
+    s.draft_model = model::Model::load(f.draft_model, target_options.load_mode());
     s.source = std::make_unique<speculative::DraftModelSource>(*s.draft_model, target, pool, session_options);
     draft_hash = speculative::file_fingerprint(f.draft_model);
   } else if (f.draft == "ngram") {

@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "tandem/cli/common.h"
 #include "tandem/engine/session.h"
 #include "tandem/model/model.h"
 #include "tandem/speculative/calibration.h"
@@ -50,11 +51,12 @@ struct SpecSetup {
   bool calibrated = false;
 };
 
-// target_path: the target's file (for the calibration key). calibrate_if_missing: measure now and store the
-// entry when the cache has none (benchmarks); otherwise fall back to the default costs.
-SpecSetup make_spec_setup(const SpecFlags& flags, const model::Model& target, const std::string& target_path,
-                          ThreadPool& pool, const engine::SessionOptions& session_options,
-                          bool calibrate_if_missing);
+// target_options: the target's flags (its file for the calibration key; the draft model loads as the target
+// did, --mmap or --no-mmap). calibrate_if_missing: measure now and store the entry when the cache has none
+// (benchmarks); otherwise fall back to the default costs.
+SpecSetup make_spec_setup(const SpecFlags& flags, const model::Model& target,
+                          const ModelOptions& target_options, ThreadPool& pool,
+                          const engine::SessionOptions& session_options, bool calibrate_if_missing);
 
 // The end-of-run report: acceptance rate, mean accepted length, tokens per target forward, tok/s.
 void print_spec_report(std::FILE* out, const speculative::SpecStats& stats);

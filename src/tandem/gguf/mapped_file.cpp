@@ -5,16 +5,34 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <utility>
 
 #include "tandem/util/error.h"
 
 namespace tandem::gguf {
 
-MappedFile::MappedFile(const std::string& path) : path_(path) {
+bool auto_copies(uint64_t file_bytes, uint64_t available_bytes) {
+  return available_bytes > 0 && file_bytes <= available_bytes / 2;
+}
+
+uint64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+MappedFile::MappedFile(const std::string& path, LoadMode mode) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error("cannot open '" + path + "': " + std::strerror(errno));
   struct stat st {};
@@ -28,23 +46,41 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     throw Error("'" + path + "' is not a regular file");
   }
   size_ = static_cast<size_t>(st.st_size);
-  if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      int err = errno;
-      ::close(fd);
-      throw Error("cannot map '" + path + "' into memory: " + std::strerror(err));
-    }
-    data_ = static_cast<const uint8_t*>(p);
+  if (size_ == 0) {
+    ::close(fd);
+    return;
   }
+  // kAuto falls back to a mapping when the memory for a copy is refused; kCopy reports it.
+  const bool required = mode == LoadMode::kCopy;
+  if (mode == LoadMode::kAuto)
+    mode = auto_copies(size_, available_memory_bytes()) ? LoadMode::kCopy : LoadMode::kMap;
+  try {
+    if (mode == LoadMode::kCopy && copy_in(fd, required)) {
+      ::close(fd);
+      return;
+    }
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (p == MAP_FAILED) {
+    int err = errno;
+    ::close(fd);
+    throw Error("cannot map '" + path + "' into memory: " + std::strerror(err));
+  }
+  data_ = static_cast<const uint8_t*>(p);
+  mapped_ = size_;
   ::close(fd);
 }
 
 namespace {
 
-// The page-aligned span holding [p, p + n).
-std::pair<uint8_t*, size_t> page_span(const uint8_t* p, size_t n) {
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kReadChunk = size_t{8} << 20;
+
+// The span of whole pages of `page` bytes holding [p, p + n).
+std::pair<uint8_t*, size_t> page_span(const uint8_t* p, size_t n, uintptr_t page) {
   const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
   const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + n + page - 1) & ~(page - 1);
   return {reinterpret_cast<uint8_t*>(b), static_cast<size_t>(e - b)};
@@ -52,9 +88,57 @@ std::pair<uint8_t*, size_t> page_span(const uint8_t* p, size_t n) {
 
 }  // namespace
 
+bool MappedFile::copy_in(int fd, bool required) {
+  // Anonymous memory starting on a 2 MB boundary, so that the kernel can back it with 2 MB pages.
+  const size_t len = (size_ + kHugePage - 1) & ~(kHugePage - 1);
+  void* raw = ::mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) {
+    if (!required) return false;
+    throw Error("cannot reserve " + std::to_string(size_ >> 20) + " MB to load '" + path_ +
+                "' into memory: " + std::strerror(errno) + " (--mmap maps the file instead)");
+  }
+  const auto b = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t a = (b + kHugePage - 1) & ~uintptr_t{kHugePage - 1};
+  if (a > b) ::munmap(raw, a - b);
+  if (b + len + kHugePage > a + len)
+    ::munmap(reinterpret_cast<void*>(a + len), b + len + kHugePage - (a + len));
+  auto* dst = reinterpret_cast<uint8_t*>(a);
+#ifdef MADV_HUGEPAGE
+  ::madvise(dst, len, MADV_HUGEPAGE);  // advisory: without it the copy stays in 4 KB pages
+#endif
+#ifdef MADV_POPULATE_WRITE
+  // All pages in one call before the reads (advisory): faulting them in during the copy took 5x as long
+  // (synthetic TinyLlama Q4_0: 0.09 s in all against 0.32-0.40 s with 2 MB pages, 1.9-2.3 s with 4 KB ones).
+  ::madvise(dst, len, MADV_POPULATE_WRITE);
+#endif
+  size_t done = 0;
+  while (done < size_) {
+    const ssize_t r = ::pread(fd, dst + done, std::min(size_ - done, kReadChunk), static_cast<off_t>(done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      const std::string why =
+          r < 0 ? std::strerror(errno) : "the file ended early (was it changed while loading?)";
+      ::munmap(dst, len);
+      throw Error("cannot read '" + path_ + "': " + why);
+    }
+    done += static_cast<size_t>(r);
+  }
+  ::mprotect(dst, len, PROT_READ);
+  data_ = dst;
+  mapped_ = len;
+  copied_ = true;
+  return true;
+}
+
+// A copy changes the protection of whole 2 MB pages (its own bytes: the copy spans whole 2 MB pages), since a
+// change inside one splits its mapping into 4 KB pages, which lose what the copy is for.
+uintptr_t MappedFile::protection_unit() const {
+  return copied_ ? kHugePage : static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+}
+
 uint8_t* MappedFile::writable(const uint8_t* p, size_t n) {
   if (n == 0 || p < data_ || p + n > data_ + size_) return nullptr;
-  const auto [b, len] = page_span(p, n);
+  const auto [b, len] = page_span(p, n, protection_unit());
   if (::mprotect(b, len, PROT_READ | PROT_WRITE) != 0) return nullptr;
 #ifdef MADV_POPULATE_WRITE
   // Copy the pages in one call rather than one fault each (advisory: older kernels fault them one by one).
@@ -65,7 +149,7 @@ uint8_t* MappedFile::writable(const uint8_t* p, size_t n) {
 
 void MappedFile::seal(const uint8_t* p, size_t n) {
   if (n == 0 || p < data_ || p + n > data_ + size_) return;
-  const auto [b, len] = page_span(p, n);
+  const auto [b, len] = page_span(p, n, protection_unit());
   ::mprotect(b, len, PROT_READ);
 }
 
@@ -74,9 +158,14 @@ MappedFile::~MappedFile() {
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
-    : data_(other.data_), size_(other.size_), path_(std::move(other.path_)) {
+    : data_(other.data_),
+      size_(other.size_),
+      mapped_(other.mapped_),
+      copied_(other.copied_),
+      path_(std::move(other.path_)) {
   other.data_ = nullptr;
   other.size_ = 0;
+  other.mapped_ = 0;
 }
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
@@ -84,17 +173,22 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     release();
     data_ = other.data_;
     size_ = other.size_;
+    mapped_ = other.mapped_;
+    copied_ = other.copied_;
     path_ = std::move(other.path_);
     other.data_ = nullptr;
     other.size_ = 0;
+    other.mapped_ = 0;
   }
   return *this;
 }
 
 void MappedFile::release() {
-  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), mapped_);
   data_ = nullptr;
   size_ = 0;
+  mapped_ = 0;
+  copied_ = false;
 }
 
 }  // namespace tandem::gguf

@@ -297,8 +297,8 @@ std::string TensorInfo::shape_string() const {
   return s + "]";
 }
 
-File File::open(const std::string& path) {
-  auto map = std::make_shared<MappedFile>(path);
+File File::open(const std::string& path, LoadMode mode) {
+  auto map = std::make_shared<MappedFile>(path, mode);
   File f;
   f.map_ = map;
   f.data_ = map->data();

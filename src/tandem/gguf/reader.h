@@ -72,8 +72,9 @@ struct TensorInfo {
 
 class File {
  public:
-  // Maps and parses a file. Throws tandem::Error with the path and what is wrong.
-  static File open(const std::string& path);
+  // Brings a file into memory (MappedFile: mapped or copied, by `mode`) and parses it. Throws tandem::Error
+  // with the path and what is wrong.
+  static File open(const std::string& path, LoadMode mode = LoadMode::kAuto);
   // Parses bytes the caller keeps alive (fuzzing, tests). `name` is used in messages.
   static File parse(const uint8_t* data, size_t size, const std::string& name = "<memory>");
 
@@ -81,6 +82,8 @@ class File {
   uint32_t alignment() const { return alignment_; }
   const std::string& path() const { return name_; }
   size_t file_size() const { return size_; }
+  // Whether the bytes are a copy in the process's own memory (MappedFile::copied).
+  bool copied() const { return map_ && map_->copied(); }
 
   const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }
   const Value* find(std::string_view key) const;

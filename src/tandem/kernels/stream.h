@@ -8,11 +8,14 @@
 
 namespace tandem::kernels {
 
-// Reads `bytes` at `data` once with every thread of `pool` (contiguous equal shares, 64-byte lines, wide
-// independent accumulators), `passes` times, and returns the best rate in GB/s (1e9 bytes per second).
+// Reads `bytes` at `data` once with every thread of `pool` (contiguous equal shares, the target's widest
+// vectors into independent accumulators), `passes` times, and returns the best rate in GB/s (1e9 bytes per
+// second).
 double measure_read_bandwidth(const uint8_t* data, size_t bytes, ThreadPool& pool, int passes);
 
-// XOR of the 64-bit words of [data, data + bytes) (bytes a multiple of 64): the streaming read kernel.
+// XOR of the 64-bit words of [data, data + bytes) (whole words; any alignment): the streaming read kernel
+// (Highway, dispatched to the widest target), and its scalar reference.
 uint64_t stream_xor(const uint8_t* data, size_t bytes);
+uint64_t stream_xor_reference(const uint8_t* data, size_t bytes);
 
 }  // namespace tandem::kernels

@@ -198,8 +198,8 @@ void repack_layer_weights(const gguf::File& file, Weights& w) {
 
 }  // namespace
 
-std::unique_ptr<Model> Model::load(const std::string& path) {
-  return from_file(gguf::File::open(path));
+std::unique_ptr<Model> Model::load(const std::string& path, gguf::LoadMode mode) {
+  return from_file(gguf::File::open(path, mode));
 }
 
 std::unique_ptr<Model> Model::from_file(gguf::File file) {

@@ -14,9 +14,10 @@ namespace tandem::model {
 
 class Model {
  public:
-  // Maps the file, reads the architecture named by general.architecture and binds every weight.
-  // Throws tandem::Error for an unknown architecture, a missing or misshapen tensor, or an unsupported type.
-  static std::unique_ptr<Model> load(const std::string& path);
+  // Brings the file into memory (mapped or copied: gguf::LoadMode), reads the architecture named by
+  // general.architecture and binds every weight. Throws tandem::Error for an unknown architecture, a missing
+  // or misshapen tensor, or an unsupported type.
+  static std::unique_ptr<Model> load(const std::string& path, gguf::LoadMode mode = gguf::LoadMode::kAuto);
   static std::unique_ptr<Model> from_file(gguf::File file);
 
   const Config& config() const { return config_; }
