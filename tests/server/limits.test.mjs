@@ -2,8 +2,9 @@
 // running slot and one queue place.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import OpenAI from 'openai';
-import { startServer, sleep, MODEL_NAME } from './harness.mjs';
+import { startServer, sleep, BIN, MODEL, MODEL_NAME } from './harness.mjs';
 
 const KEY = 'test-key-123';
 let server;
@@ -32,6 +33,20 @@ test('an API key is required everywhere but /health', async () => {
   await assert.rejects(bad.models.list(), (e) => e instanceof OpenAI.AuthenticationError);
   const good = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0 });
   assert.equal((await good.models.list()).data[0].id, MODEL_NAME);
+});
+
+test('a second server on a port in use is refused, and the first keeps it', async () => {
+  const second = spawn(BIN, ['serve', '-m', MODEL, '-t', '1', '--port', String(server.port)], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
+  let log = '';
+  second.stderr.on('data', (d) => { log += d.toString(); });
+  const killer = setTimeout(() => second.kill('SIGKILL'), 60000);
+  const code = await new Promise((resolve) => second.on('exit', (c) => resolve(c)));
+  clearTimeout(killer);
+  assert.notEqual(code, 0, log);
+  assert.match(log, /cannot listen on 127\.0\.0\.1:\d+/);
+  assert.equal((await fetch(`${server.url}/health`)).status, 200);
 });
 
 test('past the running slots and the queue: 503 with Retry-After', async () => {

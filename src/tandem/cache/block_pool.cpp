@@ -30,7 +30,7 @@ BlockPool::BlockPool(std::vector<int64_t> layers, int64_t n_layer, int64_t n_hea
   block_bytes_ = anchors_at_ + layers_.size() * static_cast<size_t>(n_head_kv) * anchor_bytes;
   const size_t total = block_bytes_ * static_cast<size_t>(n_blocks);
   try {
-    data_.assign(total, 0);
+    data_ = ZeroedMemory(total);
   } catch (const std::bad_alloc&) {
     throw Error("cannot allocate " + std::to_string(total >> 20) + " MiB for the KV cache; use a smaller -c");
   }

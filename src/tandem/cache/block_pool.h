@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "tandem/util/zeroed_memory.h"
+
 namespace tandem::cache {
 
 class BlockPool {
@@ -92,7 +94,7 @@ class BlockPool {
   size_t values_at_;            // offset of the values within a block
   size_t anchors_at_;           // offset of the key anchors within a block
   size_t block_bytes_;
-  std::vector<uint8_t> data_;  // [n_blocks, block_bytes]
+  ZeroedMemory data_;          // [n_blocks, block_bytes], pages supplied as they are first written
   std::vector<int32_t> refs_;  // [n_blocks]
   std::vector<int32_t> free_;  // stack of free block ids
 };

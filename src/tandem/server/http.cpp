@@ -1,6 +1,7 @@
 #include "tandem/server/http.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -383,6 +384,12 @@ HttpServer::HttpServer(engine::Scheduler& scheduler, const tokenizer::Tokenizer&
   const int threads =
       impl_->options.threads > 0 ? impl_->options.threads : so.max_running + so.max_waiting + 8;
   impl_->svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  // SO_REUSEADDR only: the library's default, SO_REUSEPORT, let a second server bind a port one was already
+  // listening on, and the two then shared its connections without a word.
+  impl_->svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   impl_->routes();
 }
 

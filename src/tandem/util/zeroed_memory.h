@@ -1,0 +1,33 @@
+// Zero-filled memory whose pages the system supplies on first touch (an anonymous mapping, RAII): a large
+// buffer that is mostly never written costs nothing for the part it does not use. The KV cache sizes its
+// blocks for the whole context up front; zero-filling them at creation took about 0.12 s per TinyLlama
+// sequence of 2048 positions on this project's development machine (each 4 KB page faulted in then), paid
+// inside a server iteration by every stream the first time a cache slot was used.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tandem {
+
+class ZeroedMemory {
+ public:
+  ZeroedMemory() = default;
+  // Throws std::bad_alloc when the system refuses the mapping.
+  explicit ZeroedMemory(size_t bytes);
+  ~ZeroedMemory();
+  ZeroedMemory(ZeroedMemory&& other) noexcept;
+  ZeroedMemory& operator=(ZeroedMemory&& other) noexcept;
+  ZeroedMemory(const ZeroedMemory&) = delete;
+  ZeroedMemory& operator=(const ZeroedMemory&) = delete;
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  void release();
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace tandem
