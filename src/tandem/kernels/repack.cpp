@@ -42,7 +42,7 @@ bool repack_pays(DType type, int64_t cols) {
   // Only the x86 targets decode the repacked forms in registers; the others would read them back through the
   // file form on every matmul.
   const bool avx512 = best == Target::kAVX512 || best == Target::kAVX512VBMI;
-  return can_interleave(type, cols) && (best == Target::kAVX2 || avx512) && (type != DType::Q4_0 || !avx512);
+  return can_interleave(type, cols) && (best == Target::kAVX2 || avx512);
 }
 
 size_t interleave_super_bytes(DType type) {

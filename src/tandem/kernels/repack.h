@@ -36,9 +36,10 @@ namespace tandem::kernels {
 bool can_interleave(DType type, int64_t cols);
 // Whether the loader repacks such a matrix for the best kernels of this CPU: never for the scalar and NEON
 // kernels (they would read the repacked form through the file's, super-block by super-block); every type with
-// a form under AVX2 and AVX-512, except Q4_0 under AVX-512, whose file-form kernel streams one row (decode)
-// faster (measured over the matrices of a TinyLlama token on two threads: 1.09x the time repacked, though
-// 0.94-0.98x at 3 to 8 rows; under AVX2 the repacked form takes 0.73-0.87x).
+// a form under AVX2 and AVX-512. (Q4_0 under AVX-512 kept the file form while weights were read from a file
+// mapping, where one row measured 1.09x the time repacked; with the weights copied into 2 MB pages
+// (gguf/mapped_file.h) synthetic TinyLlama decodes in 0.90-0.97x the time repacked, windows of 2 to 8 rows
+// 0.92-0.97x; under AVX2 the repacked form takes 0.73-0.87x.)
 bool repack_pays(DType type, int64_t cols);
 // Bytes of one super-block of `type` (144, 210 or 272).
 size_t interleave_super_bytes(DType type);
