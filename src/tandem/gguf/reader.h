@@ -73,8 +73,10 @@ struct TensorInfo {
 class File {
  public:
   // Brings a file into memory (MappedFile: mapped or copied, by `mode`) and parses it. Throws tandem::Error
-  // with the path and what is wrong.
-  static File open(const std::string& path, LoadMode mode = LoadMode::kAuto);
+  // with the path and what is wrong. Mapped by default: reading metadata, or each tensor once (info,
+  // tokenize, quantize), gains nothing from a copy; model::Model::load decides for the weights a model
+  // decodes with.
+  static File open(const std::string& path, LoadMode mode = LoadMode::kMap);
   // Parses bytes the caller keeps alive (fuzzing, tests). `name` is used in messages.
   static File parse(const uint8_t* data, size_t size, const std::string& name = "<memory>");
 
