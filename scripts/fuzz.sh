@@ -26,7 +26,7 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer "-fsanitize=address,undefined" 
        -Wall -Wextra -Wpedantic -Werror -I "$root/src")
 reader_sources=("$root/src/tandem/gguf/reader.cpp" "$root/src/tandem/gguf/mapped_file.cpp"
                 "$root/src/tandem/tensor/dtype.cpp" "$root/src/tandem/util/utf8.cpp"
-                "$root/src/tandem/util/error.cpp")
+                "$root/src/tandem/util/error.cpp" "$root/src/tandem/util/zeroed_memory.cpp")
 writer_sources=("$root/src/tandem/gguf/writer.cpp" "$root/src/tandem/tensor/dtype.cpp"
                 "$root/src/tandem/util/utf8.cpp" "$root/src/tandem/util/error.cpp")
 

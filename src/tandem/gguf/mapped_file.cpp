@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <new>
 #include <utility>
 
 #include "tandem/util/error.h"
@@ -70,7 +71,6 @@ MappedFile::MappedFile(const std::string& path, LoadMode mode) : path_(path) {
     throw Error("cannot map '" + path + "' into memory: " + std::strerror(err));
   }
   data_ = static_cast<const uint8_t*>(p);
-  mapped_ = size_;
   ::close(fd);
 }
 
@@ -91,18 +91,15 @@ std::pair<uint8_t*, size_t> page_span(const uint8_t* p, size_t n, uintptr_t page
 bool MappedFile::copy_in(int fd, bool required) {
   // Anonymous memory starting on a 2 MB boundary, so that the kernel can back it with 2 MB pages.
   const size_t len = (size_ + kHugePage - 1) & ~(kHugePage - 1);
-  void* raw = ::mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) {
+  ZeroedMemory copy;
+  try {
+    copy = ZeroedMemory(len, kHugePage);
+  } catch (const std::bad_alloc&) {
     if (!required) return false;
     throw Error("cannot reserve " + std::to_string(size_ >> 20) + " MB to load '" + path_ +
-                "' into memory: " + std::strerror(errno) + " (--mmap maps the file instead)");
+                "' into memory (--mmap maps the file instead)");
   }
-  const auto b = reinterpret_cast<uintptr_t>(raw);
-  const uintptr_t a = (b + kHugePage - 1) & ~uintptr_t{kHugePage - 1};
-  if (a > b) ::munmap(raw, a - b);
-  if (b + len + kHugePage > a + len)
-    ::munmap(reinterpret_cast<void*>(a + len), b + len + kHugePage - (a + len));
-  auto* dst = reinterpret_cast<uint8_t*>(a);
+  uint8_t* dst = copy.data();
 #ifdef MADV_HUGEPAGE
   ::madvise(dst, len, MADV_HUGEPAGE);  // advisory: without it the copy stays in 4 KB pages
 #endif
@@ -116,16 +113,14 @@ bool MappedFile::copy_in(int fd, bool required) {
     const ssize_t r = ::pread(fd, dst + done, std::min(size_ - done, kReadChunk), static_cast<off_t>(done));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
-      const std::string why =
-          r < 0 ? std::strerror(errno) : "the file ended early (was it changed while loading?)";
-      ::munmap(dst, len);
-      throw Error("cannot read '" + path_ + "': " + why);
+      throw Error("cannot read '" + path_ + "': " +
+                  (r < 0 ? std::strerror(errno) : "the file ended early (was it changed while loading?)"));
     }
     done += static_cast<size_t>(r);
   }
   ::mprotect(dst, len, PROT_READ);
+  copy_ = std::move(copy);
   data_ = dst;
-  mapped_ = len;
   copied_ = true;
   return true;
 }
@@ -160,12 +155,12 @@ MappedFile::~MappedFile() {
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : data_(other.data_),
       size_(other.size_),
-      mapped_(other.mapped_),
+      copy_(std::move(other.copy_)),
       copied_(other.copied_),
       path_(std::move(other.path_)) {
   other.data_ = nullptr;
   other.size_ = 0;
-  other.mapped_ = 0;
+  other.copied_ = false;
 }
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
@@ -173,21 +168,21 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     release();
     data_ = other.data_;
     size_ = other.size_;
-    mapped_ = other.mapped_;
+    copy_ = std::move(other.copy_);
     copied_ = other.copied_;
     path_ = std::move(other.path_);
     other.data_ = nullptr;
     other.size_ = 0;
-    other.mapped_ = 0;
+    other.copied_ = false;
   }
   return *this;
 }
 
 void MappedFile::release() {
-  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), mapped_);
+  if (data_ != nullptr && !copied_) ::munmap(const_cast<uint8_t*>(data_), size_);
+  copy_ = ZeroedMemory();
   data_ = nullptr;
   size_ = 0;
-  mapped_ = 0;
   copied_ = false;
 }
 

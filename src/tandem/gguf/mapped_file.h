@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <string>
 
+#include "tandem/util/zeroed_memory.h"
+
 namespace tandem::gguf {
 
 // How a file is brought into memory: kAuto copies it when it fits in half of the memory the system reports
@@ -55,7 +57,7 @@ class MappedFile {
   bool copy_in(int fd, bool required);
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
-  size_t mapped_ = 0;  // bytes of the mapping (a copy rounds up to whole 2 MB pages)
+  ZeroedMemory copy_;  // a copy's memory (whole 2 MB pages); empty for a mapping
   bool copied_ = false;
   std::string path_;
 };

@@ -2,7 +2,8 @@
 // buffer that is mostly never written costs nothing for the part it does not use. The KV cache sizes its
 // blocks for the whole context up front; zero-filling them at creation took about 0.12 s per TinyLlama
 // sequence of 2048 positions on this project's development machine (each 4 KB page faulted in then), paid
-// inside a server iteration by every stream the first time a cache slot was used.
+// inside a server iteration by every stream the first time a cache slot was used. A model file copied into
+// memory (gguf/mapped_file.h) lives in one too, aligned to 2 MB pages.
 #pragma once
 
 #include <cstddef>
@@ -13,8 +14,9 @@ namespace tandem {
 class ZeroedMemory {
  public:
   ZeroedMemory() = default;
-  // Throws std::bad_alloc when the system refuses the mapping.
-  explicit ZeroedMemory(size_t bytes);
+  // `bytes` starting on a multiple of `alignment` (a power of two; 0: the system's page). Throws
+  // std::bad_alloc when the system refuses the mapping.
+  explicit ZeroedMemory(size_t bytes, size_t alignment = 0);
   ~ZeroedMemory();
   ZeroedMemory(ZeroedMemory&& other) noexcept;
   ZeroedMemory& operator=(ZeroedMemory&& other) noexcept;
