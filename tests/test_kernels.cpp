@@ -20,6 +20,8 @@
 #include "hwy/targets.h"
 #include "tandem/kernels/float_kernels.h"
 #include "tandem/kernels/matmul.h"
+#include "tandem/kernels/peak.h"
+#include "tandem/kernels/quant_layout.h"
 #include "tandem/kernels/repack.h"
 #include "tandem/kernels/stream.h"
 #include "tandem/tensor/blocks.h"
@@ -600,3 +602,35 @@ TEST(Kernels, StreamReadCoversEveryWord) {
 }
 
 }  // namespace
+
+TEST(Kernels, DotProbeSumsEqualTheReference) {
+  // Every target's throughput probe computes iterations * dot(u, s_c) per chain, modulo 2^32: extreme codes
+  // (u up to 63, s from -128 to 127), chains whose sums wrap 32 bits (chain 0: every s = -128, chain 1: 127),
+  // and no iterations at all.
+  std::mt19937 rng(5);
+  std::vector<uint8_t> u(64);
+  std::vector<int8_t> s(64 * kDotProbeChains);
+  for (auto& v : u) v = static_cast<uint8_t>(32 + rng() % 32);
+  for (auto& v : s) v = static_cast<int8_t>(static_cast<int>(rng() % 256) - 128);
+  for (int i = 0; i < 64; ++i) s[i] = -128, s[64 + i] = 127;
+  u[0] = 63;
+  for (Target t : runnable_targets())
+    for (int64_t iterations : {0, 1, 3, 1000, 20001}) {
+      std::vector<uint32_t> sums(kDotProbeChains, 0xdeadbeef);
+      quant_kernels(t).dot_probe(u.data(), s.data(), iterations, sums.data());
+      for (int c = 0; c < kDotProbeChains; ++c)
+        ASSERT_EQ(sums[c], dot_probe_reference(u.data(), s.data() + 64 * c, iterations))
+            << target_name(t) << " iterations " << iterations << " chain " << c;
+    }
+  // 20001 steps of chain 0 (about -128 * 3000 each) pass -2^31: the reference is taken modulo 2^32.
+  int64_t dot0 = 0;
+  for (int i = 0; i < 64; ++i) dot0 += -128 * int64_t{u[static_cast<size_t>(i)]};
+  ASSERT_LT(20001 * dot0, -(int64_t{1} << 32));
+  EXPECT_EQ(dot_probe_reference(u.data(), s.data(), 20001),
+            static_cast<uint32_t>(static_cast<uint64_t>(20001) * static_cast<uint64_t>(dot0)));
+}
+
+TEST(Kernels, DotPeakIsMeasuredOnEveryTarget) {
+  ThreadPool pool(2);
+  for (Target t : runnable_targets()) EXPECT_GT(measure_dot_peak(pool, t, 1), 0.0) << target_name(t);
+}

@@ -13,6 +13,7 @@
 #include "tandem/cli/common.h"
 #include "tandem/engine/session.h"
 #include "tandem/kernels/cpu_target.h"
+#include "tandem/kernels/peak.h"
 #include "tandem/kernels/stream.h"
 #include "tandem/util/error.h"
 
@@ -59,8 +60,9 @@ void add_bench_command(CLI::App& app) {
       "bench",
       "Measure memory read bandwidth, decode tok/s and its roofline fraction, prefill tok/s (64 and 512 "
       "tokens), "
-      "the verify cost curve cost(n)/cost(1) and peak RSS. -c sets the context decode and verify run at "
-      "(default 256).");
+      "the verify cost curve cost(n)/cost(1) with its floor from the measured int8 multiply-add peak, and "
+      "peak "
+      "RSS. -c sets the context decode and verify run at (default 256).");
   struct Opts {
     ModelOptions model;
     bool json = false;
@@ -108,6 +110,11 @@ void add_bench_command(CLI::App& app) {
                  : kernels::measure_read_bandwidth(small_model_buf.data(), small_model_buf.size(), pool, 5);
     };
     double bandwidth = measure_bandwidth();
+    // The compute bound of windows: the kernels' multiply-add instructions at full rate on every thread.
+    progress("int8 multiply-add peak");
+    const kernels::Target target_used = kernels::best_target();
+    const double dot_peak = kernels::measure_dot_peak(pool, target_used, 5);
+    const double macs_per_token = static_cast<double>(model->quantized_macs_per_token());
 
     // Warm-up and context: fill `ctx` positions.
     progress("warm-up and context fill");
@@ -174,7 +181,7 @@ void add_bench_command(CLI::App& app) {
     const double rss = peak_rss_mb();
     std::fprintf(stderr, "\r%-56s\r", "");
 
-    const std::string target(kernels::target_name(kernels::best_target()));
+    const std::string target(kernels::target_name(target_used));
     std::printf("model            %s\n", o->model.model_path.c_str());
     std::printf("threads          %d  (kernels: %s)\n", threads, target.c_str());
     std::printf("bandwidth        %.2f GB/s\n", bandwidth);
@@ -184,6 +191,8 @@ void add_bench_command(CLI::App& app) {
         "decode           %.2f tok/s at context %lld  (median step %.2f tok/s; %.1f MB read per token)\n",
         decode_tps, static_cast<long long>(ctx), decode_median_tps, bytes_per_token / 1e6);
     std::printf("roofline         %.3f\n", roofline);
+    std::printf("int8 peak        %.1f GMAC/s  (%.3g G multiply-adds per token: at least %.2f ms per row)\n",
+                dot_peak, macs_per_token / 1e9, 1e3 * macs_per_token / (dot_peak * 1e9));
     std::printf("prefill          %.1f tok/s (64)  %.1f tok/s (512)\n", p64, p512);
     std::printf("verify cost      ");
     nlohmann::json verify = nlohmann::json::object();
@@ -191,6 +200,14 @@ void add_bench_command(CLI::App& app) {
       const double cost = cost_s[i] / cost_s[0];
       std::printf("%d:%.2f ", widths[i], cost);
       verify[std::to_string(widths[i])] = cost;
+    }
+    // The least cost(n) the peak allows at the measured one-row time: n rows' multiply-adds at full rate.
+    std::printf("\nverify floor     ");
+    nlohmann::json floor = nlohmann::json::object();
+    for (int n : widths) {
+      const double f = static_cast<double>(n) * macs_per_token / (dot_peak * 1e9) / cost_s[0];
+      std::printf("%d:%.2f ", n, f);
+      floor[std::to_string(n)] = f;
     }
     std::printf("\npeak RSS         %.1f MB\n", rss);
     if (o->json) {
@@ -208,6 +225,9 @@ void add_bench_command(CLI::App& app) {
       j["prefill64_tps"] = p64;
       j["prefill512_tps"] = p512;
       j["verify_cost"] = verify;
+      j["dot_peak_gmacs"] = dot_peak;
+      j["macs_per_token"] = macs_per_token;
+      j["verify_cost_floor"] = floor;
       j["peak_rss_mb"] = rss;
       std::printf("%s\n", j.dump().c_str());
     }

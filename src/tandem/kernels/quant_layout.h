@@ -116,7 +116,14 @@ struct QuantKernels {
   void (*direct_rows)(DType type, bool interleaved, const uint8_t* w, int64_t row_bytes, int64_t n_out,
                       int64_t k, const ActSuper* x, int64_t x_stride, int64_t n_rows, float* y,
                       int64_t y_stride);
+  // The throughput probe (peak.h): kDotProbeChains independent integer accumulators, each adding the
+  // products of the 64 unsigned codes u (each below 64) with its own 64 signed codes s + 64 * c, `iterations`
+  // times, with the multiply-add instructions of this target's dot kernels; sums[c] = iterations * sum(u *
+  // s_c) modulo 2^32 (dot_probe_reference).
+  void (*dot_probe)(const uint8_t* u, const int8_t* s, int64_t iterations, uint32_t* sums);
 };
+
+constexpr int kDotProbeChains = 16;
 
 // For targets without direct kernels.
 inline int64_t no_direct_rows(DType, bool, int64_t, bool) {

@@ -68,13 +68,27 @@ bool per_super_activations(DType t) {
   return t == DType::Q2_K || t == DType::Q3_K || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
 }
 
+namespace scalar_target {
+
+// The throughput probe (QuantKernels::dot_probe) in plain C++.
+void dot_probe(const uint8_t* u, const int8_t* s, int64_t iterations, uint32_t* sums) {
+  uint32_t acc[kDotProbeChains] = {};
+  for (int64_t i = 0; i < iterations; ++i)
+    for (int c = 0; c < kDotProbeChains; ++c)
+      for (int b = 0; b < 64; ++b) acc[c] += static_cast<uint32_t>(u[b] * s[64 * c + b]);
+  for (int c = 0; c < kDotProbeChains; ++c) sums[c] = acc[c];
+}
+
+}  // namespace scalar_target
+
 const QuantKernels& quant_kernels_scalar() {
   static const QuantKernels k{false,
                               scalar_target::unpack_row_impl,
                               scalar_target::quantize_row_impl,
                               scalar_target::dot_rows,
                               no_direct_rows,
-                              nullptr};
+                              nullptr,
+                              scalar_target::dot_probe};
   return k;
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "tandem/kernels/quant_layout.h"
 #include "tandem/kernels/repack.h"
 #include "tandem/util/error.h"
 
@@ -227,6 +228,15 @@ size_t Model::weight_bytes_per_token() const {
   for (const LayerWeights& l : weights_.layers)
     total += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.w_gate.bytes() + l.w_up.bytes() +
              l.w_down.bytes();
+  return total;
+}
+
+int64_t Model::quantized_macs_per_token() const {
+  auto macs = [](const MatrixView& m) { return kernels::is_quantized_weight(m.type) ? m.rows * m.cols : 0; };
+  int64_t total = macs(weights_.output);
+  for (const LayerWeights& l : weights_.layers)
+    total +=
+        macs(l.wq) + macs(l.wk) + macs(l.wv) + macs(l.wo) + macs(l.w_gate) + macs(l.w_up) + macs(l.w_down);
   return total;
 }
 

@@ -25,6 +25,9 @@ class Model {
   const gguf::File& file() const { return file_; }
   // Bytes of weights read by one decode step (every matrix once, plus one embedding row).
   size_t weight_bytes_per_token() const;
+  // Multiply-adds of one token's matrix products with quantized weights (rows times columns of each), the
+  // work kernels::measure_dot_peak bounds.
+  int64_t quantized_macs_per_token() const;
 
  private:
   explicit Model(gguf::File file) : file_(std::move(file)) {}
