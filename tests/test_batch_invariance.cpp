@@ -45,7 +45,7 @@ TEST(BatchInvariance, MatmulRowsAreIndependentOfTheirBatch) {
       std::vector<float> alone(static_cast<size_t>(max_rows * n));
       for (int64_t r = 0; r < max_rows; ++r)
         matmul(view, x.data() + r * k, 1, alone.data() + r * n, pool, scratch);
-      for (int64_t rows : {2, 3, 4, 5, 8, 12, 16, 17, 64, 70}) {
+      for (int64_t rows : {2, 3, 4, 5, 8, 9, 11, 12, 16, 17, 64, 70}) {
         std::vector<float> batch(static_cast<size_t>(rows * n));
         matmul(view, x.data(), rows, batch.data(), pool, scratch);
         EXPECT_EQ(0, std::memcmp(batch.data(), alone.data(), batch.size() * sizeof(float)))
