@@ -252,7 +252,7 @@ void BM_AttentionDots(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * G * A::kPositions);
   state.SetLabel("items = scores");
 }
-BENCHMARK(BM_AttentionDots)->Arg(1)->Arg(8);
+BENCHMARK(BM_AttentionDots)->Arg(1)->Arg(2)->Arg(4)->Arg(6)->Arg(8);
 
 void BM_AttentionValues(benchmark::State& state) {
   const int64_t G = state.range(0);
@@ -269,7 +269,7 @@ void BM_AttentionValues(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * G * A::kPositions);
   state.SetLabel("items = weighted rows");
 }
-BENCHMARK(BM_AttentionValues)->Arg(1)->Arg(8);
+BENCHMARK(BM_AttentionValues)->Arg(1)->Arg(2)->Arg(4)->Arg(6)->Arg(8);
 
 void matmul_args(benchmark::internal::Benchmark* b) {
   for (int t = 0; t < static_cast<int>(std::size(kTypes)); ++t)
