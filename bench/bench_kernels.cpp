@@ -13,6 +13,7 @@
 //                      registers: the floor of MatmulHot at 8 rows, without the decoding of the weights.
 //   AttentionDots/G    attention scores of G query heads sharing one KV head against 256 cached f16 key rows
 //                      of 64 dims, in blocks of 16 positions as the paged cache holds them (TinyLlama: G = 8)
+//   AttentionDotsDimMajor/G  the same scores from key blocks stored dimension-major (the f16 key cache)
 //   AttentionValues/G  the weighted sum of the same rows' values for G heads
 // Weights are in the form the model loader leaves them in (repacked where kernels/repack.h says it pays).
 // Bytes/s counts weight bytes, so decode-class numbers compare directly with memory bandwidth.
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "tandem/kernels/float_kernels.h"
+#include "tandem/kernels/key_blocks.h"
 #include "tandem/kernels/matmul.h"
 #include "tandem/kernels/repack.h"
 #include "tandem/tensor/fp16.h"
@@ -253,6 +255,27 @@ void BM_AttentionDots(benchmark::State& state) {
   state.SetLabel("items = scores");
 }
 BENCHMARK(BM_AttentionDots)->Arg(1)->Arg(2)->Arg(4)->Arg(6)->Arg(8);
+
+// The same scores from dimension-major blocks (kernels/key_blocks.h), as the f16 key cache holds them.
+void BM_AttentionDotsDimMajor(benchmark::State& state) {
+  const int64_t G = state.range(0);
+  AttentionInputs in(G);
+  using A = AttentionInputs;
+  std::vector<uint16_t> blocks(in.rows.size());
+  for (int64_t p = 0; p < A::kPositions; ++p)
+    for (int64_t i = 0; i < A::kDim; ++i)
+      blocks[static_cast<size_t>((p / A::kBlock) * A::kBlock * A::kDim + i * A::kBlock + p % A::kBlock)] =
+          in.rows[static_cast<size_t>(p * A::kDim + i)];
+  for (auto _ : state) {
+    for (int64_t b = 0; b < A::kPositions; b += A::kBlock)
+      dots_dim_major_f16(in.q.data(), G, A::kDim, blocks.data() + b * A::kDim, A::kBlock, 0, A::kBlock,
+                         A::kDim, in.s.data() + b, A::kPositions);
+    benchmark::DoNotOptimize(in.s.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * G * A::kPositions);
+  state.SetLabel("items = scores");
+}
+BENCHMARK(BM_AttentionDotsDimMajor)->Arg(1)->Arg(2)->Arg(4)->Arg(6)->Arg(8);
 
 void BM_AttentionValues(benchmark::State& state) {
   const int64_t G = state.range(0);

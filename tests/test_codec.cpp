@@ -167,6 +167,48 @@ TEST(KvCodec, AttentionReadsMatchDecodedRows) {
   }
 }
 
+// Every codec of keys: rows written into a block (encode_in_block, in any order) score as the rows on their
+// own do, bit for bit, over any run of the block and any group of queries; the f16 keys' dimension-major
+// block holds element i of row p at i * B + p.
+TEST(KvCodec, KeyBlocksScoreAsTheirRows) {
+  for (int64_t dim : {8, 64, 48}) {
+    for (KvType t : kTypes) {
+      auto codec = KvCodec::create(t, dim, 2, 7, /*keys=*/true);
+      for (int64_t B : {16, 8, 5}) {
+        const size_t rb = codec->row_bytes();
+        std::vector<uint8_t> rows(rb * static_cast<size_t>(B)), block(rb * static_cast<size_t>(B), 0xFF);
+        const auto xs = gaussian(static_cast<size_t>(B * dim), 5);
+        for (int64_t j = B - 1; j >= 0; --j) {
+          codec->encode(xs.data() + j * dim, 1, rows.data() + static_cast<size_t>(j) * rb);
+          codec->encode_in_block(xs.data() + j * dim, 1, block.data(), B, j);
+        }
+        if (t == KvType::kF16)
+          for (int64_t j = 0; j < B; ++j)
+            for (int64_t i = 0; i < dim; ++i) {
+              uint16_t got;
+              std::memcpy(&got, block.data() + 2 * (i * B + j), 2);
+              ASSERT_EQ(got, tandem::f32_to_fp16(xs[static_cast<size_t>(j * dim + i)]));
+            }
+        const int64_t G = 3, ps = codec->prepared_size();
+        const auto q = gaussian(static_cast<size_t>(G * dim), 6);
+        std::vector<float> prepared(static_cast<size_t>(G * ps));
+        for (int64_t h = 0; h < G; ++h) codec->prepare_query(q.data() + h * dim, 1, prepared.data() + h * ps);
+        std::vector<float> want(static_cast<size_t>(G * B));
+        codec->dots_group(prepared.data(), G, ps, rows.data(), B, want.data(), B);
+        for (int64_t off = 0; off < B; ++off)
+          for (int64_t n = 1; off + n <= B; n += 3) {
+            std::vector<float> got(static_cast<size_t>(G * n));
+            codec->dots_in_block(prepared.data(), G, ps, block.data(), B, off, n, got.data(), n);
+            for (int64_t h = 0; h < G; ++h)
+              for (int64_t j = 0; j < n; ++j)
+                ASSERT_EQ(got[static_cast<size_t>(h * n + j)], want[static_cast<size_t>(h * B + off + j)])
+                    << kv_type_name(t) << " dim " << dim << " B " << B << " off " << off << " n " << n;
+          }
+      }
+    }
+  }
+}
+
 // Keys whose energy sits in one channel (as RoPE'd keys often do): the rotation spreads it, so 4-bit blocks
 // fit the rest far better.
 TEST(KvCodec, RotationHelpsWithOutlierChannels) {

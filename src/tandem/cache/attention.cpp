@@ -41,9 +41,7 @@ void attend_group(const KvCache& cache, int64_t layer, int64_t kv_head, const fl
     const int32_t blk = cache.block_of(layer, pos);
     TANDEM_CHECK(blk >= 0, "attention reads a released block");
     float* s = scores + (pos - first);
-    kc.dots_group(prepared, n_q, ps,
-                  pool.keys(blk, layer, kv_head) + static_cast<size_t>(off) * kc.row_bytes(), n, s,
-                  scores_stride);
+    kc.dots_in_block(prepared, n_q, ps, pool.keys(blk, layer, kv_head), B, off, n, s, scores_stride);
     if (anchor)
       for (int64_t h = 0; h < n_q; ++h) {
         const float qa = anchor->dot(q + h * q_stride, pool.anchor(blk, layer, kv_head));

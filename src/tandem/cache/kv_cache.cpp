@@ -19,7 +19,7 @@ KvStore::KvStore(const model::Config& c, const KvStoreOptions& options)
   if (options.block_size <= 0) throw Error("KV block size must be positive");
   if (options.n_blocks <= 0) throw Error("a KV store needs at least one block");
   if (options.rollback < 0) throw Error("KV rollback depth must not be negative");
-  key_codec_ = KvCodec::create(options.type, c.head_dim, c.n_head_kv, options.seed);
+  key_codec_ = KvCodec::create(options.type, c.head_dim, c.n_head_kv, options.seed, /*keys=*/true);
   value_codec_ =
       KvCodec::create(options.type, c.head_dim_v, c.n_head_kv, options.seed ^ 0x5851F42D4C957F2Dull);
   if (kv_type_anchors_keys(options.type)) key_anchor_ = std::make_unique<KeyAnchor>(c.head_dim);
@@ -177,7 +177,7 @@ void KvCache::store(int64_t layer, int64_t pos, const float* k, const float* v) 
       anchor->subtract(a, kh, residual);
       kh = residual;
     }
-    kc.encode(kh, h, p.keys(blk, layer, h) + off * kc.row_bytes());
+    kc.encode_in_block(kh, h, p.keys(blk, layer, h), B, static_cast<int64_t>(off));
     vc.encode(v + h * vc.dim(), h, p.values(blk, layer, h) + off * vc.row_bytes());
   }
 }

@@ -57,7 +57,9 @@ class KvCodec {
  public:
   // dim: elements per head vector (<= kMaxHeadDim); n_heads: heads that get their own rotation (q4r);
   // seed: selects the rotations. Throws tandem::Error for a dim the type cannot block.
-  static std::unique_ptr<KvCodec> create(KvType type, int64_t dim, int64_t n_heads, uint64_t seed);
+  // keys: the codec of a cache's keys, which may lay out its blocks for scoring (encode_in_block).
+  static std::unique_ptr<KvCodec> create(KvType type, int64_t dim, int64_t n_heads, uint64_t seed,
+                                         bool keys = false);
   virtual ~KvCodec() = default;
 
   KvType type() const { return type_; }
@@ -91,6 +93,21 @@ class KvCodec {
   virtual void accumulate_group(const float* p, int64_t G, int64_t p_stride, const uint8_t* rows, int64_t n,
                                 float* acc, int64_t acc_stride) const {
     for (int64_t h = 0; h < G; ++h) accumulate(p + h * p_stride, rows, n, acc + h * acc_stride);
+  }
+
+  // A block of the paged cache: block_rows rows of one head from `block` (block_rows * row_bytes() bytes).
+  // encode_in_block stores x as row `off`; dots_in_block scores rows [off, off + n) as dots_group does. By
+  // default the rows lie one after another; a codec may order a block's bytes otherwise (the f16 codec of
+  // keys: dimension-major, kernels/key_blocks.h), so a block's bytes are read and written only through these.
+  virtual void encode_in_block(const float* x, int64_t head, uint8_t* block, int64_t block_rows,
+                               int64_t off) const {
+    (void)block_rows;
+    encode(x, head, block + static_cast<size_t>(off) * row_bytes());
+  }
+  virtual void dots_in_block(const float* prepared, int64_t G, int64_t prep_stride, const uint8_t* block,
+                             int64_t block_rows, int64_t off, int64_t n, float* s, int64_t s_stride) const {
+    (void)block_rows;
+    dots_group(prepared, G, prep_stride, block + static_cast<size_t>(off) * row_bytes(), n, s, s_stride);
   }
 
  protected:
