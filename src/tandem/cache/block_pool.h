@@ -44,7 +44,8 @@ class BlockPool {
   // Copies every row of src into dst (copy-on-write).
   void copy(int32_t src, int32_t dst);
 
-  // block_size() encoded rows of one (layer, kv head).
+  // block_size() encoded rows of one (layer, kv head), laid out as the codec's encode_in_block puts them
+  // (one after another, or dimension-major for f16 keys).
   uint8_t* keys(int32_t block, int64_t layer, int64_t head) {
     return data_.data() + key_offset(block, layer, head);
   }
