@@ -9,7 +9,8 @@
 //
 // Types:
 //   f32   the vector as is.
-//   f16   IEEE half per element (round to nearest even).
+//   f16   IEEE half per element (round to nearest even). The codec of a cache's keys (create(..., keys))
+//         lays each block out dimension-major and scores it in vector lanes (kernels/key_blocks.h).
 //   q8_0  blocks of b8 elements: f16 scale d, int8 q[b8]; x = d * q, d = max|x| / 127 (as GGUF Q8_0).
 //   q4    blocks of b elements, symmetric: f16 scale d, 4-bit n[b]; x = d * (n - 8), where d = -x_far / 8 for
 //         the element x_far of largest magnitude (it lands exactly on level 0). Element i sits in byte
