@@ -67,8 +67,8 @@ void attend_group(const KvCache& cache, int64_t layer, int64_t kv_head, const fl
   for (int64_t pos = first; pos <= last;) {
     const int64_t off = pos % B, n = std::min(B - off, last - pos + 1);
     const int32_t blk = cache.block_of(layer, pos);
-    if (pos + n <= last)
-      prefetch(pool.values(cache.block_of(layer, pos + n), layer, kv_head), value_block_bytes);
+    if (const int32_t next = next_block(pos + n); next >= 0)
+      prefetch(pool.values(next, layer, kv_head), value_block_bytes);
     vc.accumulate_group(scores + (pos - first), n_q, scores_stride,
                         pool.values(blk, layer, kv_head) + static_cast<size_t>(off) * vc.row_bytes(), n, acc,
                         vc.dim());

@@ -165,8 +165,8 @@ class F16KeyCodec final : public KvCodec {
       : KvCodec(KvType::kF16, dim, static_cast<size_t>(dim) * 2, dim), rows_(dim) {}
   void encode(const float* x, int64_t head, uint8_t* row) const override { rows_.encode(x, head, row); }
   void decode(const uint8_t* row, int64_t head, float* x) const override { rows_.decode(row, head, x); }
-  void prepare_query(const float* q, int64_t, float* prepared) const override {
-    std::copy_n(q, dim(), prepared);
+  void prepare_query(const float* q, int64_t head, float* prepared) const override {
+    rows_.prepare_query(q, head, prepared);
   }
   void dots(const float* q, const uint8_t* rows, int64_t n, float* s) const override {
     dots_group(q, 1, 0, rows, n, s, 0);
@@ -181,7 +181,9 @@ class F16KeyCodec final : public KvCodec {
   void accumulate(const float* p, const uint8_t* rows, int64_t n, float* acc) const override {
     rows_.accumulate(p, rows, n, acc);
   }
-  void finish_values(const float* acc, int64_t, float* out) const override { std::copy_n(acc, dim(), out); }
+  void finish_values(const float* acc, int64_t head, float* out) const override {
+    rows_.finish_values(acc, head, out);
+  }
   void encode_in_block(const float* x, int64_t, uint8_t* block, int64_t block_rows,
                        int64_t off) const override {
     for (int64_t i = 0; i < dim(); ++i)
@@ -194,7 +196,7 @@ class F16KeyCodec final : public KvCodec {
   }
 
  private:
-  F16Codec rows_;  // the row form's encode, decode and accumulate
+  F16Codec rows_;  // the row form: encode, decode, query preparation and the value side
 };
 
 // Row: per block [f16 d][int8 q[b]].

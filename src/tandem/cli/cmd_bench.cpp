@@ -59,10 +59,8 @@ void add_bench_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "bench",
       "Measure memory read bandwidth, decode tok/s and its roofline fraction, prefill tok/s (64 and 512 "
-      "tokens), "
-      "the verify cost curve cost(n)/cost(1) with its floor from the measured int8 multiply-add peak, and "
-      "peak "
-      "RSS. -c sets the context decode and verify run at (default 256).");
+      "tokens), the verify cost curve cost(n)/cost(1) with its floor from the measured int8 multiply-add "
+      "peak, and peak RSS. -c sets the context decode and verify run at (default 256).");
   struct Opts {
     ModelOptions model;
     bool json = false;

@@ -5,7 +5,6 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
-#include <cstring>
 #include <utility>
 
 #include "tandem/tensor/fp16.h"
