@@ -12,6 +12,7 @@
 
 #include "tandem/engine/session.h"
 #include "tandem/kernels/matmul.h"
+#include "tandem/kernels/repack.h"
 #include "tandem/model/model.h"
 #include "tandem/model/synth.h"
 #include "tandem/tensor/quant.h"
@@ -50,6 +51,51 @@ TEST(BatchInvariance, MatmulRowsAreIndependentOfTheirBatch) {
         matmul(view, x.data(), rows, batch.data(), pool, scratch);
         EXPECT_EQ(0, std::memcmp(batch.data(), alone.data(), batch.size() * sizeof(float)))
             << dtype_name(t) << " " << target_name(target) << " rows=" << rows;
+      }
+    }
+  }
+}
+
+// Long rows, where the direct kernels take a window in several passes (QuantKernels::direct_pass_rows: the
+// activations of fewer rows stay in the L1 cache) over blocks of weight rows: each row keeps its bits, in the
+// file form and the repacked one, and the pass width never exceeds what one call takes.
+TEST(BatchInvariance, WindowsInPassesOverLongRowsKeepTheirBits) {
+  // 149 weight rows: a thread's share spans several blocks of 16 and a rest.
+  const int64_t n = 149, max_rows = 17;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  ThreadPool pool(2);
+  for (int64_t k : {5632, 8192}) {
+    std::vector<float> x(static_cast<size_t>(max_rows * k)), row(static_cast<size_t>(k));
+    for (auto& v : x) v = dist(rng);
+    for (DType t : {DType::Q4_0, DType::Q6_K, DType::Q4_K}) {
+      const size_t rb = row_bytes(t, k);
+      std::vector<uint8_t> w(rb * static_cast<size_t>(n));
+      for (int64_t o = 0; o < n; ++o) {
+        for (auto& v : row) v = dist(rng);
+        quantize_row(t, row.data(), w.data() + static_cast<size_t>(o) * rb, k);
+      }
+      for (bool interleaved : {false, true}) {
+        if (interleaved && !can_interleave(t, k)) continue;
+        if (interleaved) interleave_rows(t, w.data(), w.size());
+        const MatrixView view{t, n, k, rb, w.data(), interleaved};
+        for (Target target : runnable_targets()) {
+          const QuantKernels& qk = quant_kernels(target);
+          const int64_t most = qk.direct_max_rows(t, interleaved, k, false);
+          const int64_t pass = qk.direct_pass_rows(t, interleaved, k, false);
+          EXPECT_TRUE(most == 0 ? pass == 0 : pass >= 1 && pass <= most) << target_name(target);
+          MatmulScratch scratch(pool.size(), k, max_rows, target);
+          std::vector<float> alone(static_cast<size_t>(max_rows * n));
+          for (int64_t r = 0; r < max_rows; ++r)
+            matmul(view, x.data() + r * k, 1, alone.data() + r * n, pool, scratch);
+          for (int64_t rows : {3, 5, 6, 7, 8, 9, 16, 17}) {
+            std::vector<float> batch(static_cast<size_t>(rows * n));
+            matmul(view, x.data(), rows, batch.data(), pool, scratch);
+            EXPECT_EQ(0, std::memcmp(batch.data(), alone.data(), batch.size() * sizeof(float)))
+                << dtype_name(t) << " " << target_name(target) << " k=" << k << " rows=" << rows
+                << (interleaved ? " interleaved" : "") << " pass=" << pass;
+          }
+        }
       }
     }
   }

@@ -1,5 +1,7 @@
 #include "tandem/kernels/cpu_target.h"
 
+#include <unistd.h>
+
 #if defined(__aarch64__) && defined(__linux__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
@@ -70,6 +72,17 @@ std::vector<Target> runnable_targets() {
 Target best_target() {
   static const Target best = runnable_targets().back();
   return best;
+}
+
+int64_t l1_data_cache_bytes() {
+  static const int64_t bytes = [] {
+#if defined(_SC_LEVEL1_DCACHE_SIZE)
+    const long reported = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    if (reported >= 4096) return static_cast<int64_t>(reported);
+#endif
+    return int64_t{32768};
+  }();
+  return bytes;
 }
 
 }  // namespace tandem::kernels

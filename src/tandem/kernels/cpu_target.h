@@ -2,6 +2,7 @@
 // function-local constant); kernels are chosen from it once per matmul or forward, never per element.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
@@ -21,5 +22,8 @@ std::string_view target_name(Target t);
 Target best_target();
 // Every target compiled in that this CPU can run, scalar first.
 std::vector<Target> runnable_targets();
+// Bytes of this CPU's level-1 data cache per core, as the C library reports it (32 KiB where it reports
+// nothing). The window kernels size their passes by it (QuantKernels::direct_pass_rows).
+int64_t l1_data_cache_bytes();
 
 }  // namespace tandem::kernels

@@ -83,15 +83,21 @@ void quant_rows(const QuantKernels& qk, const MatrixView& w, const ActSuper* act
   // Decode and verify windows: one pass over the weights, each weight row decoded once for all rows (straight
   // from the file bytes where the target has a direct kernel). Prefill: the same per chunk of activation
   // rows, so a chunk stays in cache while the weights stream by.
-  // More rows than one direct pass takes go in passes of near-equal size (9 rows: 4 + 5, not 8 + 1): a pass
-  // of one or two rows decodes every weight super-block for too few rows.
-  if (const int64_t direct = qk.direct_max_rows(w.type, w.interleaved, K, signed_codes); direct > 0) {
+  // More rows than one direct pass takes (direct_pass_rows) go in passes of near-equal size (9 rows: 4 + 5,
+  // not 8 + 1: a pass of one or two rows decodes every weight super-block for too few rows), all passes over
+  // one block of kOutputGrain weight rows before the next, so that later passes read those rows from the L2
+  // cache (over a thread's whole share, 1-2 MB at TinyLlama's FFN, they came from memory again).
+  if (const int64_t direct = qk.direct_pass_rows(w.type, w.interleaved, K, signed_codes); direct > 0) {
     const int64_t passes = (n_rows + direct - 1) / direct;
-    for (int64_t p = 0, r0 = 0; p < passes; ++p) {
-      const int64_t nr = (n_rows - r0) / (passes - p);
-      qk.direct_rows(w.type, w.interleaved, w.row(o0), static_cast<int64_t>(w.row_bytes), o1 - o0, K,
-                     act + r0 * ns, ns, nr, y + r0 * N + o0, N);
-      r0 += nr;
+    const int64_t block = passes == 1 ? o1 - o0 : kOutputGrain;
+    for (int64_t b0 = o0; b0 < o1; b0 += block) {
+      const int64_t b1 = std::min(o1, b0 + block);
+      for (int64_t p = 0, r0 = 0; p < passes; ++p) {
+        const int64_t nr = (n_rows - r0) / (passes - p);
+        qk.direct_rows(w.type, w.interleaved, w.row(b0), static_cast<int64_t>(w.row_bytes), b1 - b0, K,
+                       act + r0 * ns, ns, nr, y + r0 * N + b0, N);
+        r0 += nr;
+      }
     }
     return;
   }

@@ -579,13 +579,15 @@ void dot_probe(const uint8_t* u, const int8_t* s, int64_t iterations, uint32_t* 
 }  // namespace avx2_target
 
 const QuantKernels& quant_kernels_avx2() {
-  static const QuantKernels k{true,
-                              avx2_target::unpack_row,
-                              avx2_target::quantize_row,
-                              avx2_target::dot_rows,
-                              avx2_target::direct_max_rows,
-                              avx2_target::direct_rows,
-                              avx2_target::dot_probe};
+  static const QuantKernels k{
+      true,
+      avx2_target::unpack_row,
+      avx2_target::quantize_row,
+      avx2_target::dot_rows,
+      avx2_target::direct_max_rows,
+      avx2_target::direct_max_rows,  // its tiles chunk long rows (quant_direct_x86.inc)
+      avx2_target::direct_rows,
+      avx2_target::dot_probe};
   return k;
 }
 

@@ -113,6 +113,10 @@ struct QuantKernels {
   // direct_max_rows rows (0: no direct kernel for this type and k): y[r * y_stride + o] for o < n_out, r <
   // n_rows. Each result is bit-identical to unpack_row + dot_rows.
   int64_t (*direct_max_rows)(DType type, bool interleaved, int64_t k, bool signed_q8);
+  // The most rows one pass of the direct kernels should take (at most direct_max_rows): fewer where the
+  // activations of more rows would not stay in the L1 cache beside the weights (wider windows then run in
+  // passes of near-equal size, matmul.cpp).
+  int64_t (*direct_pass_rows)(DType type, bool interleaved, int64_t k, bool signed_q8);
   void (*direct_rows)(DType type, bool interleaved, const uint8_t* w, int64_t row_bytes, int64_t n_out,
                       int64_t k, const ActSuper* x, int64_t x_stride, int64_t n_rows, float* y,
                       int64_t y_stride);

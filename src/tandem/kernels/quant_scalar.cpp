@@ -87,6 +87,7 @@ const QuantKernels& quant_kernels_scalar() {
                               scalar_target::quantize_row_impl,
                               scalar_target::dot_rows,
                               no_direct_rows,
+                              no_direct_rows,
                               nullptr,
                               scalar_target::dot_probe};
   return k;
