@@ -2,6 +2,10 @@
 // saturate) by signed activation codes and vpmaddwd sums pairs into 32-bit lanes. Q8_0 codes stay signed and
 // use the sign trick |w| * sign(x, w). Up to 4 activation rows share each unpacked weight vector, up to 8
 // each directly decoded one.
+//
+// Every helper that takes or fills registers is always inlined (here and in quant_kquants_avx2.inc): GCC 12
+// left accumulate_super, the Q6_K and Q8_0 loaders and others as calls from the tiles, passing the vectors
+// through memory with a vzeroupper per call; a one-row Q4_0 matmul in cache took 1.6-1.9x the time.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -27,7 +31,7 @@ namespace avx2_target {
 #include "tandem/kernels/quant_x86_helpers.inc"
 
 // Two 16-byte pieces into one vector (low half a, high half b); the insert takes its operand from memory.
-inline __m256i load_pair(const uint8_t* a, const uint8_t* b) {
+[[gnu::always_inline]] inline __m256i load_pair(const uint8_t* a, const uint8_t* b) {
   return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
 }
@@ -37,7 +41,8 @@ inline __m256i load_pair(const uint8_t* a, const uint8_t* b) {
 // those of pairs 1 and 3. Dword unpacks give (group 2m, group 2m + 1) qwords per quarter, qword unpacks then
 // line up pairs 0..3; no lane crossing, as the loads already split the pairs over the two halves. Quarter q
 // goes to out[2 * q].
-inline void transpose_groups(__m256i p0, __m256i h0, __m256i p1, __m256i h1, __m256i* out) {
+[[gnu::always_inline]] inline void transpose_groups(__m256i p0, __m256i h0, __m256i p1, __m256i h1,
+                                                    __m256i* out) {
   const __m256i a0 = _mm256_unpacklo_epi32(p0, h0), b0 = _mm256_unpackhi_epi32(p0, h0);
   const __m256i a1 = _mm256_unpacklo_epi32(p1, h1), b1 = _mm256_unpackhi_epi32(p1, h1);
   out[0] = _mm256_unpacklo_epi64(a0, a1);
@@ -49,7 +54,7 @@ inline void transpose_groups(__m256i p0, __m256i h0, __m256i p1, __m256i h1, __m
 // Element order to group-interleaved order (quant_layout.h): vector 2q + h (32 bytes) holds quarter q of
 // groups 8h..8h+7. Everything is loaded before anything is stored (in place), and the loads are 16 bytes,
 // so each stays inside one earlier store of the codes and forwards from it.
-inline void interleave_groups(uint8_t* codes) {
+[[gnu::always_inline]] inline void interleave_groups(uint8_t* codes) {
   __m256i v[8];
   for (int h = 0; h < 2; ++h) {
     const uint8_t* c = codes + 128 * h;  // pairs of groups 4h..4h+3, 32 bytes each
@@ -62,14 +67,14 @@ inline void interleave_groups(uint8_t* codes) {
 // Block order (quant_layout.h) from two vectors holding the same 16-byte half of four blocks: x02 of blocks 0
 // (low half) and 2, x13 of blocks 1 and 3. Qword unpacks line up the four blocks' first and second qwords:
 // quarters 2p and 2p + 1 of the half p, for out[0] and out[2].
-inline void block_quarters(__m256i x02, __m256i x13, __m256i* out) {
+[[gnu::always_inline]] inline void block_quarters(__m256i x02, __m256i x13, __m256i* out) {
   out[0] = _mm256_unpacklo_epi64(x02, x13);
   out[2] = _mm256_unpackhi_epi64(x02, x13);
 }
 
 // Element order to block order: vector 2q + h (32 bytes) holds quarter q of blocks 4h..4h+3. Loaded before
 // stored, in 16-byte pieces that each lie inside one earlier store.
-inline void interleave_blocks(uint8_t* codes) {
+[[gnu::always_inline]] inline void interleave_blocks(uint8_t* codes) {
   __m256i v[8];
   for (int h = 0; h < 2; ++h) {
     const uint8_t* c = codes + 128 * h;  // blocks 4h..4h+3, 32 bytes each
@@ -92,7 +97,7 @@ struct SuperRegs {
 // block's two groups (groups 0..7 in out[0], 8..15 in out[1]). Inserted word by word: storing them to a
 // buffer and loading it as one vector would stall on store forwarding.
 template <int64_t kBlock>
-inline void block_halves8(const uint8_t* p, __m256* out) {
+[[gnu::always_inline]] inline void block_halves8(const uint8_t* p, __m256* out) {
   const auto half = [p](int j) {
     uint16_t h;
     std::memcpy(&h, p + j * kBlock, 2);
@@ -116,7 +121,7 @@ constexpr int64_t kQ4_0Block = sizeof(BlockQ4_0), kQ8_0Block = sizeof(BlockQ8_0)
 // The 4-bit codes of 8 legacy blocks of kB bytes from sb, each block's 16 code bytes at kQs, in block order:
 // quarters 0 and 1 are the low nibbles of each block's bytes 0..7 and 8..15, quarters 2 and 3 the high ones.
 template <int64_t kB, int64_t kQs>
-inline void legacy_nibbles(const uint8_t* sb, __m256i* u) {
+[[gnu::always_inline]] inline void legacy_nibbles(const uint8_t* sb, __m256i* u) {
   const __m256i nib = _mm256_set1_epi8(0x0F);
   const auto qs = [sb](int j) { return sb + j * kB + kQs; };
   for (int h = 0; h < 2; ++h) {
@@ -128,7 +133,7 @@ inline void legacy_nibbles(const uint8_t* sb, __m256i* u) {
 }
 
 // Q4_0 (8 blocks from sb) in block order; b = -8a.
-inline void load_q4_0_super(const uint8_t* sb, SuperRegs& s) {
+[[gnu::always_inline]] inline void load_q4_0_super(const uint8_t* sb, SuperRegs& s) {
   legacy_nibbles<kQ4_0Block, offsetof(BlockQ4_0, qs)>(sb, s.u);
   block_halves8<kQ4_0Block>(sb, s.a);
   const __m256 m8 = _mm256_set1_ps(-8.0f);
@@ -140,7 +145,7 @@ inline void load_q4_0_super(const uint8_t* sb, SuperRegs& s) {
 // + i of block 4h + k, whose fifth bit is bit i of byte q of the block's 32-bit qh word at kQh: byte q is
 // spread over the qword's 8 bytes and compared with the bit pattern 1, 2, 4, ... 128.
 template <int64_t kB, int64_t kQh>
-inline void legacy_fifth_bits(const uint8_t* sb, __m256i* u) {
+[[gnu::always_inline]] inline void legacy_fifth_bits(const uint8_t* sb, __m256i* u) {
   const auto qh = [sb](int j) {
     uint32_t w;
     std::memcpy(&w, sb + j * kB + kQh, 4);
@@ -166,8 +171,6 @@ inline void legacy_fifth_bits(const uint8_t* sb, __m256i* u) {
 
 // Q4_1, Q5_0 and Q5_1 (8 blocks from sb) in block order: 4-bit codes, plus the fifth bits for Q5_*;
 // a = d, b = m (Q4_1, Q5_1) or -16 * d (Q5_0), as unpack_row_impl.
-// Always inlined: as a call (GCC's choice for Q5_1 under AVX2) the registers pass through memory, and one
-// row took 1.16x the time.
 template <typename Block, bool kMin, bool kFifth>
 [[gnu::always_inline]] inline void load_legacy_super(const uint8_t* sb, SuperRegs& s) {
   constexpr int64_t kB = sizeof(Block);
@@ -185,7 +188,7 @@ template <typename Block, bool kMin, bool kFifth>
 
 // Q8_0 with signed codes (8 blocks from sb) in block order: quarter q holds bytes 8q..8q+7 of each block;
 // b = 0.
-inline void load_q8_0_super(const uint8_t* sb, SuperRegs& s) {
+[[gnu::always_inline]] inline void load_q8_0_super(const uint8_t* sb, SuperRegs& s) {
   const auto qs = [sb](int j) { return sb + j * kQ8_0Block + 2; };
   for (int h = 0; h < 2; ++h) {
     const int j = 4 * h;
@@ -198,19 +201,19 @@ inline void load_q8_0_super(const uint8_t* sb, SuperRegs& s) {
 }
 
 // The repacked forms (repack.h): the 8 scales side by side at the head, each repeated for its two groups.
-inline void interleaved_scales8(const uint8_t* sb, SuperRegs& s) {
+[[gnu::always_inline]] inline void interleaved_scales8(const uint8_t* sb, SuperRegs& s) {
   const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb)));
   s.a[0] = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
   s.a[1] = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
 }
 
-inline __m256i load32(const uint8_t* p) {
+[[gnu::always_inline]] inline __m256i load32(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
 // Repacked Q4_0: code bytes 0..7 of the 8 blocks (64 bytes), then bytes 8..15; their low nibbles are quarters
 // 0 and 1, the high ones quarters 2 and 3.
-inline void load_q4_0x_super(const uint8_t* sb, SuperRegs& s) {
+[[gnu::always_inline]] inline void load_q4_0x_super(const uint8_t* sb, SuperRegs& s) {
   const __m256i nib = _mm256_set1_epi8(0x0F);
   for (int v = 0; v < 4; ++v) {
     const __m256i x = load32(sb + 16 + 32 * v);
@@ -224,7 +227,7 @@ inline void load_q4_0x_super(const uint8_t* sb, SuperRegs& s) {
 }
 
 // Repacked Q8_0 with signed codes: the quarters as they are.
-inline void load_q8_0x_super(const uint8_t* sb, SuperRegs& s) {
+[[gnu::always_inline]] inline void load_q8_0x_super(const uint8_t* sb, SuperRegs& s) {
   for (int v = 0; v < 8; ++v) s.u[v] = load32(sb + 16 + 32 * v);
   interleaved_scales8(sb, s);
   s.b[0] = s.b[1] = _mm256_setzero_ps();
@@ -233,7 +236,7 @@ inline void load_q8_0x_super(const uint8_t* sb, SuperRegs& s) {
 #include "tandem/kernels/quant_kquants_avx2.inc"
 
 template <void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes>
-inline void unpack_supers(const uint8_t* row, int64_t n_super, UnpackedSuper* out) {
+[[gnu::always_inline]] inline void unpack_supers(const uint8_t* row, int64_t n_super, UnpackedSuper* out) {
   for (int64_t i = 0; i < n_super; ++i) {
     SuperRegs s;
     Load(row + i * kSuperBytes, s);
@@ -247,14 +250,14 @@ inline void unpack_supers(const uint8_t* row, int64_t n_super, UnpackedSuper* ou
 
 // Activation quantization, vectorized; the same bits as quantize_row_impl (test_kernels compares them).
 
-inline float hmax8(__m256 v) {
+[[gnu::always_inline]] inline float hmax8(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   m = _mm_max_ss(m, _mm_movehdup_ps(m));
   return _mm_cvtss_f32(m);
 }
 
-inline int32_t hsum8(__m256i v) {
+[[gnu::always_inline]] inline int32_t hsum8(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
@@ -263,7 +266,7 @@ inline int32_t hsum8(__m256i v) {
 
 // Round half away from zero, as round_away: truncate, then step by one where the exact remainder is at
 // least one half (comparison masks are -1, so subtracting one adds one).
-inline __m256i round_away8(__m256 v) {
+[[gnu::always_inline]] inline __m256i round_away8(__m256 v) {
   const __m256i t = _mm256_cvttps_epi32(v);
   const __m256 frac = _mm256_sub_ps(v, _mm256_cvtepi32_ps(t));
   const __m256i up = _mm256_castps_si256(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ));
@@ -274,8 +277,8 @@ inline __m256i round_away8(__m256 v) {
 // 32 codes (four vectors of 8 int32 in element order, each in [-127, 127]) to s.q at e0, and the code sums of
 // the block's two lane groups: 16 consecutive elements each (group order) or alternate 4-element runs (block
 // order).
-inline void store_codes32(ActSuper& s, int e0, const __m256i* c, bool block_order, int32_t& sum0,
-                          int32_t& sum1) {
+[[gnu::always_inline]] inline void store_codes32(ActSuper& s, int e0, const __m256i* c, bool block_order,
+                                                 int32_t& sum0, int32_t& sum1) {
   const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(s.q + e0),
                       _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
@@ -367,8 +370,8 @@ constexpr int fold_of(DType type, bool signed_codes) {
 // same bits, whatever number of rows runs beside it. Vector v holds quarter v / 2 of groups 8 * (v % 2)..+7,
 // one group per 32-bit lane: the integer sums of the even vectors give groups 0..7, of the odd ones 8..15.
 template <int kFold>
-inline void accumulate_super(const __m256i* u, const __m256* a, const __m256* b, const ActSuper& X,
-                             __m256& acc, __m256& acc_b) {
+[[gnu::always_inline]] inline void accumulate_super(const __m256i* u, const __m256* a, const __m256* b,
+                                                    const ActSuper& X, __m256& acc, __m256& acc_b) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i sum[2];
   for (int h = 0; h < 2; ++h)
@@ -404,7 +407,7 @@ inline void accumulate_super(const __m256i* u, const __m256* a, const __m256* b,
 }
 
 template <int kFold>
-inline float finish_row(__m256 acc, __m256 acc_b) {
+[[gnu::always_inline]] inline float finish_row(__m256 acc, __m256 acc_b) {
   const __m256 v = kFold == 0 ? _mm256_add_ps(acc, acc_b) : acc;
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   h = _mm_add_ps(h, _mm_movehl_ps(h, h));
