@@ -3,6 +3,9 @@
 //   MatmulHot/TYPE/ROWS  the same with 256 x 2048 weights, which stay in the L2 cache: the kernel's compute
 //                      throughput, with memory out of the way (decode-class rows should run far above DRAM
 //                      speed)
+//   MatmulCold/TYPE/ROWS  the same with 32768 x 2048 weights (38-71 MB), beyond the last-level cache: the
+//                      kernel's rate with the weights streaming from memory, to set beside the bandwidth
+//                      probe
 //   MatmulHotTarget/TYPE/ROWS/TARGET  MatmulHot on one given SIMD target (0 scalar, 1 AVX2, 2 AVX-512), to
 //                      compare the targets a CPU can run
 //   Unpack/TYPE        decoding one 2048-element weight row into the kernel form
@@ -11,6 +14,7 @@
 //                      prefill kernels need four per 256 weights per activation row, so this bounds them.
 //   RowWorkFloor       the window kernels' per-row work alone (loads, vpdpbusd, convert, scaling), weights in
 //                      registers: the floor of MatmulHot at 8 rows, without the decoding of the weights.
+//   RowWorkFloorAvx2<NR>  the same for the AVX2 Q4_0 tiles (vpmaddubsw, vpmaddwd) at NR rows
 //   AttentionDots/G    attention scores of G query heads sharing one KV head against 256 cached f16 key rows
 //                      of 64 dims, in blocks of 16 positions as the paged cache holds them (TinyLlama: G = 8)
 //   AttentionDotsDimMajor/G  the same scores from key blocks stored dimension-major (the f16 key cache)
@@ -21,6 +25,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -82,7 +87,7 @@ void run_matmul(benchmark::State& state, int64_t n, Target target = best_target(
   const int64_t rows = state.range(1);
   const Weights w = make_weights(t, n, kK);
   const auto x = make_activations(rows, kK);
-  std::vector<float> y(static_cast<size_t>(rows * kN));
+  std::vector<float> y(static_cast<size_t>(rows * n));
   ThreadPool pool(1);
   MatmulScratch scratch(1, kK, rows, target);
   for (auto _ : state) {
@@ -100,6 +105,10 @@ void BM_Matmul(benchmark::State& state) {
 
 void BM_MatmulHot(benchmark::State& state) {
   run_matmul(state, 256);
+}
+
+void BM_MatmulCold(benchmark::State& state) {
+  run_matmul(state, 16 * kN);
 }
 
 void BM_MatmulHotTarget(benchmark::State& state) {
@@ -225,6 +234,67 @@ void BM_VnniPeak(benchmark::State& state) {
   state.SetLabel("items = vpdpbusd zmm");
 }
 BENCHMARK(BM_VnniPeak);
+// The AVX2 form of RowWorkFloor: per 256 weights and activation row, as the Q4_0 window tiles do it, eight
+// vpmaddubsw, six 16-bit adds, two vpmaddwd, the offset sums, two converts, scale multiplies and FMAs, for NR
+// rows sharing one super-block's 8 weight vectors held in registers. Items = rows x super-blocks.
+#define XQ(v) _mm256_load_si256(reinterpret_cast<const __m256i*>(x + 32 * (v)))
+template <int NR>
+__attribute__((target("avx2,fma"))) void row_work_avx2(int64_t n, const uint8_t* act, float* out) {
+  __m256 acc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = _mm256_setzero_ps();
+  __m256i u[8];
+  for (int v = 0; v < 8; ++v) u[v] = _mm256_set1_epi8(static_cast<char>(v + 1));
+  __m256 a[2] = {_mm256_set1_ps(0.5f), _mm256_set1_ps(0.25f)};
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t i = 0; i < n; ++i) {
+    __asm__ volatile("" : "+x"(u[0]), "+x"(u[1]), "+x"(u[2]), "+x"(u[3]), "+r"(act));
+    __asm__ volatile("" : "+x"(u[4]), "+x"(u[5]), "+x"(u[6]), "+x"(u[7]), "+x"(a[0]), "+x"(a[1]));
+    for (int h = 0; h < 2; ++h)
+      for (int r = 0; r < NR; ++r) {
+        const uint8_t* x = act + 384 * r;
+        const __m256i p = _mm256_add_epi16(
+            _mm256_add_epi16(_mm256_maddubs_epi16(u[h], XQ(h)), _mm256_maddubs_epi16(u[2 + h], XQ(2 + h))),
+            _mm256_add_epi16(_mm256_maddubs_epi16(u[4 + h], XQ(4 + h)),
+                             _mm256_maddubs_epi16(u[6 + h], XQ(6 + h))));
+        const __m256i sum =
+            _mm256_add_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(x + 320 + 32 * h)),
+                             _mm256_madd_epi16(p, ones));
+        acc[r] = _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(sum),
+            _mm256_mul_ps(a[h], _mm256_load_ps(reinterpret_cast<const float*>(x + 256 + 32 * h))), acc[r]);
+      }
+  }
+  for (int r = 1; r < NR; ++r) acc[0] = _mm256_add_ps(acc[0], acc[r]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc[0]);
+  *out = lanes[0];
+}
+#undef XQ
+
+template <int NR>
+void BM_RowWorkFloorAvx2(benchmark::State& state) {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+    state.SkipWithError("no AVX2 on this CPU");
+    return;
+  }
+  std::vector<uint8_t> buf(NR * 384 + 64, 1);
+  uint8_t* act = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+  for (int r = 0; r < NR; ++r) {  // scales of 1 (bytes of 1 read as floats would make denormal products)
+    const float one = 1.0f;
+    for (int i = 0; i < 16; ++i) std::memcpy(act + 384 * r + 256 + 4 * i, &one, 4);
+  }
+  float sink = 0;
+  for (auto _ : state) {
+    row_work_avx2<NR>(4096, act, &sink);
+    benchmark::DoNotOptimize(sink);
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * 4096 * NR);
+  state.SetLabel("items = rows x super-blocks");
+}
+BENCHMARK(BM_RowWorkFloorAvx2<1>);
+BENCHMARK(BM_RowWorkFloorAvx2<4>);
+BENCHMARK(BM_RowWorkFloorAvx2<8>);
+
 #endif
 
 // One KV head's cache of 256 positions (f16, 64 dims) and G queries or weights.
@@ -296,7 +366,11 @@ BENCHMARK(BM_AttentionValues)->Arg(1)->Arg(2)->Arg(4)->Arg(6)->Arg(8);
 
 void matmul_args(benchmark::internal::Benchmark* b) {
   for (int t = 0; t < static_cast<int>(std::size(kTypes)); ++t)
-    for (int rows : {1, 4, 8, 16, 64}) b->Args({t, rows});
+    for (int rows : {1, 2, 4, 6, 8, 12, 16, 64}) b->Args({t, rows});
+}
+void cold_args(benchmark::internal::Benchmark* b) {
+  for (int t : {3, 4, 10, 12})  // Q8_0, Q4_0, Q4_K, Q6_K
+    for (int rows : {1, 4, 8}) b->Args({t, rows});
 }
 void matmul_target_args(benchmark::internal::Benchmark* b) {
   for (int t = 0; t < static_cast<int>(std::size(kTypes)); ++t)
@@ -314,6 +388,7 @@ void dot_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Matmul)->Apply(matmul_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatmulHot)->Apply(matmul_args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MatmulCold)->Apply(cold_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatmulHotTarget)->Apply(matmul_target_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Unpack)->Apply(unpack_args);
 BENCHMARK(BM_DotRows)->Apply(dot_args);
