@@ -407,7 +407,11 @@ template <int NR, int kFold>
 [[gnu::always_inline]] inline void accumulate_rows(const __m256i* u, const __m256* a, const __m256* b,
                                                    const ActSuper* x, int64_t x_stride, __m256* acc,
                                                    __m256* acc_b) {
+  // Both loops unrolled: as a loop over h, GCC kept the weight vectors on the stack and indexed
+  // them (Q6_K windows of 6 / 8 / 64 rows took 1.3-1.5x the time).
+#pragma GCC unroll 2
   for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) accumulate_half<kFold>(u, h, a[h], b[h], x[r * x_stride], acc[r], acc_b[r]);
 }
 
@@ -545,16 +549,14 @@ int64_t direct_max_rows(DType type, bool /*interleaved: both forms*/, int64_t k,
   return 0;
 }
 
-// Rows per direct pass: a Q4_0 tile of more than 6 rows, or a Q8_0 one (with the sign trick's temporaries) of
-// more than 4, no longer keeps its accumulators and one half's weight vectors in the 16 registers, and two
-// passes over the same block of weight rows (the second from the cache) measured faster. Matmul 2048 x 2048
-// on one thread, medians of 5 alternating runs, against single passes of 8: Q8_0 0.78x / 0.78x / 0.83x at 8 /
-// 12 / 16 rows, Q4_0 0.92x-0.95x at 8 and 16, Q6_K neutral (left at 8).
+// Rows per direct pass: a Q8_0 tile of more than 4 rows (with the sign trick's temporaries) no longer keeps
+// its accumulators and one half's weight vectors in the 16 registers, and two passes over the same block of
+// weight rows (the second from the cache) measured faster. Matmul 2048 x 2048 on one thread, medians of 5
+// alternating runs, against single passes of 8: 0.78x / 0.78x / 0.83x the time at 8 / 12 / 16 rows. Q4_0
+// (passes of 4 or 6) and Q6_K measured the same within the noise, and keep passes of 8.
 int64_t direct_pass_rows(DType type, bool interleaved, int64_t k, bool signed_q8) {
   const int64_t max = direct_max_rows(type, interleaved, k, signed_q8);
-  if (type == DType::Q8_0) return std::min<int64_t>(4, max);
-  if (type == DType::Q4_0) return std::min<int64_t>(6, max);
-  return max;
+  return type == DType::Q8_0 ? std::min<int64_t>(4, max) : max;
 }
 
 void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
