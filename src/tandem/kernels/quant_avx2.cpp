@@ -549,14 +549,16 @@ int64_t direct_max_rows(DType type, bool /*interleaved: both forms*/, int64_t k,
   return 0;
 }
 
-// Rows per direct pass: a Q8_0 tile of more than 4 rows (with the sign trick's temporaries) no longer keeps
-// its accumulators and one half's weight vectors in the 16 registers, and two passes over the same block of
-// weight rows (the second from the cache) measured faster. Matmul 2048 x 2048 on one thread, medians of 5
-// alternating runs, against single passes of 8: 0.78x / 0.78x / 0.83x the time at 8 / 12 / 16 rows. Q4_0
-// (passes of 4 or 6) and Q6_K measured the same within the noise, and keep passes of 8.
+// Rows per direct pass: Q4_0 and Q8_0 tiles of more than 4 rows (Q8_0 with the sign trick's temporaries) no
+// longer keep their accumulators and one half's weight vectors in the 16 registers, and passes of at most 4
+// rows over the same block of weight rows (the later ones from the cache) measured faster. Against single
+// passes of 8: Q8_0 matmul 2048 x 2048 on one thread 0.78x / 0.78x / 0.83x the time at 8 / 12 / 16 rows
+// (medians of 5 alternating runs); synthetic TinyLlama Q4_0 windows (calibrate, 2 threads, two alternating
+// pairs) cost(6) 2.48 / 2.95 against 3.14 / 2.94, cost(8) 3.52 / 3.97 against 4.18 / 3.94, cost(9) 3.93 /
+// 4.29 against 4.82 / 4.61. Q6_K measured the same within the noise and keeps passes of 8.
 int64_t direct_pass_rows(DType type, bool interleaved, int64_t k, bool signed_q8) {
   const int64_t max = direct_max_rows(type, interleaved, k, signed_q8);
-  return type == DType::Q8_0 ? std::min<int64_t>(4, max) : max;
+  return type == DType::Q8_0 || type == DType::Q4_0 ? std::min<int64_t>(4, max) : max;
 }
 
 void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
