@@ -3,9 +3,9 @@
 // use the sign trick |w| * sign(x, w). Up to 4 activation rows share each unpacked weight vector, up to 8
 // each directly decoded one.
 //
-// Every helper that takes or fills registers is always inlined (here and in quant_kquants_avx2.inc): GCC 12
-// left the per-row work, the Q6_K and Q8_0 loaders and others as calls from the tiles, passing the vectors
-// through memory with a vzeroupper per call; a one-row Q4_0 matmul in cache took 1.6-1.9x the time.
+// Every helper that takes, fills or returns vectors is always inlined (here and in quant_kquants_avx2.inc):
+// GCC 12 left the per-row work, the Q6_K and Q8_0 loaders and others as calls from the tiles, passing the
+// vectors through memory with a vzeroupper per call; a one-row Q4_0 matmul in cache took 1.6-1.9x the time.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -54,7 +54,7 @@ namespace avx2_target {
 // Element order to group-interleaved order (quant_layout.h): vector 2q + h (32 bytes) holds quarter q of
 // groups 8h..8h+7. Everything is loaded before anything is stored (in place), and the loads are 16 bytes,
 // so each stays inside one earlier store of the codes and forwards from it.
-[[gnu::always_inline]] inline void interleave_groups(uint8_t* codes) {
+inline void interleave_groups(uint8_t* codes) {
   __m256i v[8];
   for (int h = 0; h < 2; ++h) {
     const uint8_t* c = codes + 128 * h;  // pairs of groups 4h..4h+3, 32 bytes each
@@ -74,7 +74,7 @@ namespace avx2_target {
 
 // Element order to block order: vector 2q + h (32 bytes) holds quarter q of blocks 4h..4h+3. Loaded before
 // stored, in 16-byte pieces that each lie inside one earlier store.
-[[gnu::always_inline]] inline void interleave_blocks(uint8_t* codes) {
+inline void interleave_blocks(uint8_t* codes) {
   __m256i v[8];
   for (int h = 0; h < 2; ++h) {
     const uint8_t* c = codes + 128 * h;  // blocks 4h..4h+3, 32 bytes each
@@ -236,7 +236,7 @@ template <typename Block, bool kMin, bool kFifth>
 #include "tandem/kernels/quant_kquants_avx2.inc"
 
 template <void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes>
-[[gnu::always_inline]] inline void unpack_supers(const uint8_t* row, int64_t n_super, UnpackedSuper* out) {
+inline void unpack_supers(const uint8_t* row, int64_t n_super, UnpackedSuper* out) {
   for (int64_t i = 0; i < n_super; ++i) {
     SuperRegs s;
     Load(row + i * kSuperBytes, s);
