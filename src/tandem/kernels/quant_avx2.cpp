@@ -372,9 +372,13 @@ constexpr int fold_of(DType type, bool signed_codes) {
 // u[6 + h]. The tiles take half 0 for all their rows, then half 1, so that only one half's weight vectors
 // need registers beside the rows' accumulators (all halves at once left 4-row tiles spilling their
 // accumulators to the stack); each accumulator still takes its terms in the order h = 0, 1.
+//
+// The offset term of fold 0 (b times the scaled code sums) goes into the same accumulator, after the integer
+// term: a second accumulator per row (as before) left 4-row tiles of Q4_K and the other fold-0 types
+// spilling to the stack.
 template <int kFold>
 [[gnu::always_inline]] inline void accumulate_half(const __m256i* u, int h, __m256 a, __m256 b,
-                                                   const ActSuper& X, __m256& acc, __m256& acc_b) {
+                                                   const ActSuper& X, __m256& acc) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i sum = kFold > 0 ? _mm256_load_si256(reinterpret_cast<const __m256i*>(
                                 X.offset_sums[fold_index(kFold > 0 ? kFold : 3)] + 8 * h))
@@ -399,25 +403,22 @@ template <int kFold>
     }
   }
   acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(a, _mm256_load_ps(X.d + 8 * h)), acc);
-  if (kFold == 0) acc_b = _mm256_fmadd_ps(b, _mm256_load_ps(X.bs + 8 * h), acc_b);
+  if (kFold == 0) acc = _mm256_fmadd_ps(b, _mm256_load_ps(X.bs + 8 * h), acc);
 }
 
 // One super-block of NR activation rows against one weight super-block in registers, half by half.
 template <int NR, int kFold>
 [[gnu::always_inline]] inline void accumulate_rows(const __m256i* u, const __m256* a, const __m256* b,
-                                                   const ActSuper* x, int64_t x_stride, __m256* acc,
-                                                   __m256* acc_b) {
+                                                   const ActSuper* x, int64_t x_stride, __m256* acc) {
   // Both loops unrolled: as a loop over h, GCC kept the weight vectors on the stack and indexed
   // them (Q6_K windows of 6 / 8 / 64 rows took 1.3-1.5x the time).
 #pragma GCC unroll 2
   for (int h = 0; h < 2; ++h)
 #pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) accumulate_half<kFold>(u, h, a[h], b[h], x[r * x_stride], acc[r], acc_b[r]);
+    for (int r = 0; r < NR; ++r) accumulate_half<kFold>(u, h, a[h], b[h], x[r * x_stride], acc[r]);
 }
 
-template <int kFold>
-[[gnu::always_inline]] inline float finish_row(__m256 acc, __m256 acc_b) {
-  const __m256 v = kFold == 0 ? _mm256_add_ps(acc, acc_b) : acc;
+[[gnu::always_inline]] inline float finish_row(__m256 v) {
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   h = _mm_add_ps(h, _mm_movehl_ps(h, h));
   h = _mm_add_ss(h, _mm_movehdup_ps(h));
@@ -427,18 +428,18 @@ template <int kFold>
 template <int NR, int kFold>
 void dot_tile(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, float* y,
               int64_t y_stride) {
-  __m256 acc[NR], acc_b[NR];
-#pragma GCC unroll 8  // (a loop here becomes a memset: quant_avx2.cpp's direct_tile)
-  for (int r = 0; r < NR; ++r) acc[r] = acc_b[r] = _mm256_setzero_ps();
+  __m256 acc[NR];
+#pragma GCC unroll 8  // (a loop here becomes a memset: direct_tile)
+  for (int r = 0; r < NR; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t s = 0; s < n_super; ++s) {
     const UnpackedSuper& W = w[s];
     __m256i u[8];
     for (int v = 0; v < 8; ++v) u[v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(W.u + 32 * v));
     const __m256 a[2] = {_mm256_load_ps(W.a), _mm256_load_ps(W.a + 8)};
     const __m256 b[2] = {_mm256_load_ps(W.b), _mm256_load_ps(W.b + 8)};
-    accumulate_rows<NR, kFold>(u, a, b, x + s, x_stride, acc, acc_b);
+    accumulate_rows<NR, kFold>(u, a, b, x + s, x_stride, acc);
   }
-  for (int r = 0; r < NR; ++r) y[r * y_stride] = finish_row<kFold>(acc[r], acc_b[r]);
+  for (int r = 0; r < NR; ++r) y[r * y_stride] = finish_row(acc[r]);
 }
 
 // Every tile prefetches into L1, kPrefetchBytes ahead (quant_avx512.inc's L2 prefetch is unmeasured here).
@@ -455,9 +456,9 @@ constexpr int64_t kDirectRows = 8;
 
 // Q8_0 codes of this target's unpacked form and loaders: signed (vpmaddubsw saturates at 255 unsigned).
 constexpr bool kSignedQ8 = true;
-// Q4_K and Q5_K keep an offset accumulator per row (fold 0): 8 rows need 16 accumulators, all of AVX2's
-// registers, and spill; two passes of 4 rows (decoding each weight super-block twice) measured faster. Q6_K
-// folds its offset and, like Q4_0, is a little faster with 8.
+// The fold-0 types (Q4_K, Q5_K, ...) also hold a half's offsets b beside its scales, and 8 rows spill; two
+// passes of 4 rows (decoding each weight super-block twice) measured faster (when each row still had a second
+// accumulator for the offset term). Q6_K folds its offset and, like Q4_0, is a little faster with 8.
 constexpr int64_t kDirectRowsOffset = 4;
 
 // No tiles of two weight rows on this target (quant_direct_x86.inc). Not measured here: with 16 vector
@@ -471,8 +472,8 @@ int64_t pair_rows(const uint8_t*, int64_t, int64_t, int64_t, const ActSuper*, in
 // Activation rows per unpacked-kernel tile (quant_direct_x86.inc).
 constexpr size_t kDotTileRows = 4;
 
-// Accumulator state per activation row between column chunks (quant_direct_x86.inc): acc, then acc_b.
-constexpr int64_t kStateFloats = 16;
+// Accumulator state per activation row between column chunks (quant_direct_x86.inc): acc.
+constexpr int64_t kStateFloats = 8;
 alignas(64) constexpr float kZeroState[kDirectRows * kStateFloats] = {};
 
 // Signed: nullptr (this target has no signed form; see quant_layout.h).
@@ -484,26 +485,20 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
   // stos per weight row: 12% of a 4-row Q4_0 window's time in cache. Without it Q4_0 and Q8_0 windows of 4
   // to 64 rows in cache (MatmulHot) take 0.72-0.85x the time (fastest of 5 alternating runs).
   const float* init = part.first ? kZeroState : part.state;
-  __m256 acc[NR], acc_b[NR];
+  __m256 acc[NR];
 #pragma GCC unroll 8
-  for (int r = 0; r < NR; ++r) {
-    acc[r] = _mm256_load_ps(init + kStateFloats * r);
-    acc_b[r] = _mm256_load_ps(init + kStateFloats * r + 8);
-  }
+  for (int r = 0; r < NR; ++r) acc[r] = _mm256_load_ps(init + kStateFloats * r);
   for (int64_t s = 0; s < n_super; ++s) {
     const uint8_t* ws = w + s * kSuperBytes;
     prefetch_ahead<kSuperBytes>(ws, part.prefetch);
     SuperRegs wr;
     Load(ws, wr);
-    accumulate_rows<NR, kFold>(wr.u, wr.a, wr.b, x + s, x_stride, acc, acc_b);
+    accumulate_rows<NR, kFold>(wr.u, wr.a, wr.b, x + s, x_stride, acc);
   }
   if (part.last) {
-    for (int r = 0; r < NR; ++r) y[r * y_stride] = finish_row<kFold>(acc[r], acc_b[r]);
+    for (int r = 0; r < NR; ++r) y[r * y_stride] = finish_row(acc[r]);
   } else {
-    for (int r = 0; r < NR; ++r) {
-      _mm256_store_ps(part.state + kStateFloats * r, acc[r]);
-      _mm256_store_ps(part.state + kStateFloats * r + 8, acc_b[r]);
-    }
+    for (int r = 0; r < NR; ++r) _mm256_store_ps(part.state + kStateFloats * r, acc[r]);
   }
 }
 
