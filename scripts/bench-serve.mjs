@@ -9,25 +9,34 @@
 // tokens, so every stream produces exactly --max-tokens tokens. Only loopback URLs are accepted.
 import { parseArgs } from 'node:util';
 
-const { values: opt } = parseArgs({
-  options: {
-    url: { type: 'string', default: 'http://127.0.0.1:8080' },
-    model: { type: 'string' },
-    streams: { type: 'string', default: '8' },
-    rounds: { type: 'string', default: '1' },
-    'prompt-tokens': { type: 'string', default: '32' },
-    'max-tokens': { type: 'string', default: '64' },
-    'api-key': { type: 'string' },
-    junk: { type: 'string', default: '0' },
-    json: { type: 'boolean', default: false },
-    help: { type: 'boolean', short: 'h', default: false },
-  },
-});
+let opt;
+try {
+  ({ values: opt } = parseArgs({
+    options: {
+      url: { type: 'string', default: 'http://127.0.0.1:8080' },
+      model: { type: 'string' },
+      streams: { type: 'string', default: '8' },
+      rounds: { type: 'string', default: '1' },
+      'prompt-tokens': { type: 'string', default: '32' },
+      'max-tokens': { type: 'string', default: '64' },
+      'api-key': { type: 'string' },
+      junk: { type: 'string', default: '0' },
+      seed: { type: 'string', default: '0' },
+      json: { type: 'boolean', default: false },
+      help: { type: 'boolean', short: 'h', default: false },
+    },
+  }));
+} catch (e) {
+  console.error(`bench-serve: ${e.message.split('\n')[0]} (see --help)`);
+  process.exit(2);
+}
 if (opt.help) {
   console.log(`usage: node scripts/bench-serve.mjs [--url URL] [--model NAME] [--streams N] [--rounds N]
-       [--prompt-tokens N] [--max-tokens N] [--api-key KEY] [--junk N] [--json]
+       [--prompt-tokens N] [--max-tokens N] [--api-key KEY] [--junk N] [--seed N] [--json]
 N concurrent streamed completions against a running tandem serve (loopback only); reports aggregate and
-per-stream tokens/s and time to first token p50/p99. --junk N interleaves N malformed requests.`);
+per-stream tokens/s and time to first token p50/p99. --junk N interleaves N malformed requests. The prompts
+depend on the stream, the round and --seed (default 0): a server keeps the prompts of earlier runs in its
+prefix cache, so give each run against the same server its own seed to measure fresh prompts.`);
   process.exit(0);
 }
 const url = new URL(opt.url);
@@ -37,6 +46,14 @@ if (!['127.0.0.1', 'localhost', '[::1]'].includes(url.hostname)) {
 }
 const streams = Number(opt.streams), rounds = Number(opt.rounds), junkCount = Number(opt.junk);
 const promptTokens = Number(opt['prompt-tokens']), maxTokens = Number(opt['max-tokens']);
+const seed = Number(opt.seed);
+for (const [name, v, min] of [['streams', streams, 1], ['rounds', rounds, 1], ['junk', junkCount, 0],
+  ['prompt-tokens', promptTokens, 1], ['max-tokens', maxTokens, 1], ['seed', seed, 0]]) {
+  if (!Number.isInteger(v) || v < min) {
+    console.error(`bench-serve: --${name} must be an integer of at least ${min}`);
+    process.exit(2);
+  }
+}
 const headers = { 'content-type': 'application/json' };
 if (opt['api-key']) headers.authorization = `Bearer ${opt['api-key']}`;
 const base = opt.url.replace(/\/$/, '');
@@ -49,7 +66,7 @@ async function modelName() {
 }
 
 function prompt(stream, round) {
-  let x = (stream + 1) * 7919 + round * 104729;
+  let x = ((stream + 1) * 7919 + round * 104729 + seed * 1299709) % 2147483648;
   return Array.from({ length: promptTokens }, () => {
     x = (x * 1103515245 + 12345) % 2147483648;
     return 100 + (x % 300);
