@@ -84,6 +84,49 @@ std::vector<int64_t> sizes_for(DType t) {
   return {32, 96, 288, 512, 2080};
 }
 
+bool is_legacy(DType t) {
+  return traits(t).block_size == 32;
+}
+
+// The scalar target's block-order forms moved into block lanes (quant_layout.h), for targets that take the
+// legacy types so (QuantKernels::block_lanes): the codes move, each block's scales and offsets move to its
+// lane, and the activation sums are those of the block's two groups (its integer code sums from the exact
+// offset sums), scaled once.
+void to_block_lanes(UnpackedSuper& s) {
+  UnpackedSuper t = s;
+  for (int e = 0; e < kSuper; ++e)
+    t.u[code_position(e, CodeOrder::kBlockLanes)] = s.u[code_position(e, CodeOrder::kBlock)];
+  for (int g = 0; g < kGroups; ++g) {
+    t.a[g] = g < 8 ? s.a[2 * kLaneBlock[g]] : 0.0f;
+    t.b[g] = g < 8 ? s.b[2 * kLaneBlock[g]] : 0.0f;
+  }
+  s = t;
+}
+
+void to_block_lanes(ActSuper& s) {
+  ActSuper t = s;
+  for (int e = 0; e < kSuper; ++e) {
+    t.q[code_position(e, CodeOrder::kBlockLanes)] = s.q[code_position(e, CodeOrder::kBlock)];
+    t.qb[code_position(e, CodeOrder::kBlockLanes)] = s.qb[code_position(e, CodeOrder::kBlock)];
+  }
+  for (int g = 0; g < kGroups; ++g) {
+    const int j = g < 8 ? kLaneBlock[g] : 0;
+    const int32_t sum = g < 8 ? -(s.offset_sums[0][2 * j] + s.offset_sums[0][2 * j + 1]) / 8 : 0;
+    t.d[g] = g < 8 ? s.d[2 * j] : 0.0f;
+    t.bs[g] = static_cast<float>(sum) * t.d[g];
+    for (int f = 0; f < 3; ++f) t.offset_sums[f][g] = -(sum * (8 << (2 * f)));
+  }
+  s = t;
+}
+
+// The per-32 activation supers of a row of k elements in the target's order: all of them, or with per_super
+// only a partial last one.
+void legacy_act_to_target(const QuantKernels& qk, int64_t k, bool per_super, std::vector<ActSuper>& a) {
+  if (!qk.block_lanes) return;
+  for (int64_t i = per_super ? k / kSuper : 0; i < super_count(k); ++i)
+    to_block_lanes(a[static_cast<size_t>(i)]);
+}
+
 TEST(Kernels, UnpackAndActivationQuantizationAreBitIdenticalOnEveryTarget) {
   const QuantKernels& ref = quant_kernels(Target::kScalar);
   for (Target target : runnable_targets()) {
@@ -99,6 +142,8 @@ TEST(Kernels, UnpackAndActivationQuantizationAreBitIdenticalOnEveryTarget) {
           std::memset(static_cast<void*>(a.data()), 0xAB, ns * sizeof(UnpackedSuper));
           ref.unpack_row(t, false, m.view.row(o), k, qk.signed_q8, a.data());
           qk.unpack_row(t, false, m.view.row(o), k, qk.signed_q8, b.data());
+          if (qk.block_lanes && is_legacy(t))
+            for (UnpackedSuper& us : a) to_block_lanes(us);
           EXPECT_EQ(0, std::memcmp(a.data(), b.data(), ns * sizeof(UnpackedSuper)));
         }
         const auto x = make_activations(2, k, 9);
@@ -107,6 +152,7 @@ TEST(Kernels, UnpackAndActivationQuantizationAreBitIdenticalOnEveryTarget) {
           if (per_super && k % 256 != 0) continue;
           ref.quantize_row(x.data() + 1, k, per_super, xa.data());
           qk.quantize_row(x.data() + 1, k, per_super, xb.data());
+          legacy_act_to_target(qk, k, per_super, xa);
           EXPECT_EQ(0, std::memcmp(xa.data(), xb.data(), ns * sizeof(ActSuper)));
         }
       }
@@ -140,15 +186,16 @@ TEST(Kernels, CodesSitAtTheirDocumentedPositions) {
     for (int64_t e = 0; e < k; ++e) {
       const UnpackedSuper& ws = w[static_cast<size_t>(e / kSuper)];
       const int i = static_cast<int>(e % kSuper), code = static_cast<int>(x[static_cast<size_t>(e)]);
-      const int pb = interleaved_position(i, true), pg = interleaved_position(i, false);
+      const CodeOrder legacy = qk.block_lanes ? CodeOrder::kBlockLanes : CodeOrder::kBlock;
+      const int pb = code_position(i, legacy), pg = code_position(i, CodeOrder::kGroup);
       ASSERT_EQ(ws.u[pb], static_cast<uint8_t>(qk.signed_q8 ? code : code + 128)) << e;
-      ASSERT_EQ(ws.a[lane_group(i, true)], 1.0f) << e;
+      ASSERT_EQ(ws.a[code_group(i, legacy)], 1.0f) << e;
       ASSERT_EQ(a[static_cast<size_t>(e / kSuper)].q[pb], code) << e;
       ASSERT_EQ(a[static_cast<size_t>(e / kSuper)].qb[pb], code + 128) << e;  // biased codes
       ASSERT_EQ(b[static_cast<size_t>(e / kSuper)].q[pg], -code) << e;
       ASSERT_EQ(b[static_cast<size_t>(e / kSuper)].qb[pg], 128 - code) << e;
-      block_sums[e / kSuper][lane_group(i, true)] += code;
-      group_sums[e / kSuper][lane_group(i, false)] -= code;
+      block_sums[e / kSuper][code_group(i, legacy)] += code;
+      group_sums[e / kSuper][code_group(i, CodeOrder::kGroup)] -= code;
     }
     for (int s = 0; s < 2; ++s)
       for (int g = 0; g < kGroups; ++g) {
@@ -286,11 +333,14 @@ TEST(Kernels, DotRowsMatchScalarAndDoNotDependOnTheWindow) {
                      " k=" + std::to_string(k));
         const QuantKernels& qk = quant_kernels(target);
         const bool signed_codes = t == DType::Q8_0 && qk.signed_q8;
+        std::vector<ActSuper> own = act;  // the activations in this target's order
+        if (qk.block_lanes && is_legacy(t))
+          for (ActSuper& as : own) to_block_lanes(as);
         for (int64_t o = 0; o < kOut; ++o) {
           qk.unpack_row(t, false, m.view.row(o), k, signed_codes, buf.data());
           std::vector<float> alone(static_cast<size_t>(kRows));
           for (int64_t r = 0; r < kRows; ++r)
-            qk.dot_rows(buf.data(), ns, act.data() + r * ns, ns, 1, t, signed_codes, &alone[r], 1);
+            qk.dot_rows(buf.data(), ns, own.data() + r * ns, ns, 1, t, signed_codes, &alone[r], 1);
           // NEON with and without the dot-product extension compute the same integers, then the same float
           // operations (runnable_targets lists kNEON before kNEONDot).
           for (int64_t r = 0; r < kRows; ++r) {
@@ -309,7 +359,7 @@ TEST(Kernels, DotRowsMatchScalarAndDoNotDependOnTheWindow) {
           }
           for (int64_t rows = 2; rows <= kRows; ++rows) {
             std::vector<float> got(static_cast<size_t>(rows));
-            qk.dot_rows(buf.data(), ns, act.data(), ns, rows, t, signed_codes, got.data(), 1);
+            qk.dot_rows(buf.data(), ns, own.data(), ns, rows, t, signed_codes, got.data(), 1);
             EXPECT_EQ(0, std::memcmp(got.data(), alone.data(), got.size() * sizeof(float)))
                 << "rows=" << rows;
           }
@@ -478,6 +528,7 @@ TEST(Kernels, ActivationQuantizationEdgeCasesAreBitIdenticalOnEveryTarget) {
       // The per-super form covers whole supers only; the partial last super takes per-32 scales.
       ref.quantize_row(x.data(), k, per_super, a.data());
       qk.quantize_row(x.data(), k, per_super, b.data());
+      legacy_act_to_target(qk, k, per_super, a);
       EXPECT_EQ(0, std::memcmp(a.data(), b.data(), ns * sizeof(ActSuper)));
     }
   }

@@ -72,8 +72,28 @@ inline void interleave_groups(uint8_t* codes) {
   out[2] = _mm256_unpackhi_epi64(x02, x13);
 }
 
-// Element order to block order: vector 2q + h (32 bytes) holds quarter q of blocks 4h..4h+3. Loaded before
-// stored, in 16-byte pieces that each lie inside one earlier store.
+// Block order to block lanes (quant_layout.h), in registers: vectors 2q and 2q + 1 of block order hold
+// quarter q (8 bytes a block) of blocks 0..3 and 4..7; their even 32-bit lanes are the first 4 bytes of each
+// block's quarter, the odd ones the last 4, and one shuffle per output picks them into lanes of blocks 0, 1,
+// 4, 5 | 2, 3, 6, 7 (kLaneBlock).
+[[gnu::always_inline]] inline void lanes_from_pair(__m256i lo, __m256i hi, __m256i& even, __m256i& odd) {
+  const __m256 a = _mm256_castsi256_ps(lo), b = _mm256_castsi256_ps(hi);
+  even = _mm256_castps_si256(_mm256_shuffle_ps(a, b, 0x88));
+  odd = _mm256_castps_si256(_mm256_shuffle_ps(a, b, 0xDD));
+}
+
+[[gnu::always_inline]] inline void block_lanes(__m256i* u) {
+  for (int q = 0; q < 4; ++q) lanes_from_pair(u[2 * q], u[2 * q + 1], u[2 * q], u[2 * q + 1]);
+}
+
+// The per-block scales of block order (blocks 0..3 in a0, 4..7 in a1, each repeated for its two groups) in
+// block lanes.
+[[gnu::always_inline]] inline __m256 lane_scales(__m256 a0, __m256 a1) {
+  return _mm256_shuffle_ps(a0, a1, 0x88);
+}
+
+// Element order to block lanes: block order first (vector 2q + h holds quarter q of blocks 4h..4h+3), then
+// block_lanes. Loaded before stored, in 16-byte pieces that each lie inside one earlier store.
 inline void interleave_blocks(uint8_t* codes) {
   __m256i v[8];
   for (int h = 0; h < 2; ++h) {
@@ -81,13 +101,18 @@ inline void interleave_blocks(uint8_t* codes) {
     block_quarters(load_pair(c, c + 64), load_pair(c + 32, c + 96), v + h);
     block_quarters(load_pair(c + 16, c + 80), load_pair(c + 48, c + 112), v + 4 + h);
   }
+  block_lanes(v);
   for (int i = 0; i < 8; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 32 * i), v[i]);
 }
 
+constexpr bool kBlockLanes = true;  // the legacy types in block lanes (quant_layout.h)
+
 #include "tandem/kernels/quant_unpack.inc"
 
-// One super-block held in registers in the unpacked form: vector 2q + h holds quarter q of groups 8h..8h+7
-// (UnpackedSuper::u); a[h], b[h] the scales and offsets of groups 8h..8h+7.
+// One super-block held in registers in the unpacked form: in group order vector 2q + h holds quarter q of
+// groups 8h..8h+7 (UnpackedSuper::u) and a[h], b[h] the scales and offsets of groups 8h..8h+7; in block lanes
+// (the legacy types) vector v holds elements 4v..4v+3 of each lane's block, a[0], b[0] their scales and
+// offsets, and a[1], b[1] are zero.
 struct SuperRegs {
   __m256i u[8];
   __m256 a[2], b[2];
@@ -132,13 +157,23 @@ template <int64_t kB, int64_t kQs>
   }
 }
 
-// Q4_0 (8 blocks from sb) in block order; b = -8a.
+// A legacy super-block decoded in block order (codes, and scales and offsets per group) into block lanes.
+[[gnu::always_inline]] inline void to_block_lanes(SuperRegs& s) {
+  block_lanes(s.u);
+  s.a[0] = lane_scales(s.a[0], s.a[1]);
+  s.b[0] = lane_scales(s.b[0], s.b[1]);
+  s.a[1] = s.b[1] = _mm256_setzero_ps();
+}
+
+// Q4_0 (8 blocks from sb) in block lanes; b = -8a.
 [[gnu::always_inline]] inline void load_q4_0_super(const uint8_t* sb, SuperRegs& s) {
   legacy_nibbles<kQ4_0Block, offsetof(BlockQ4_0, qs)>(sb, s.u);
-  block_halves8<kQ4_0Block>(sb, s.a);
-  const __m256 m8 = _mm256_set1_ps(-8.0f);
-  s.b[0] = _mm256_mul_ps(m8, s.a[0]);
-  s.b[1] = _mm256_mul_ps(m8, s.a[1]);
+  block_lanes(s.u);
+  __m256 a[2];
+  block_halves8<kQ4_0Block>(sb, a);
+  s.a[0] = lane_scales(a[0], a[1]);
+  s.b[0] = _mm256_mul_ps(_mm256_set1_ps(-8.0f), s.a[0]);
+  s.a[1] = s.b[1] = _mm256_setzero_ps();
 }
 
 // Adds 16 to the codes whose fifth bit is set (Q5_0, Q5_1): in vector 2q + h, byte i of qword k is element 8q
@@ -169,8 +204,8 @@ template <int64_t kB, int64_t kQh>
   }
 }
 
-// Q4_1, Q5_0 and Q5_1 (8 blocks from sb) in block order: 4-bit codes, plus the fifth bits for Q5_*;
-// a = d, b = m (Q4_1, Q5_1) or -16 * d (Q5_0), as unpack_row_impl.
+// Q4_1, Q5_0 and Q5_1 (8 blocks from sb) in block lanes: 4-bit codes, plus the fifth bits for Q5_*; a = d,
+// b = m (Q4_1, Q5_1) or -16 * d (Q5_0), as unpack_row_impl.
 template <typename Block, bool kMin, bool kFifth>
 [[gnu::always_inline]] inline void load_legacy_super(const uint8_t* sb, SuperRegs& s) {
   constexpr int64_t kB = sizeof(Block);
@@ -184,10 +219,11 @@ template <typename Block, bool kMin, bool kFifth>
     s.b[0] = _mm256_mul_ps(m16, s.a[0]);
     s.b[1] = _mm256_mul_ps(m16, s.a[1]);
   }
+  to_block_lanes(s);
 }
 
-// Q8_0 with signed codes (8 blocks from sb) in block order: quarter q holds bytes 8q..8q+7 of each block;
-// b = 0.
+// Q8_0 with signed codes (8 blocks from sb) in block lanes (from block order: quarter q holds bytes
+// 8q..8q+7 of each block); b = 0.
 [[gnu::always_inline]] inline void load_q8_0_super(const uint8_t* sb, SuperRegs& s) {
   const auto qs = [sb](int j) { return sb + j * kQ8_0Block + 2; };
   for (int h = 0; h < 2; ++h) {
@@ -196,39 +232,45 @@ template <typename Block, bool kMin, bool kFifth>
     block_quarters(load_pair(qs(j) + 16, qs(j + 2) + 16), load_pair(qs(j + 1) + 16, qs(j + 3) + 16),
                    s.u + 4 + h);
   }
-  block_halves8<kQ8_0Block>(sb, s.a);
-  s.b[0] = s.b[1] = _mm256_setzero_ps();
+  block_lanes(s.u);
+  __m256 a[2];
+  block_halves8<kQ8_0Block>(sb, a);
+  s.a[0] = lane_scales(a[0], a[1]);
+  s.a[1] = s.b[0] = s.b[1] = _mm256_setzero_ps();
 }
 
-// The repacked forms (repack.h): the 8 scales side by side at the head, each repeated for its two groups.
+// The repacked forms (repack.h): the 8 scales side by side at the head, in block lanes.
 [[gnu::always_inline]] inline void interleaved_scales8(const uint8_t* sb, SuperRegs& s) {
   const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb)));
-  s.a[0] = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-  s.a[1] = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
+  s.a[0] = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+  s.a[1] = _mm256_setzero_ps();
 }
 
 [[gnu::always_inline]] inline __m256i load32(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
-// Repacked Q4_0: code bytes 0..7 of the 8 blocks (64 bytes), then bytes 8..15; their low nibbles are quarters
-// 0 and 1, the high ones quarters 2 and 3.
+// Repacked Q4_0: code bytes 0..7 of the 8 blocks (blocks 0..3, then 4..7), then bytes 8..15. One shuffle
+// per vector pair puts byte runs 0..3, 4..7, 8..11 and 12..15 of each lane's block side by side; their low
+// nibbles are elements 4v..4v+3 (v < 4), the high ones 16 on.
 [[gnu::always_inline]] inline void load_q4_0x_super(const uint8_t* sb, SuperRegs& s) {
   const __m256i nib = _mm256_set1_epi8(0x0F);
+  __m256i y[4];
+  lanes_from_pair(load32(sb + 16), load32(sb + 48), y[0], y[1]);
+  lanes_from_pair(load32(sb + 80), load32(sb + 112), y[2], y[3]);
   for (int v = 0; v < 4; ++v) {
-    const __m256i x = load32(sb + 16 + 32 * v);
-    s.u[v] = _mm256_and_si256(x, nib);
-    s.u[4 + v] = _mm256_and_si256(_mm256_srli_epi16(x, 4), nib);
+    s.u[v] = _mm256_and_si256(y[v], nib);
+    s.u[4 + v] = _mm256_and_si256(_mm256_srli_epi16(y[v], 4), nib);
   }
   interleaved_scales8(sb, s);
-  const __m256 m8 = _mm256_set1_ps(-8.0f);
-  s.b[0] = _mm256_mul_ps(m8, s.a[0]);
-  s.b[1] = _mm256_mul_ps(m8, s.a[1]);
+  s.b[0] = _mm256_mul_ps(_mm256_set1_ps(-8.0f), s.a[0]);
+  s.b[1] = _mm256_setzero_ps();
 }
 
-// Repacked Q8_0 with signed codes: the quarters as they are.
+// Repacked Q8_0 with signed codes: the quarters (block order) into block lanes.
 [[gnu::always_inline]] inline void load_q8_0x_super(const uint8_t* sb, SuperRegs& s) {
   for (int v = 0; v < 8; ++v) s.u[v] = load32(sb + 16 + 32 * v);
+  block_lanes(s.u);
   interleaved_scales8(sb, s);
   s.b[0] = s.b[1] = _mm256_setzero_ps();
 }
@@ -349,7 +391,7 @@ void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
     for (int i = 0; i < 4; ++i) c[i] = round_away8(_mm256_mul_ps(v[i], id));
     int32_t sum0, sum1;
     store_codes32(s, e0, c, true, sum0, sum1);
-    set_block(s, e0, half_to_float(f32_to_fp16(d)), sum0, sum1);
+    set_legacy_block(s, e0, half_to_float(f32_to_fp16(d)), sum0, sum1);
     if (j % 8 == 7) interleave_blocks(reinterpret_cast<uint8_t*>(s.q));
   }
   if (nb % 8 != 0) finish_partial_super(out[nb / 8], static_cast<int>(nb % 8) * 32);
@@ -360,10 +402,82 @@ void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
 // group (Q4_0: -8, Q6_K: -32), so it is folded into the integer sums (minus 2^kFold times the activation code
 // sums, exact) and the offset term vanishes. kNoOffset: signed Q8_0 codes, whose offset is zero. 0: b times
 // the scaled code sums, accumulated apart.
-constexpr int kNoOffset = -1;
+// The legacy types are in block lanes: Q4_0 (fold 3) and signed Q8_0 (kNoOffset) as above; kLanes4 (Q4_1)
+// and kLanes5 (Q5_0, Q5_1) with the offset term, their codes below 16 and 32; kLanes8 (Q8_0 stored unsigned,
+// which these kernels never take: vpmaddubsw would saturate) likewise, vector by vector.
+constexpr int kNoOffset = -1, kLanes4 = -2, kLanes5 = -3, kLanes8 = -4;
 
 constexpr int fold_of(DType type, bool signed_codes) {
-  return signed_codes ? kNoOffset : type == DType::Q4_0 ? 3 : type == DType::Q6_K ? 5 : 0;
+  if (type == DType::Q8_0) return signed_codes ? kNoOffset : kLanes8;
+  switch (type) {
+    case DType::Q4_0:
+      return 3;
+    case DType::Q6_K:
+      return 5;
+    case DType::Q4_1:
+      return kLanes4;
+    case DType::Q5_0:
+    case DType::Q5_1:
+      return kLanes5;
+    default:
+      return 0;
+  }
+}
+
+constexpr bool in_block_lanes(int fold) {
+  return fold == 3 || fold == kNoOffset || fold == kLanes4 || fold == kLanes5 || fold == kLanes8;
+}
+
+// The per-row work of a legacy super-block in block lanes (quant_layout.h): lane L of all eight vectors
+// holds one block, so its integer sum is complete after the vectors are added (in 16 bits where codes below
+// 16 allow all eight: 8 * 2 * 15 * 127 = 30480; four at a time below 32), and each row takes one convert,
+// one scale product and one FMA per super-block (two per half in group order). The tiles take vectors 0, 1,
+// 4 and 5 for all their rows, then 2, 3, 6 and 7 (a repacked Q4_0 super-block decodes them from two pairs of
+// its code vectors), so that fewer weight vectors need registers beside each row's accumulator and partial
+// sum; the integer sums do not depend on the split. Against group order: synthetic TinyLlama Q4_0 decode
+// 1.03-1.09x faster (5 of 6 alternating pairs in each of two sets), cost(4) / cost(5) 1.72-1.90 / 2.15-2.40
+// against 1.90-2.00 / 2.30-2.46 (three pairs); windows of 4 to 64 rows in cache 0.86-0.95x the time, Q4_1 /
+// Q5_0 / Q5_1 windows 0.84-0.97x.
+//
+// lanes_part: the partial sum of vectors v0, v0 + 1, v0 + 4 and v0 + 5 (16-bit for codes below 16).
+template <int kFold>
+[[gnu::always_inline]] inline __m256i lanes_part(const __m256i* u, int v0, const ActSuper& X) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const auto xq = [&X](int v) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(X.q + 32 * v)); };
+  const auto m = [&](int v) { return _mm256_maddubs_epi16(u[v], xq(v)); };
+  if constexpr (kFold == 3 || kFold == kLanes4 || kFold == kLanes5) {
+    const __m256i quad =
+        _mm256_add_epi16(_mm256_add_epi16(m(v0), m(v0 + 1)), _mm256_add_epi16(m(v0 + 4), m(v0 + 5)));
+    return kFold == kLanes5 ? _mm256_madd_epi16(quad, ones) : quad;
+  } else {
+    __m256i sum = _mm256_setzero_si256();
+    for (int v : {v0, v0 + 1, v0 + 4, v0 + 5}) {
+      __m256i x = xq(v), w = u[v];
+      if constexpr (kFold == kNoOffset) {
+        x = _mm256_sign_epi8(x, w);
+        w = _mm256_sign_epi8(w, w);  // |w|, 128 for -128: vpmaddubsw reads it unsigned
+      }
+      sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+    }
+    return sum;
+  }
+}
+
+// The row's super-block from its two partial sums: the block sums, then the float work.
+template <int kFold>
+[[gnu::always_inline]] inline void lanes_finish(__m256i p0, __m256i p1, __m256 a, __m256 b, const ActSuper& X,
+                                                __m256& acc) {
+  __m256i sum;
+  if constexpr (kFold == 3 || kFold == kLanes4) {
+    sum = _mm256_madd_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi16(1));
+    if constexpr (kFold == 3)
+      sum = _mm256_add_epi32(sum, _mm256_load_si256(reinterpret_cast<const __m256i*>(X.offset_sums[0])));
+  } else {
+    sum = _mm256_add_epi32(p0, p1);
+  }
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(a, _mm256_load_ps(X.d)), acc);
+  if constexpr (kFold == kLanes4 || kFold == kLanes5 || kFold == kLanes8)
+    acc = _mm256_fmadd_ps(b, _mm256_load_ps(X.bs), acc);
 }
 
 // The per-row work of half h of one super-block (groups 8h..8h+7), shared by the unpacked and the direct
@@ -379,43 +493,47 @@ constexpr int fold_of(DType type, bool signed_codes) {
 template <int kFold>
 [[gnu::always_inline]] inline void accumulate_half(const __m256i* u, int h, __m256 a, __m256 b,
                                                    const ActSuper& X, __m256& acc) {
+  // The K-quants' group order only: fold 0, or Q6_K's fold 5 (the legacy types are in block lanes).
+  static_assert(kFold == 0 || kFold == 5);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i sum = kFold > 0 ? _mm256_load_si256(reinterpret_cast<const __m256i*>(
                                 X.offset_sums[fold_index(kFold > 0 ? kFold : 3)] + 8 * h))
                           : _mm256_setzero_si256();
-  const auto xq = [&X](int v) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(X.q + 32 * v)); };
-  if (kFold == 3) {
-    // Codes below 16: a 16-bit lane of vpmaddubsw is at most 2 * 15 * 127, so the four quarters of a group
-    // add up exactly in 16 bits before one vpmaddwd.
-    const __m256i p = _mm256_add_epi16(
-        _mm256_add_epi16(_mm256_maddubs_epi16(u[h], xq(h)), _mm256_maddubs_epi16(u[2 + h], xq(2 + h))),
-        _mm256_add_epi16(_mm256_maddubs_epi16(u[4 + h], xq(4 + h)),
-                         _mm256_maddubs_epi16(u[6 + h], xq(6 + h))));
-    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones));
-  } else {
-    for (int q = 0; q < 4; ++q) {
-      __m256i x = xq(2 * q + h), w = u[2 * q + h];
-      if (kFold == kNoOffset) {
-        x = _mm256_sign_epi8(x, w);
-        w = _mm256_sign_epi8(w, w);  // |w|, 128 for -128: vpmaddubsw reads it unsigned
-      }
-      sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
-    }
+  for (int q = 0; q < 4; ++q) {
+    const __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(X.q + 32 * (2 * q + h)));
+    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(u[2 * q + h], x), ones));
   }
   acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(a, _mm256_load_ps(X.d + 8 * h)), acc);
   if (kFold == 0) acc = _mm256_fmadd_ps(b, _mm256_load_ps(X.bs + 8 * h), acc);
 }
 
-// One super-block of NR activation rows against one weight super-block in registers, half by half.
+// One super-block of NR activation rows against one weight super-block in registers: in block lanes in two
+// passes of four vectors, in group order half by half.
 template <int NR, int kFold>
 [[gnu::always_inline]] inline void accumulate_rows(const __m256i* u, const __m256* a, const __m256* b,
                                                    const ActSuper* x, int64_t x_stride, __m256* acc) {
-  // Both loops unrolled: as a loop over h, GCC kept the weight vectors on the stack and indexed
-  // them (Q6_K windows of 6 / 8 / 64 rows took 1.3-1.5x the time).
-#pragma GCC unroll 2
-  for (int h = 0; h < 2; ++h)
+  if constexpr (in_block_lanes(kFold)) {
+    __m256i part[NR];
 #pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) accumulate_half<kFold>(u, h, a[h], b[h], x[r * x_stride], acc[r]);
+    for (int r = 0; r < NR; ++r) {
+      part[r] = lanes_part<kFold>(u, 0, x[r * x_stride]);
+      // Opaque to the optimizer: otherwise GCC reassociates each row's sums into one and computes all the
+      // products of all rows first, spilling them (Q4_0 4-row windows 1.3x the time).
+      __asm__("" : "+x"(part[r]));
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) {
+      const ActSuper& X = x[r * x_stride];
+      lanes_finish<kFold>(part[r], lanes_part<kFold>(u, 2, X), a[0], b[0], X, acc[r]);
+    }
+  } else {
+    // Both loops unrolled: as a loop over h, GCC kept the weight vectors on the stack and indexed
+    // them (Q6_K windows of 6 / 8 / 64 rows took 1.3-1.5x the time).
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; ++r) accumulate_half<kFold>(u, h, a[h], b[h], x[r * x_stride], acc[r]);
+  }
 }
 
 [[gnu::always_inline]] inline float finish_row(__m256 v) {
@@ -578,6 +696,12 @@ void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_
       return dot_rows_t<fold_of(DType::Q4_0, false)>(w, n_super, x, x_stride, n_rows, y, y_stride);
     case fold_of(DType::Q6_K, false):
       return dot_rows_t<fold_of(DType::Q6_K, false)>(w, n_super, x, x_stride, n_rows, y, y_stride);
+    case kLanes4:
+      return dot_rows_t<kLanes4>(w, n_super, x, x_stride, n_rows, y, y_stride);
+    case kLanes5:
+      return dot_rows_t<kLanes5>(w, n_super, x, x_stride, n_rows, y, y_stride);
+    case kLanes8:
+      return dot_rows_t<kLanes8>(w, n_super, x, x_stride, n_rows, y, y_stride);
     default:
       return dot_rows_t<0>(w, n_super, x, x_stride, n_rows, y, y_stride);
   }
@@ -611,6 +735,7 @@ void dot_probe(const uint8_t* u, const int8_t* s, int64_t iterations, uint32_t* 
 
 const QuantKernels& quant_kernels_avx2() {
   static const QuantKernels k{true,
+                              true,
                               avx2_target::unpack_row,
                               avx2_target::quantize_row,
                               avx2_target::dot_rows,

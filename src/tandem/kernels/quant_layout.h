@@ -19,15 +19,23 @@
 //
 // Codes are stored interleaved so that each 4-byte lane of a vector holds four elements that share their
 // scales (weight and activation), and the integer sums of the four quarter vectors add up lane by lane before
-// any float work. Lane L of each quarter belongs to one lane group of 16 elements throughout. Two orders:
+// any float work. Lane L of each quarter belongs to one lane group of 16 elements throughout (32 in block
+// lanes). Three orders:
 //  - group order, for K-quant weights and their per-256 activations (16-element scale groups): position
 //    64 * q + 4 * g + i holds element 16 * g + 4 * q + i (g < 16 the group, q < 4 the quarter, i < 4);
 //  - block order, for the legacy 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and their per-32
 //    activations: position 64 * q + 8 * j + i holds element 32 * j + 8 * q + i (j < 8 the block, q < 4, i <
 //    8), a transpose of 8-byte units. Lane 2j holds elements 32j + {0..3, 8..11, 16..19, 24..27}, lane 2j + 1
 //    the other 16 of block j. This is the order a Q4_0 or Q8_0 block decodes to with the fewest shuffles:
-//    quarter q is byte half q % 2 of each block's codes (Q4_0: low nibbles for q < 2, high ones after).
-// The per-group arrays below (a, b, d, bs, offset_sums) are indexed by lane group in either order.
+//    quarter q is byte half q % 2 of each block's codes (Q4_0: low nibbles for q < 2, high ones after);
+//  - block lanes, the AVX2 target's form of the legacy types and their per-32 activations
+//    (QuantKernels::block_lanes): position 32 * v + 4 * L + i holds element 32 * kLaneBlock[L] + 4 * v + i
+//    (v < 8 the vector, L < 8 the lane, i < 4): each 32-bit lane holds one block throughout, so the eight
+//    vectors' integer sums of a block add up lane by lane (in 16 bits for codes below 32) before one float
+//    scaling per block instead of two. Lane L's block is kLaneBlock[L] = 0, 1, 4, 5, 2, 3, 6, 7: the order
+//    one 32-bit shuffle per vector pair gives from block order. Lane group L is block kLaneBlock[L]; groups 8
+//    to 15 of the arrays are zero.
+// The per-group arrays below (a, b, d, bs, offset_sums) are indexed by lane group in each order.
 #pragma once
 
 #include <cstdint>
@@ -67,16 +75,33 @@ constexpr int fold_index(int fold) {
   return (fold - 3) / 2;
 }
 
-// Position in UnpackedSuper::u and ActSuper::q of element e of a super-block, in block order (legacy types)
-// or group order.
-constexpr int interleaved_position(int e, bool block_order) {
-  return block_order ? 64 * ((e % 32) / 8) + 8 * (e / 32) + e % 8
-                     : 64 * ((e % 16) / 4) + 4 * (e / 16) + e % 4;
+enum class CodeOrder { kGroup, kBlock, kBlockLanes };
+
+// The block of lane L in block lanes (its own inverse: also the lane of block L).
+constexpr int kLaneBlock[8] = {0, 1, 4, 5, 2, 3, 6, 7};
+
+// Position in UnpackedSuper::u and ActSuper::q of element e of a super-block in the given order.
+constexpr int code_position(int e, CodeOrder order) {
+  switch (order) {
+    case CodeOrder::kGroup:
+      return 64 * ((e % 16) / 4) + 4 * (e / 16) + e % 4;
+    case CodeOrder::kBlock:
+      return 64 * ((e % 32) / 8) + 8 * (e / 32) + e % 8;
+    default:
+      return 32 * ((e % 32) / 4) + 4 * kLaneBlock[e / 32] + e % 4;
+  }
 }
 
 // Lane group of element e of a super-block (the index of its scales and sums).
-constexpr int lane_group(int e, bool block_order) {
-  return block_order ? 2 * (e / 32) + (e % 8) / 4 : e / 16;
+constexpr int code_group(int e, CodeOrder order) {
+  switch (order) {
+    case CodeOrder::kGroup:
+      return e / 16;
+    case CodeOrder::kBlock:
+      return 2 * (e / 32) + (e % 8) / 4;
+    default:
+      return kLaneBlock[e / 32];
+  }
 }
 
 inline int64_t super_count(int64_t k) {
@@ -91,10 +116,13 @@ bool per_super_activations(DType t);
 bool is_quantized_weight(DType t);
 
 // One SIMD target's quantized kernels. The unpack and activation quantization give bit-identical results on
-// every target (integer work and exactly rounded scalar float operations); dot results differ between targets
-// only in float summation order, and for one target never depend on how many rows are processed together.
+// every target with the same code orders (integer work and exactly rounded scalar float operations; between
+// block order and block lanes the codes and scales only move, and the per-block sums are the same integers);
+// dot results differ between targets only in float summation order, and for one target never depend on how
+// many rows are processed together.
 struct QuantKernels {
-  bool signed_q8;  // Q8_0 codes stay signed (see UnpackedSuper)
+  bool signed_q8;    // Q8_0 codes stay signed (see UnpackedSuper)
+  bool block_lanes;  // the legacy types and per-32 activations in block lanes, not block order
   // Unpacks one weight row of k elements (k a multiple of the type's block size) into super_count(k) supers;
   // the tail of the last super is zero.
   // interleaved: the row is in the repacked form of repack.h (Q4_0, Q8_0, Q4_K, Q6_K).

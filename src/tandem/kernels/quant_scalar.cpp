@@ -18,6 +18,7 @@ inline float half_to_float(uint16_t h) {
 }
 
 #include "tandem/kernels/quant_plain_helpers.inc"
+constexpr bool kBlockLanes = false;  // the legacy types in block order (quant_layout.h)
 #include "tandem/kernels/quant_unpack.inc"
 
 float dot_one(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, bool signed_codes) {
@@ -83,6 +84,7 @@ void dot_probe(const uint8_t* u, const int8_t* s, int64_t iterations, uint32_t* 
 
 const QuantKernels& quant_kernels_scalar() {
   static const QuantKernels k{false,
+                              false,
                               scalar_target::unpack_row_impl,
                               scalar_target::quantize_row_impl,
                               scalar_target::dot_rows,
