@@ -1,7 +1,8 @@
 // Quantized dot products on AVX2: vpmaddubsw multiplies unsigned weight codes (at most 127, so pairs never
 // saturate) by signed activation codes and vpmaddwd sums pairs into 32-bit lanes. Q8_0 codes stay signed and
 // use the sign trick |w| * sign(x, w). Up to 4 activation rows share each unpacked weight vector, up to 8
-// each directly decoded one.
+// each directly decoded one. The legacy types and their activations are in block lanes (quant_layout.h), the
+// K-quants in group order.
 //
 // Every helper that takes, fills or returns vectors is always inlined (here and in quant_kquants_avx2.inc):
 // GCC 12 left the per-row work, the Q6_K and Q8_0 loaders and others as calls from the tiles, passing the
@@ -480,10 +481,10 @@ template <int kFold>
     acc = _mm256_fmadd_ps(b, _mm256_load_ps(X.bs), acc);
 }
 
-// The per-row work of half h of one super-block (groups 8h..8h+7), shared by the unpacked and the direct
-// kernels so that both compute the same bits, whatever number of rows runs beside it. Vector v holds quarter
-// v / 2 of groups 8 * (v % 2)..+7, one group per 32-bit lane: half h reads u[h], u[2 + h], u[4 + h] and
-// u[6 + h]. The tiles take half 0 for all their rows, then half 1, so that only one half's weight vectors
+// The per-row work of half h of one K-quant super-block (groups 8h..8h+7), shared by the unpacked and the
+// direct kernels so that both compute the same bits, whatever number of rows runs beside it. Vector v holds
+// quarter v / 2 of groups 8 * (v % 2)..+7, one group per 32-bit lane: half h reads u[h], u[2 + h], u[4 + h]
+// and u[6 + h]. The tiles take half 0 for all their rows, then half 1, so that only one half's weight vectors
 // need registers beside the rows' accumulators (all halves at once left 4-row tiles spilling their
 // accumulators to the stack); each accumulator still takes its terms in the order h = 0, 1.
 //
