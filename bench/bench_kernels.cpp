@@ -234,41 +234,50 @@ void BM_VnniPeak(benchmark::State& state) {
   state.SetLabel("items = vpdpbusd zmm");
 }
 BENCHMARK(BM_VnniPeak);
-// The AVX2 form of RowWorkFloor: per 256 weights and activation row, as the Q4_0 window tiles do it, eight
-// vpmaddubsw, six 16-bit adds, two vpmaddwd, the offset sums, two converts, scale multiplies and FMAs, for NR
-// rows sharing one super-block's 8 weight vectors held in registers. Items = rows x super-blocks.
+// The AVX2 form of RowWorkFloor: per 256 weights and activation row, as the Q4_0 window tiles do it in block
+// lanes (quant_layout.h), eight vpmaddubsw, seven 16-bit adds, one vpmaddwd, the offset sums, one convert,
+// scale multiply and FMA, in two passes of four vectors, for NR rows sharing one super-block's 8 weight
+// vectors held in registers. Items = rows x super-blocks.
 #define XQ(v) _mm256_load_si256(reinterpret_cast<const __m256i*>(x + 32 * (v)))
+// Vectors v0, v0 + 1, v0 + 4 and v0 + 5 of row x (a macro: a lambda would not take the function's target).
+#define QUAD(v0)                                                                                          \
+  _mm256_add_epi16(                                                                                       \
+      _mm256_add_epi16(_mm256_maddubs_epi16(u[v0], XQ(v0)), _mm256_maddubs_epi16(u[v0 + 1], XQ(v0 + 1))), \
+      _mm256_add_epi16(_mm256_maddubs_epi16(u[v0 + 4], XQ(v0 + 4)),                                       \
+                       _mm256_maddubs_epi16(u[v0 + 5], XQ(v0 + 5))))
 template <int NR>
 __attribute__((target("avx2,fma"))) void row_work_avx2(int64_t n, const uint8_t* act, float* out) {
   __m256 acc[NR];
   for (int r = 0; r < NR; ++r) acc[r] = _mm256_setzero_ps();
   __m256i u[8];
   for (int v = 0; v < 8; ++v) u[v] = _mm256_set1_epi8(static_cast<char>(v + 1));
-  __m256 a[2] = {_mm256_set1_ps(0.5f), _mm256_set1_ps(0.25f)};
+  __m256 a = _mm256_set1_ps(0.5f);
   const __m256i ones = _mm256_set1_epi16(1);
+
   for (int64_t i = 0; i < n; ++i) {
     __asm__ volatile("" : "+x"(u[0]), "+x"(u[1]), "+x"(u[2]), "+x"(u[3]), "+r"(act));
-    __asm__ volatile("" : "+x"(u[4]), "+x"(u[5]), "+x"(u[6]), "+x"(u[7]), "+x"(a[0]), "+x"(a[1]));
-    for (int h = 0; h < 2; ++h)
-      for (int r = 0; r < NR; ++r) {
-        const uint8_t* x = act + 384 * r;
-        const __m256i p = _mm256_add_epi16(
-            _mm256_add_epi16(_mm256_maddubs_epi16(u[h], XQ(h)), _mm256_maddubs_epi16(u[2 + h], XQ(2 + h))),
-            _mm256_add_epi16(_mm256_maddubs_epi16(u[4 + h], XQ(4 + h)),
-                             _mm256_maddubs_epi16(u[6 + h], XQ(6 + h))));
-        const __m256i sum =
-            _mm256_add_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(x + 320 + 32 * h)),
-                             _mm256_madd_epi16(p, ones));
-        acc[r] = _mm256_fmadd_ps(
-            _mm256_cvtepi32_ps(sum),
-            _mm256_mul_ps(a[h], _mm256_load_ps(reinterpret_cast<const float*>(x + 256 + 32 * h))), acc[r]);
-      }
+    __asm__ volatile("" : "+x"(u[4]), "+x"(u[5]), "+x"(u[6]), "+x"(u[7]), "+x"(a));
+    __m256i part[NR];
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* x = act + 384 * r;
+      part[r] = QUAD(0);
+      __asm__("" : "+x"(part[r]));
+    }
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* x = act + 384 * r;
+      const __m256i sum = _mm256_add_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(x + 320)),
+                                           _mm256_madd_epi16(_mm256_add_epi16(part[r], QUAD(2)), ones));
+      acc[r] =
+          _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
+                          _mm256_mul_ps(a, _mm256_load_ps(reinterpret_cast<const float*>(x + 256))), acc[r]);
+    }
   }
   for (int r = 1; r < NR; ++r) acc[0] = _mm256_add_ps(acc[0], acc[r]);
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, acc[0]);
   *out = lanes[0];
 }
+#undef QUAD
 #undef XQ
 
 template <int NR>
