@@ -253,7 +253,6 @@ __attribute__((target("avx2,fma"))) void row_work_avx2(int64_t n, const uint8_t*
   for (int v = 0; v < 8; ++v) u[v] = _mm256_set1_epi8(static_cast<char>(v + 1));
   __m256 a = _mm256_set1_ps(0.5f);
   const __m256i ones = _mm256_set1_epi16(1);
-
   for (int64_t i = 0; i < n; ++i) {
     __asm__ volatile("" : "+x"(u[0]), "+x"(u[1]), "+x"(u[2]), "+x"(u[3]), "+r"(act));
     __asm__ volatile("" : "+x"(u[4]), "+x"(u[5]), "+x"(u[6]), "+x"(u[7]), "+x"(a));

@@ -87,10 +87,9 @@ inline void interleave_groups(uint8_t* codes) {
   for (int q = 0; q < 4; ++q) lanes_from_pair(u[2 * q], u[2 * q + 1], u[2 * q], u[2 * q + 1]);
 }
 
-// The per-block scales of block order (blocks 0..3 in a0, 4..7 in a1, each repeated for its two groups) in
-// block lanes.
-[[gnu::always_inline]] inline __m256 lane_scales(__m256 a0, __m256 a1) {
-  return _mm256_shuffle_ps(a0, a1, 0x88);
+// Eight per-block floats (block j in element j) in block lanes: lane L takes block kLaneBlock[L].
+[[gnu::always_inline]] inline __m256 lane_order(__m256 d) {
+  return _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
 }
 
 // Element order to block lanes: block order first (vector 2q + h holds quarter q of blocks 4h..4h+3), then
@@ -119,11 +118,10 @@ struct SuperRegs {
   __m256 a[2], b[2];
 };
 
-// The f16 words at the start of 8 legacy blocks of kBlock bytes from p, as floats, each repeated for its
-// block's two groups (groups 0..7 in out[0], 8..15 in out[1]). Inserted word by word: storing them to a
-// buffer and loading it as one vector would stall on store forwarding.
+// The f16 words at the start of 8 legacy blocks of kBlock bytes from p, as floats in block lanes. Inserted
+// word by word: storing them to a buffer and loading it as one vector would stall on store forwarding.
 template <int64_t kBlock>
-[[gnu::always_inline]] inline void block_halves8(const uint8_t* p, __m256* out) {
+[[gnu::always_inline]] inline __m256 block_scales8(const uint8_t* p) {
   const auto half = [p](int j) {
     uint16_t h;
     std::memcpy(&h, p + j * kBlock, 2);
@@ -137,9 +135,7 @@ template <int64_t kBlock>
   h = _mm_insert_epi16(h, half(5), 5);
   h = _mm_insert_epi16(h, half(6), 6);
   h = _mm_insert_epi16(h, half(7), 7);
-  const __m256 d = _mm256_cvtph_ps(h);
-  out[0] = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-  out[1] = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
+  return lane_order(_mm256_cvtph_ps(h));
 }
 
 constexpr int64_t kQ4_0Block = sizeof(BlockQ4_0), kQ8_0Block = sizeof(BlockQ8_0);
@@ -158,21 +154,11 @@ template <int64_t kB, int64_t kQs>
   }
 }
 
-// A legacy super-block decoded in block order (codes, and scales and offsets per group) into block lanes.
-[[gnu::always_inline]] inline void to_block_lanes(SuperRegs& s) {
-  block_lanes(s.u);
-  s.a[0] = lane_scales(s.a[0], s.a[1]);
-  s.b[0] = lane_scales(s.b[0], s.b[1]);
-  s.a[1] = s.b[1] = _mm256_setzero_ps();
-}
-
 // Q4_0 (8 blocks from sb) in block lanes; b = -8a.
 [[gnu::always_inline]] inline void load_q4_0_super(const uint8_t* sb, SuperRegs& s) {
   legacy_nibbles<kQ4_0Block, offsetof(BlockQ4_0, qs)>(sb, s.u);
   block_lanes(s.u);
-  __m256 a[2];
-  block_halves8<kQ4_0Block>(sb, a);
-  s.a[0] = lane_scales(a[0], a[1]);
+  s.a[0] = block_scales8<kQ4_0Block>(sb);
   s.b[0] = _mm256_mul_ps(_mm256_set1_ps(-8.0f), s.a[0]);
   s.a[1] = s.b[1] = _mm256_setzero_ps();
 }
@@ -212,15 +198,14 @@ template <typename Block, bool kMin, bool kFifth>
   constexpr int64_t kB = sizeof(Block);
   legacy_nibbles<kB, offsetof(Block, qs)>(sb, s.u);
   if constexpr (kFifth) legacy_fifth_bits<kB, offsetof(Block, qh)>(sb, s.u);
-  block_halves8<kB>(sb + offsetof(Block, d), s.a);
+  block_lanes(s.u);
+  s.a[0] = block_scales8<kB>(sb + offsetof(Block, d));
   if constexpr (kMin) {
-    block_halves8<kB>(sb + offsetof(Block, m), s.b);
+    s.b[0] = block_scales8<kB>(sb + offsetof(Block, m));
   } else {
-    const __m256 m16 = _mm256_set1_ps(-16.0f);
-    s.b[0] = _mm256_mul_ps(m16, s.a[0]);
-    s.b[1] = _mm256_mul_ps(m16, s.a[1]);
+    s.b[0] = _mm256_mul_ps(_mm256_set1_ps(-16.0f), s.a[0]);
   }
-  to_block_lanes(s);
+  s.a[1] = s.b[1] = _mm256_setzero_ps();
 }
 
 // Q8_0 with signed codes (8 blocks from sb) in block lanes (from block order: quarter q holds bytes
@@ -234,16 +219,13 @@ template <typename Block, bool kMin, bool kFifth>
                    s.u + 4 + h);
   }
   block_lanes(s.u);
-  __m256 a[2];
-  block_halves8<kQ8_0Block>(sb, a);
-  s.a[0] = lane_scales(a[0], a[1]);
+  s.a[0] = block_scales8<kQ8_0Block>(sb);
   s.a[1] = s.b[0] = s.b[1] = _mm256_setzero_ps();
 }
 
 // The repacked forms (repack.h): the 8 scales side by side at the head, in block lanes.
 [[gnu::always_inline]] inline void interleaved_scales8(const uint8_t* sb, SuperRegs& s) {
-  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb)));
-  s.a[0] = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+  s.a[0] = lane_order(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb))));
   s.a[1] = _mm256_setzero_ps();
 }
 
