@@ -6,6 +6,8 @@
 //   MatmulCold/TYPE/ROWS  the same with 32768 x 2048 weights (38-71 MB), beyond the last-level cache: the
 //                      kernel's rate with the weights streaming from memory, to set beside the bandwidth
 //                      probe
+//   MatmulK/TYPE/ROWS/K  whole matmul of 2048 weight rows of K elements (TinyLlama's 2048 and 5632): time
+//                      per row and super-block at either row length
 //   MatmulHotTarget/TYPE/ROWS/TARGET  MatmulHot on one given SIMD target (0 scalar, 1 AVX2, 2 AVX-512), to
 //                      compare the targets a CPU can run
 //   Unpack/TYPE        decoding one 2048-element weight row into the kernel form
@@ -82,14 +84,14 @@ std::vector<float> make_activations(int64_t rows, int64_t k) {
   return x;
 }
 
-void run_matmul(benchmark::State& state, int64_t n, Target target = best_target()) {
+void run_matmul(benchmark::State& state, int64_t n, Target target = best_target(), int64_t k = kK) {
   const DType t = kTypes[state.range(0)];
   const int64_t rows = state.range(1);
-  const Weights w = make_weights(t, n, kK);
-  const auto x = make_activations(rows, kK);
+  const Weights w = make_weights(t, n, k);
+  const auto x = make_activations(rows, k);
   std::vector<float> y(static_cast<size_t>(rows * n));
   ThreadPool pool(1);
-  MatmulScratch scratch(1, kK, rows, target);
+  MatmulScratch scratch(1, k, rows, target);
   for (auto _ : state) {
     matmul(w.view, x.data(), rows, y.data(), pool, scratch);
     benchmark::DoNotOptimize(y.data());
@@ -113,6 +115,15 @@ void BM_MatmulCold(benchmark::State& state) {
 
 void BM_MatmulHotTarget(benchmark::State& state) {
   run_matmul(state, 256, static_cast<Target>(state.range(2)));
+}
+
+// TinyLlama's two row lengths, 2048 weight rows (4.5-12.7 MB): the FFN down projection's 5632-element
+// activation rows need 2.75x the cache of the others. Items: rows x super-blocks, so that the time per item
+// compares across k and with RowWorkFloorAvx2.
+void BM_MatmulK(benchmark::State& state) {
+  const int64_t k = state.range(2);
+  run_matmul(state, kN, best_target(), k);
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * state.range(1) * kN * (k / 256));
 }
 
 void BM_Unpack(benchmark::State& state) {
@@ -376,6 +387,11 @@ void matmul_args(benchmark::internal::Benchmark* b) {
   for (int t = 0; t < static_cast<int>(std::size(kTypes)); ++t)
     for (int rows : {1, 2, 4, 6, 8, 12, 16, 64}) b->Args({t, rows});
 }
+void k_args(benchmark::internal::Benchmark* b) {
+  for (int t : {3, 4, 10, 12})  // Q8_0, Q4_0, Q4_K, Q6_K
+    for (int rows : {1, 4, 5, 8})
+      for (int k : {2048, 5632}) b->Args({t, rows, k});
+}
 void cold_args(benchmark::internal::Benchmark* b) {
   for (int t : {3, 4, 10, 12})  // Q8_0, Q4_0, Q4_K, Q6_K
     for (int rows : {1, 4, 8}) b->Args({t, rows});
@@ -397,6 +413,7 @@ void dot_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Matmul)->Apply(matmul_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatmulHot)->Apply(matmul_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatmulCold)->Apply(cold_args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MatmulK)->Apply(k_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatmulHotTarget)->Apply(matmul_target_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Unpack)->Apply(unpack_args);
 BENCHMARK(BM_DotRows)->Apply(dot_args);
