@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <utility>
 
 #include "tandem/tensor/fp16.h"
 
@@ -247,47 +248,76 @@ void dots_group_t(const float* q, int64_t G, int64_t q_stride, const uint8_t* ro
 #endif
 }
 
-// Accumulators stay in registers across the rows: blocks of kQ queries by kC vectors of dims, loaded once and
-// stored once per call instead of once per row. Element by element the additions run in row order, as
-// axpy's, whatever the blocking. Groups of 8 queries or more take 8 queries by 2 vectors (each value row
-// converted once per 8 queries: 1.14x the rate of 4 by 4 at 8 queries, AttentionValues), smaller ones 4 by
-// 4 (more independent chains; 8 by 2 ran 0.72x at one query). Vectors of 64 bytes; 32 bytes: half the
-// vectors per block.
+// kQ queries by kC vectors of dims from c0, over all n rows: the accumulators stay in registers, loaded once
+// and stored once. All sizes fixed at compile time: with the counts at run time GCC kept a branch and a flag
+// store per query inside the row loop (AVX2: 8 queries ran at about 4 multiply-adds per cycle).
+template <DType T, int kQ, int kC>
+HWY_INLINE void accumulate_tile(const float* p, int64_t p_stride, const uint8_t* rows, int64_t n,
+                                size_t row_bytes, size_t c0, float* acc, int64_t acc_stride) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  hn::Vec<DF> a[kQ][kC];
+  for (int h = 0; h < kQ; ++h)
+    for (int c = 0; c < kC; ++c) a[h][c] = hn::LoadU(df, acc + h * acc_stride + c0 + c * lanes);
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* vrow = rows + static_cast<size_t>(j) * row_bytes;
+    hn::Vec<DF> v[kC];
+    for (int c = 0; c < kC; ++c) v[c] = load_w<T>(df, vrow, c0 + c * lanes);
+    for (int h = 0; h < kQ; ++h) {
+      const auto pj = hn::Set(df, p[h * p_stride + j]);
+      for (int c = 0; c < kC; ++c) a[h][c] = hn::MulAdd(pj, v[c], a[h][c]);
+    }
+  }
+  for (int h = 0; h < kQ; ++h)
+    for (int c = 0; c < kC; ++c) hn::StoreU(a[h][c], df, acc + h * acc_stride + c0 + c * lanes);
+}
+
+// The last nh < kQ queries of a group by kC vectors: accumulate_tile<T, nh, kC> for nh in R.
+template <DType T, int kC, int... R>
+HWY_INLINE void accumulate_rest(std::integer_sequence<int, R...>, int nh, const float* p, int64_t p_stride,
+                                const uint8_t* rows, int64_t n, size_t row_bytes, size_t c0, float* acc,
+                                int64_t acc_stride) {
+  ((nh == R + 1 ? accumulate_tile<T, R + 1, kC>(p, p_stride, rows, n, row_bytes, c0, acc, acc_stride)
+                : void()),
+   ...);
+}
+
+// Blocks of kQ queries by kC vectors of dims (accumulate_tile), the last queries of the group in one smaller
+// block. Element by element the additions run in row order, as axpy's, whatever the blocking.
 template <DType T, int kQ, int kC>
 void accumulate_blocked(const float* p, int64_t G, int64_t p_stride, const uint8_t* rows, int64_t n,
                         int64_t dim, float* acc, int64_t acc_stride) {
   constexpr size_t es = T == DType::F32 ? 4 : 2;
   const DF df;
   const size_t lanes = hn::Lanes(df), d = static_cast<size_t>(dim), full = d / lanes * lanes;
-  for (size_t c0 = 0; c0 < full; c0 += kC * lanes) {
-    const int nc = static_cast<int>(std::min<size_t>(kC, (full - c0) / lanes));
-    for (int64_t h0 = 0; h0 < G; h0 += kQ) {
-      const int nh = static_cast<int>(std::min<int64_t>(kQ, G - h0));
-      hn::Vec<DF> a[kQ][kC];
-      for (int h = 0; h < nh; ++h)
-        for (int c = 0; c < nc; ++c) a[h][c] = hn::LoadU(df, acc + (h0 + h) * acc_stride + c0 + c * lanes);
-      for (int64_t j = 0; j < n; ++j) {
-        const uint8_t* vrow = rows + static_cast<size_t>(j * dim) * es;
-        hn::Vec<DF> v[kC];
-        for (int c = 0; c < nc; ++c) v[c] = load_w<T>(df, vrow, c0 + c * lanes);
-        for (int h = 0; h < nh; ++h) {
-          const auto pj = hn::Set(df, p[(h0 + h) * p_stride + j]);
-          for (int c = 0; c < nc; ++c) a[h][c] = hn::MulAdd(pj, v[c], a[h][c]);
-        }
-      }
-      for (int h = 0; h < nh; ++h)
-        for (int c = 0; c < nc; ++c) hn::StoreU(a[h][c], df, acc + (h0 + h) * acc_stride + c0 + c * lanes);
-    }
+  const size_t tiled = full / (kC * lanes) * (kC * lanes), row_bytes = d * es;
+  const int64_t tiled_q = G / kQ * kQ;
+  for (size_t c0 = 0; c0 < tiled; c0 += kC * lanes) {
+    for (int64_t h0 = 0; h0 < tiled_q; h0 += kQ)
+      accumulate_tile<T, kQ, kC>(p + h0 * p_stride, p_stride, rows, n, row_bytes, c0, acc + h0 * acc_stride,
+                                 acc_stride);
+    accumulate_rest<T, kC>(std::make_integer_sequence<int, kQ - 1>(), static_cast<int>(G - tiled_q),
+                           p + tiled_q * p_stride, p_stride, rows, n, row_bytes, c0,
+                           acc + tiled_q * acc_stride, acc_stride);
   }
+  for (size_t c0 = tiled; c0 < full; c0 += lanes)  // vectors past the blocks of kC
+    for (int64_t h = 0; h < G; ++h)
+      accumulate_tile<T, 1, 1>(p + h * p_stride, p_stride, rows, n, row_bytes, c0, acc + h * acc_stride,
+                               acc_stride);
   if (full < d)
     for (int64_t j = 0; j < n; ++j) {
-      const uint8_t* vrow = rows + static_cast<size_t>(j * dim) * es;
+      const uint8_t* vrow = rows + static_cast<size_t>(j) * row_bytes;
       for (size_t i = full; i < d; ++i)
         for (int64_t h = 0; h < G; ++h)
           acc[h * acc_stride + static_cast<int64_t>(i)] += p[h * p_stride + j] * scalar_w<T>(vrow, i);
     }
 }
 
+// Groups of 8 queries or more take 8 queries by 2 vectors of 64 bytes (each value row converted once per 8
+// queries: 1.14x the rate of 4 by 4 at 8 queries, AttentionValues), smaller ones 4 by 4 (more independent
+// chains; 8 by 2 ran 0.72x at one query); narrower vectors the same bytes in more vectors. On 32-byte vectors
+// (AVX2, 16 registers) every group takes 4 queries by 2 vectors: 8 by 1 took 1.12-1.17x the time at 8
+// queries (AttentionValues).
 template <DType T>
 void accumulate_group_t(const float* p, int64_t G, int64_t p_stride, const uint8_t* rows, int64_t n,
                         int64_t dim, float* acc, int64_t acc_stride) {
@@ -295,7 +325,7 @@ void accumulate_group_t(const float* p, int64_t G, int64_t p_stride, const uint8
   for (int64_t h = 0; h < G; ++h) accumulate_t<T>(p + h * p_stride, rows, n, dim, acc + h * acc_stride);
 #else
   constexpr int kWide = HWY_MAX_BYTES >= 64 ? 1 : 2;  // 64-byte vectors: 1, else the same bytes in 2
-  if (G >= 8) {
+  if (G >= 8 && HWY_MAX_BYTES != 32) {
     accumulate_blocked<T, 8, 2 / kWide>(p, G, p_stride, rows, n, dim, acc, acc_stride);
   } else {
     accumulate_blocked<T, 4, 4 / kWide>(p, G, p_stride, rows, n, dim, acc, acc_stride);
