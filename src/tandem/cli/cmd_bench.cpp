@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "tandem/kernels/cpu_target.h"
 #include "tandem/kernels/peak.h"
 #include "tandem/kernels/stream.h"
+#include "tandem/speculative/calibration.h"
 #include "tandem/util/error.h"
 
 namespace tandem::cli {
@@ -143,21 +145,18 @@ void add_bench_command(CLI::App& app) {
     const double roofline = decode_tps * bytes_per_token / (bandwidth * 1e9);
 
     progress("verify windows");
+    // Each width timed right after a one-row forward, the median of the paired ratios (as calibrate does):
+    // widths timed one after another drifted with the machine's speed against the one-row time.
     const int widths[] = {1, 2, 3, 4, 5, 6, 8, 12, 16};
-    std::vector<double> cost_s;
-    for (int n : widths) {
-      std::vector<double> t;
-      const auto ids = tokens(n, c.n_vocab, 7 * n);
-      session.eval(ids, /*all_logits=*/true);  // warm this width
+    const auto run_rows = [&](int n) {
+      session.eval(tokens(n, c.n_vocab, 7 * n), /*all_logits=*/true);
       session.truncate(base);
-      for (int r = 0; r < o->reps; ++r) {
-        const auto t0 = Clock::now();
-        session.eval(ids, /*all_logits=*/true);
-        t.push_back(seconds_since(t0));
-        session.truncate(base);
-      }
-      cost_s.push_back(median(t));
-    }
+    };
+    for (int n : widths) run_rows(n);  // warm every width
+    std::vector<double> one_row;
+    const std::vector<double> costs = speculative::paired_window_costs(
+        run_rows, std::span<const int>(widths).subspan(1), o->reps, &one_row);
+    const double one_row_s = median(one_row);
 
     auto prefill = [&](int64_t n) {
       std::vector<double> t;
@@ -195,7 +194,7 @@ void add_bench_command(CLI::App& app) {
     std::printf("verify cost      ");
     nlohmann::json verify = nlohmann::json::object();
     for (size_t i = 0; i < std::size(widths); ++i) {
-      const double cost = cost_s[i] / cost_s[0];
+      const double cost = i == 0 ? 1.0 : costs[i - 1];
       std::printf("%d:%.2f ", widths[i], cost);
       verify[std::to_string(widths[i])] = cost;
     }
@@ -203,7 +202,7 @@ void add_bench_command(CLI::App& app) {
     std::printf("\nverify floor     ");
     nlohmann::json floor = nlohmann::json::object();
     for (int n : widths) {
-      const double f = static_cast<double>(n) * macs_per_token / (dot_peak * 1e9) / cost_s[0];
+      const double f = static_cast<double>(n) * macs_per_token / (dot_peak * 1e9) / one_row_s;
       std::printf("%d:%.2f ", n, f);
       floor[std::to_string(n)] = f;
     }

@@ -206,6 +206,21 @@ void store_calibration(const std::string& path, const Calibration& c) {
   if (ec) throw Error("cannot replace the calibration cache '" + path + "': " + ec.message());
 }
 
+std::vector<double> paired_window_costs(const std::function<void(int)>& run_rows, std::span<const int> widths,
+                                        int repeats, std::vector<double>* one_row) {
+  std::vector<std::vector<double>> ratios(widths.size());
+  for (int rep = 0; rep < repeats; ++rep) {
+    for (size_t i = 0; i < std::max<size_t>(1, widths.size()); ++i) {
+      const double t1 = time_once([&] { run_rows(1); });
+      if (one_row) one_row->push_back(t1);
+      if (i < widths.size()) ratios[i].push_back(time_once([&] { run_rows(widths[i]); }) / t1);
+    }
+  }
+  std::vector<double> costs;
+  for (const auto& r : ratios) costs.push_back(r.empty() ? 1.0 : std::max(1.0, median(r)));
+  return costs;
+}
+
 Calibration calibrate(const model::Model& target, const std::string& target_path, const model::Model* draft,
                       const std::string& draft_path, ThreadPool& pool, const CalibrateOptions& o) {
   if (o.max_rows < 1 || o.context < 1 || o.repeats < 1)
@@ -229,22 +244,13 @@ Calibration calibrate(const model::Model& target, const std::string& target_path
     session.truncate(o.context);
   };
   run_rows(1);  // warm up caches and thread team
-  // Each window is timed right after a one-row forward, and its cost is the median over the repeats of these
-  // paired ratios. The machine's memory bandwidth can drift within seconds: a one-row forward (bound by
-  // bandwidth) timed at a fast moment against windows (bound by compute) timed at others would skew every
-  // ratio, as minima taken separately do.
-  const auto reps = static_cast<size_t>(o.repeats);
-  std::vector<std::vector<double>> ratios(static_cast<size_t>(o.max_rows) + 1);
+  std::vector<int> widths;
+  for (int r = 2; r <= o.max_rows; ++r) widths.push_back(r);
   std::vector<double> one_row;
-  for (size_t rep = 0; rep < reps; ++rep)
-    for (int r = 2; r <= std::max(2, o.max_rows); ++r) {
-      const double t1 = time_once([&] { run_rows(1); });
-      one_row.push_back(t1);
-      if (r <= o.max_rows) ratios[static_cast<size_t>(r)].push_back(time_once([&] { run_rows(r); }) / t1);
-    }
+  const std::vector<double> costs = paired_window_costs(run_rows, widths, o.repeats, &one_row);
   c.decode_seconds = median(one_row);
-  c.verify.assign(ratios.size(), 1.0);
-  for (size_t r = 2; r < ratios.size(); ++r) c.verify[r] = std::max(1.0, median(ratios[r]));
+  c.verify.assign(static_cast<size_t>(std::max(2, o.max_rows + 1)), 1.0);
+  for (size_t i = 0; i < widths.size(); ++i) c.verify[static_cast<size_t>(widths[i])] = costs[i];
 
   if (draft) {
     engine::Session ds(*draft, pool, so);
@@ -257,7 +263,7 @@ Calibration calibrate(const model::Model& target, const std::string& target_path
     };
     draft_token();  // warm up
     std::vector<double> draft_ratios;
-    for (size_t rep = 0; rep < 2 * reps + 1; ++rep) {
+    for (int rep = 0; rep < 2 * o.repeats + 1; ++rep) {
       const double t1 = time_once([&] { run_rows(1); });
       draft_ratios.push_back(time_once(draft_token) / t1);
     }

@@ -9,8 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -54,6 +56,15 @@ struct CalibrateOptions {
   int repeats = 5;    // each row count is timed this often, after a one-row forward each time; the median
                       // ratio is kept
 };
+
+// Window costs relative to one row, measured in pairs: each repeat times every width right after a one-row
+// forward, and a width's cost is the median of its paired ratios (at least 1). The machine's memory bandwidth
+// can drift within seconds: a one-row forward (bound by bandwidth) timed at a fast moment against windows
+// (bound by compute) timed at others would skew every ratio, as minima or medians taken separately do.
+// run_rows(n) runs one forward of n rows; one_row, when given, receives the one-row times (a repeat with no
+// widths still times one).
+std::vector<double> paired_window_costs(const std::function<void(int)>& run_rows, std::span<const int> widths,
+                                        int repeats, std::vector<double>* one_row = nullptr);
 
 // Measures the target (and, when given, a draft model) with `pool`. model_path/draft_path name the files for
 // the fingerprints.
