@@ -14,35 +14,7 @@
 #include "tandem/sampling/sampler.h"
 #include "tandem/util/error.h"
 
-// Counts heap allocations so the steady-state test can check that sampling allocates nothing. free() is
-// called through a pointer because, seeing it inlined after a new-expression, the compiler warns of a
-// mismatch. AddressSanitizer brings its own operator new, so under it the count is off and the test skips.
-#if defined(__SANITIZE_ADDRESS__)
-#define TANDEM_COUNTS_ALLOCATIONS 0
-#else
-#define TANDEM_COUNTS_ALLOCATIONS 1
-#endif
-namespace {
-std::atomic<size_t> g_allocations{0};
-}  // namespace
-
-#if TANDEM_COUNTS_ALLOCATIONS
-namespace {
-void (*volatile g_release)(void*) = std::free;
-}  // namespace
-
-void* operator new(std::size_t size) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept {
-  g_release(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  g_release(p);
-}
-#endif
+#include "alloc_counter.inc"  // g_allocations, TANDEM_COUNTS_ALLOCATIONS
 
 namespace {
 

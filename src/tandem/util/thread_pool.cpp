@@ -34,12 +34,12 @@ ThreadPool::~ThreadPool() {
   for (auto& t : threads_) t.join();
 }
 
-void ThreadPool::run(const std::function<void(int)>& fn) {
+void ThreadPool::run_job(Job fn) {
   if (n_threads_ == 1) {
     fn(0);
     return;
   }
-  job_ = &fn;
+  job_ = fn;
   pending_.store(n_threads_ - 1, std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_acq_rel);
   generation_.notify_all();
@@ -53,7 +53,7 @@ void ThreadPool::run(const std::function<void(int)>& fn) {
       std::this_thread::yield();
     }
   }
-  job_ = nullptr;
+  job_ = Job{};
 }
 
 void ThreadPool::worker(int index) {
@@ -71,7 +71,7 @@ void ThreadPool::worker(int index) {
     }
     seen = g;
     if (stop_.load(std::memory_order_acquire)) return;
-    (*job_)(index);
+    job_(index);
     pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }

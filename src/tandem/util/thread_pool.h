@@ -6,8 +6,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <functional>
+#include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace tandem {
@@ -23,8 +24,14 @@ class ThreadPool {
   int size() const { return n_threads_; }
 
   // Runs fn(thread_index) on every thread of the team (0..size()-1) and returns when all have finished.
-  // The callable must not throw.
-  void run(const std::function<void(int)>& fn);
+  // The callable must not throw. It is referred to, not copied: a region allocates nothing (a
+  // std::function of the loops' lambdas, which capture more than its inline buffer holds, allocated per
+  // region).
+  template <typename Fn>
+  void run(Fn&& fn) {
+    run_job(Job{std::addressof(fn),
+                [](const void* f, int t) { (*static_cast<const std::remove_reference_t<Fn>*>(f))(t); }});
+  }
 
   // Splits [0, n) into size() contiguous chunks (sizes differ by at most one `grain`) and runs
   // fn(begin, end, thread_index) for each non-empty chunk. Chunk boundaries are multiples of `grain` except
@@ -77,11 +84,18 @@ class ThreadPool {
   static int physical_cores();
 
  private:
+  // A callable and how to call it, by reference.
+  struct Job {
+    const void* fn = nullptr;
+    void (*call)(const void*, int) = nullptr;
+    void operator()(int t) const { call(fn, t); }
+  };
+  void run_job(Job job);
   void worker(int index);
 
   int n_threads_;
   std::vector<std::thread> threads_;
-  const std::function<void(int)>* job_ = nullptr;
+  Job job_;
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};

@@ -1,0 +1,70 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "tandem/util/error.h"
+#include "tandem/util/thread_pool.h"
+
+#include "alloc_counter.inc"  // g_allocations, TANDEM_COUNTS_ALLOCATIONS
+
+namespace {
+
+using tandem::ThreadPool;
+
+// Every index of [0, n) is visited exactly once, by both loop forms, for grains that do and do not divide n.
+TEST(ThreadPool, LoopsCoverEveryIndexOnce) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {1, 7, 64, 1000}) {
+      for (int64_t grain : {1, 3, 16}) {
+        std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+        const auto mark = [&](int64_t b, int64_t e, int t) {
+          EXPECT_GE(t, 0);
+          EXPECT_LT(t, threads);
+          EXPECT_TRUE(b % grain == 0) << "chunk boundaries are multiples of the grain";
+          for (int64_t i = b; i < e; ++i) seen[static_cast<size_t>(i)].fetch_add(1);
+        };
+        pool.parallel_for(n, grain, mark);
+        pool.parallel_for_dynamic(n, grain, mark);
+        for (int64_t i = 0; i < n; ++i)
+          EXPECT_EQ(seen[static_cast<size_t>(i)].load(), 2) << "n " << n << " grain " << grain << " i " << i;
+      }
+    }
+  }
+}
+
+// run() calls the callable once per thread, each with its own index.
+TEST(ThreadPool, RunGivesEachThreadItsIndex) {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> calls(3);
+  for (int rep = 0; rep < 100; ++rep) pool.run([&](int t) { calls[static_cast<size_t>(t)].fetch_add(1); });
+  for (auto& c : calls) EXPECT_EQ(c.load(), 100);
+}
+
+// A parallel region allocates nothing, however much its loop body captures (the matmuls run a few hundred
+// regions per token).
+TEST(ThreadPool, RegionsDoNotAllocate) {
+  if (!TANDEM_COUNTS_ALLOCATIONS) GTEST_SKIP() << "allocations are not counted under AddressSanitizer";
+  ThreadPool pool(2);
+  std::atomic<int64_t> sum{0};
+  const int64_t a = 1, b = 2, c = 3, d = 4, e = 5;  // captured by reference: more than a small buffer holds
+  const auto body = [&](int64_t lo, int64_t hi, int) {
+    for (int64_t i = lo; i < hi; ++i) sum.fetch_add(i * a + b + c + d + e, std::memory_order_relaxed);
+  };
+  pool.parallel_for(100, 1, body);  // warm up
+  const size_t before = g_allocations.load();
+  for (int rep = 0; rep < 50; ++rep) {
+    pool.parallel_for(100, 1, body);
+    pool.parallel_for_dynamic(100, 1, body);
+    pool.run([&](int t) { sum.fetch_add(t + a + b + c + d + e, std::memory_order_relaxed); });
+  }
+  EXPECT_EQ(g_allocations.load() - before, 0u);
+}
+
+TEST(ThreadPool, RejectsZeroThreads) {
+  EXPECT_THROW(ThreadPool(0), tandem::Error);
+}
+
+}  // namespace
