@@ -581,11 +581,9 @@ constexpr int64_t kChunkMinRows = 2;
 // Q8_0 codes of this target's unpacked form and loaders: signed (vpmaddubsw saturates at 255 unsigned).
 constexpr bool kSignedQ8 = true;
 // The fold-0 and block-lane types with an offset term (Q4_K, Q5_K, Q4_1, Q5_0, ...) also hold a half's
-// offsets b beside its scales, and 8 rows spill; two passes of 4 rows (decoding each weight super-block
-// twice) measured faster (when each row still had a second accumulator for the offset term). Since the
-// K-quant sums stay in 16 bits (accumulate_half), one pass of 5 rows beats 2 + 3: 2048 x 5632 matmuls of 5
-// rows (fastest / median of 4 alternating runs) Q4_K 0.68x / 0.79x the time, Q5_K 0.82x / 0.77x, Q4_1 0.68x /
-// 0.74x, Q5_0 0.65x / 0.68x.
+// offsets b beside its scales, and 8 rows spill. Since the K-quant sums stay in 16 bits (accumulate_half),
+// 5 rows in one pass beat 2 + 3 (passes of 4, before): 2048 x 5632 matmuls of 5 rows (fastest / median of 4
+// alternating runs) Q4_K 0.68x / 0.79x the time, Q5_K 0.82x / 0.77x, Q4_1 0.68x / 0.74x, Q5_0 0.65x / 0.68x.
 constexpr int64_t kDirectRowsOffset = 5;
 
 // No tiles of two weight rows on this target (quant_direct_x86.inc). Not measured here: with 16 vector
@@ -679,24 +677,27 @@ int64_t direct_max_rows(DType type, bool /*interleaved: both forms*/, int64_t k,
   return 0;
 }
 
-// Rows per direct pass: Q4_0 and Q8_0 tiles of more than 4 rows (Q8_0 with the sign trick's temporaries) no
-// longer keep their accumulators and one half's weight vectors in the 16 registers, and passes of at most 4
-// rows over the same block of weight rows (the later ones from the cache) measured faster. Against single
-// passes of 8: Q8_0 matmul 2048 x 2048 on one thread 0.78x / 0.78x / 0.83x the time at 8 / 12 / 16 rows
-// (medians of 5 alternating runs); synthetic TinyLlama Q4_0 windows (calibrate, 2 threads, two alternating
-// pairs) cost(6) 2.48 / 2.95 against 3.14 / 2.94, cost(8) 3.52 / 3.97 against 4.18 / 3.94, cost(9) 3.93 /
-// 4.29 against 4.82 / 4.61. Q6_K measured the same within the noise then; since its sums stay in 16 bits two
-// at a time (accumulate_half) passes of at most 5 rows take 0.90x / 0.95x the time at 8 rows (2048 x 5632,
-// fastest / median of 4). Q4_0 and Q8_0 take 5 rows in one pass (a window of 4 drafts and its last token,
-// which passes of 4 split into 2 + 3). Q4_0 (group order then): cost(5) 2.22 / 2.30 / 2.53 / 2.36 against
-// 2.52 / 2.44 / 2.84 / 2.33, cost(9) (4 + 5) 3.41 / 4.01 / 4.42 / 4.65 against 4.06 / 4.66 / 4.49 / 4.66,
-// four alternating pairs; single passes of 6 and 8 stayed slower than 3 + 3 and 4 + 4 (cost(6) 2.59 / 2.59
-// against 2.42 / 2.41, cost(8) 3.47 / 3.56 against 2.95 / 3.19). Q8_0 (block lanes): cost(5) 1.95 / 1.75 /
-// 1.76 / 1.89 against 2.17 / 2.13 / 2.08 / 2.30, cost(9) 3.65 / 3.21 / 3.23 / 2.99 against 3.20 / 3.86 / 3.57
-// / 3.69.
+// Rows per direct pass, for every type: at most kPassRows. Tiles of more rows no longer keep their
+// accumulators and one half's weight vectors in the 16 registers, and passes over the same block of weight
+// rows (the later ones from the cache) measured faster. 5, not 4: a window of 4 drafts and its last token in
+// one pass instead of 2 + 3.
+//  - Q4_0 / Q8_0 against single passes of 8: Q8_0 matmul 2048 x 2048 on one thread 0.78x / 0.78x / 0.83x the
+//    time at 8 / 12 / 16 rows (passes of 4, medians of 5 alternating runs); synthetic TinyLlama Q4_0 windows
+//    (calibrate, 2 threads, two alternating pairs) cost(6) 2.48 / 2.95 against 3.14 / 2.94, cost(8) 3.52 /
+//    3.97 against 4.18 / 3.94, cost(9) 3.93 / 4.29 against 4.82 / 4.61; single passes of 6 and 8 stayed
+//    slower than 3 + 3 and 4 + 4 (cost(6) 2.59 / 2.59 against 2.42 / 2.41, cost(8) 3.47 / 3.56 against 2.95 /
+//    3.19).
+//  - 5 against 4 (four alternating pairs): Q4_0 (group order then) cost(5) 2.22 / 2.30 / 2.53 / 2.36 against
+//    2.52 / 2.44 / 2.84 / 2.33, cost(9) (4 + 5) 3.41 / 4.01 / 4.42 / 4.65 against 4.06 / 4.66 / 4.49 / 4.66;
+//    Q8_0 (block lanes) cost(5) 1.95 / 1.75 / 1.76 / 1.89 against 2.17 / 2.13 / 2.08 / 2.30.
+//  - Q6_K kept passes of 8 while its sums were widened product by product; with them in 16 bits two at a time
+//    (accumulate_half) passes of 5 take 0.90x / 0.95x the time at 8 rows (2048 x 5632, fastest / median of
+//    4).
+//  - The offset types: kDirectRowsOffset.
+constexpr int64_t kPassRows = 5;
+
 int64_t direct_pass_rows(DType type, bool interleaved, int64_t k, bool signed_q8) {
-  const int64_t max = direct_max_rows(type, interleaved, k, signed_q8);
-  return type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q6_K ? std::min<int64_t>(5, max) : max;
+  return std::min(kPassRows, direct_max_rows(type, interleaved, k, signed_q8));
 }
 
 void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,
