@@ -25,5 +25,9 @@ std::vector<Target> runnable_targets();
 // Bytes of this CPU's level-1 data cache per core, as the C library reports it (32 KiB where it reports
 // nothing). The window kernels size their passes by it (QuantKernels::direct_pass_rows).
 int64_t l1_data_cache_bytes();
+// Whether this CPU runs 512-bit vector operations as two 256-bit halves on its 256-bit pipes (AMD family
+// 19h with AVX-512: Zen 4). Its window kernels are bound by those pipes, not by the L2 cache supplying their
+// activations (QuantKernels::direct_pass_rows).
+bool splits_512bit_ops();
 
 }  // namespace tandem::kernels
