@@ -167,6 +167,35 @@ TEST(SpeculativeGate, ExpectedRateFollowsTheFormula) {
   EXPECT_LT(gate.acceptance(1), 0.5);
 }
 
+// Timed forwards replace the calibrated costs once one row and r rows have enough timings: a calibration
+// that priced 2 rows at 1.05 steps has the gate drafting at 30% acceptance (1.3 / 1.05 tokens per step), but
+// 2-row forwards timed at 1.35x the one-row ones stop it (1.3 / 1.35). Row counts not timed keep their
+// calibrated cost, and a stall weighs as three times the mean at most.
+TEST(SpeculativeGate, TimedForwardsReplaceTheCalibratedCosts) {
+  GateSettings s;
+  s.prior_accepted = 3;
+  s.prior_rejected = 7;  // 0.3 at every position
+  Gate gate(s, CostModel::linear(0.05, 0.0), 1);
+  EXPECT_EQ(gate.best_depth(1), 1);
+  for (int i = 0; i + 1 < s.timing_samples; ++i) {
+    gate.record_forward(1, 0.010);
+    gate.record_forward(2, 0.0135);
+  }
+  EXPECT_NEAR(gate.costs().verify_cost(2), 1.05, 1e-12);  // too few timings yet
+  gate.record_forward(1, 0.010);
+  gate.record_forward(2, 0.0135);
+  EXPECT_NEAR(gate.costs().verify_cost(2), 1.35, 1e-9);
+  EXPECT_NEAR(gate.costs().verify_cost(3), 1.10, 1e-12);
+  EXPECT_EQ(gate.best_depth(1), 0);
+  // One stalled one-row forward (1 s) moves the mean by the weight times at most twice it.
+  gate.record_forward(1, 1.0);
+  EXPECT_NEAR(gate.costs().verify_cost(2), 0.0135 / (0.010 + s.timing_weight * 0.020), 1e-9);
+  // Rows past what a round takes, and nonsense timings, are ignored.
+  gate.record_forward(3, 0.5);
+  gate.record_forward(2, -1.0);
+  EXPECT_NEAR(gate.costs().verify_cost(2), 0.0135 / (0.010 + s.timing_weight * 0.020), 1e-9);
+}
+
 // A position the gate has not drafted to assumes the acceptance of the one before it, not the prior's: after
 // rounds that accept both of 2 drafts, depths 3 and 4 look as good as 2 and the gate drafts 4 (with the fixed
 // prior of 0.6 there it would stop at 3: E(3) / C(3) = 3.6 / 1.6 against E(4) / C(4) = 3.96 / 1.8).

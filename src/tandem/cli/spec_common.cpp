@@ -44,6 +44,11 @@ void add_gate_options(CLI::App& cmd, speculative::GateSettings& g) {
          "Rounds without drafts before a probe, doubling after each idle probe (default 8)");
   option("--gate-max-probe-interval", g.max_probe_interval, "Longest interval between probes (default 128)");
   option("--gate-probe-depth", g.probe_depth, "Tokens a probe drafts (default 4)");
+  option("--gate-timing-weight", g.timing_weight,
+         "Weight of the newest timed forward in each row count's mean time, in (0, 1] (default 0.1)");
+  option("--gate-timing-samples", g.timing_samples,
+         "Timed forwards of one row and of r rows before their ratio replaces the calibrated cost of r rows "
+         "(default 4)");
 }
 
 void check_gate_options(const speculative::GateSettings& gate) {

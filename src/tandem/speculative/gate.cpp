@@ -43,6 +43,18 @@ Gate::Gate(const GateSettings& s, CostModel costs, int max_depth, int min_depth)
   if (s.probe_interval < 1 || s.max_probe_interval < s.probe_interval)
     throw Error("the gate's probe interval must be >= 1 and <= its maximum");
   if (s.probe_depth < 1) throw Error("the gate's probe depth must be at least 1");
+  if (!(s.timing_weight > 0 && s.timing_weight <= 1) || s.timing_samples < 1)
+    throw Error("the gate's timing weight must be in (0, 1] and its timing samples at least 1");
+  // Row counts a round alone can take, 1..max_depth + 1, each with its own entry so that a measured ratio
+  // can take its place (in a batch the gate does not time its forwards).
+  const size_t rows = static_cast<size_t>(max_depth) + 2;
+  if (costs_.verify.size() < rows) {
+    std::vector<double> verify(rows, 1.0);
+    for (size_t r = 1; r < rows; ++r) verify[r] = costs_.verify_cost(static_cast<int>(r));
+    costs_.verify = std::move(verify);
+  }
+  mean_seconds_.assign(rows, 0.0);
+  timings_.assign(rows, 0);
   accepted_.assign(static_cast<size_t>(max_depth), s.prior_accepted);
   rejected_.assign(static_cast<size_t>(max_depth), s.prior_rejected);
   prior_weight_.assign(static_cast<size_t>(max_depth), s.prior_accepted + s.prior_rejected);
@@ -134,6 +146,19 @@ void Gate::record_idle() {
   for (double& a : accepted_) a *= settings_.idle_decay;
   for (double& r : rejected_) r *= settings_.idle_decay;
   for (double& w : prior_weight_) w *= settings_.idle_decay;
+}
+
+void Gate::record_forward(int rows, double seconds) {
+  if (rows < 1 || static_cast<size_t>(rows) >= mean_seconds_.size() || !(seconds > 0)) return;
+  const auto r = static_cast<size_t>(rows);
+  double& mean = mean_seconds_[r];
+  // A stall (a page fault, another process) counts at most as three times the mean.
+  mean = timings_[r] == 0 ? seconds : mean + settings_.timing_weight * (std::min(seconds, 3 * mean) - mean);
+  ++timings_[r];
+  if (timings_[1] < settings_.timing_samples) return;
+  for (size_t n = 2; n < mean_seconds_.size(); ++n)
+    if (timings_[n] >= settings_.timing_samples)
+      costs_.verify[n] = std::max(1.0, mean_seconds_[n] / mean_seconds_[1]);
 }
 
 }  // namespace tandem::speculative

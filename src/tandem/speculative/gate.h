@@ -24,6 +24,13 @@
 // in plain steps and reports the outcome through record() (fractional acceptance probabilities when
 // sampling). Each probe that still leaves the gate drafting nothing doubles the interval, up to
 // max_probe_interval; a decision to draft resets it.
+//
+// Measured costs. The calibrated costs were measured once, at one moment of the machine; its state moves
+// them (when memory is contended one row slows and windows stay compute-bound, so every ratio drops). A
+// loop that times its target forwards reports them (record_forward): each row count keeps a running mean of
+// its seconds per forward (weight `timing_weight` for the newest), and once one row and r rows both have
+// `timing_samples` timings, verify_cost(r) is their ratio instead of the calibrated one. Row counts not
+// timed keep the calibration's ratio.
 #pragma once
 
 #include <cstddef>
@@ -44,6 +51,8 @@ struct GateSettings {
   int probe_interval = 8;    // idle rounds before the first probe
   int max_probe_interval = 128;
   int probe_depth = 4;
+  double timing_weight = 0.1;  // of the newest forward in a row count's mean time
+  int timing_samples = 4;      // timings of one row and of r rows before their ratio replaces verify[r]
 };
 
 // What a round costs, in units of one plain (one-row) target decode step.
@@ -84,6 +93,8 @@ class Gate {
   void record_round(int drafted, int accepted);
   // A round without drafts.
   void record_idle();
+  // A target forward over `rows` rows (this sequence alone) took `seconds` (see "Measured costs" above).
+  void record_forward(int rows, double seconds);
 
   // The expected rate E(d) / C(d) of drafting d (d = 0: 1, a plain step), and the acceptance estimate of
   // draft position i (1-based).
@@ -94,6 +105,7 @@ class Gate {
   int best_depth(int limit, int batch = 1) const;
 
   const GateSettings& settings() const { return settings_; }
+  // The costs the gate plans with: the calibrated ones, with the measured ratios in place where there are.
   const CostModel& costs() const { return costs_; }
   int probe_interval() const { return interval_; }
 
@@ -104,6 +116,8 @@ class Gate {
 
   GateSettings settings_;
   CostModel costs_;
+  std::vector<double> mean_seconds_;  // [rows]: running mean of the timed forwards over that many rows
+  std::vector<int> timings_;          // [rows]: how many were timed
   int max_depth_, min_depth_;
   std::vector<double> accepted_, rejected_;  // [max_depth], position i at index i - 1
   std::vector<double> prior_weight_;         // [max_depth]: the prior's share of accepted_ + rejected_

@@ -114,7 +114,9 @@ class Run {
     const size_t n = history_.size();  // position of the first draft; the pending token is at n - 1
     window_.assign(1, history_.back());
     window_.insert(window_.end(), draft_.tokens.begin(), draft_.tokens.begin() + drafted);
+    const auto forward_start = std::chrono::steady_clock::now();
     const std::span<const float> logits = eval(window_, drafted > 0);
+    if (gate_) gate_->record_forward(drafted + 1, seconds_since(forward_start));
     ++stats_.target_forwards;
     ++stats_.depth_histogram[static_cast<size_t>(drafted)];
 
