@@ -30,7 +30,8 @@
 // loop that times its target forwards reports them (record_forward): each row count keeps a running mean of
 // its seconds per forward (weight `timing_weight` for the newest), and once one row and r rows both have
 // `timing_samples` timings, verify_cost(r) is their ratio instead of the calibrated one. Row counts not
-// timed keep the calibration's ratio.
+// timed keep the calibration's ratio, and so does every row count while plain rounds are too few to time one
+// row.
 #pragma once
 
 #include <cstddef>
