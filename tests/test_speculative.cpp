@@ -267,6 +267,12 @@ TEST(SpeculativeGate, RejectsBadSettings) {
   s.decay = 0;
   EXPECT_THROW(Gate(s, CostModel::linear(0.1, 0), 4), Error);
   EXPECT_THROW(Gate(GateSettings{}, CostModel::linear(0.1, 0), 4, 5), Error);
+  GateSettings t;
+  t.timing_weight = 0;
+  EXPECT_THROW(Gate(t, CostModel::linear(0.1, 0), 4), Error);
+  t.timing_weight = 0.1;
+  t.timing_samples = 0;
+  EXPECT_THROW(Gate(t, CostModel::linear(0.1, 0), 4), Error);
 }
 
 TEST(SpeculativeNgram, LongestMostRecentMatchAndPeriodicExtension) {
