@@ -2,12 +2,6 @@
 
 #include <unistd.h>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
-
-#include <cstring>
-#endif
-
 #if defined(__aarch64__) && defined(__linux__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
@@ -92,23 +86,12 @@ int64_t l1_data_cache_bytes() {
 }
 
 bool splits_512bit_ops() {
-  static const bool splits = [] {
 #if defined(__x86_64__) && defined(__GNUC__)
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (!cpu_supports(Target::kAVX512) || __get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return false;
-    char vendor[12];
-    std::memcpy(vendor, &ebx, 4);
-    std::memcpy(vendor + 4, &edx, 4);
-    std::memcpy(vendor + 8, &ecx, 4);
-    if (std::memcmp(vendor, "AuthenticAMD", 12) != 0 || __get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0)
-      return false;
-    const unsigned base = (eax >> 8) & 0xF, family = base == 0xF ? base + ((eax >> 20) & 0xFF) : base;
-    return family == 0x19;
-#else
-    return false;
-#endif
-  }();
+  static const bool splits = cpu_supports(Target::kAVX512) && __builtin_cpu_is("amdfam19h");
   return splits;
+#else
+  return false;
+#endif
 }
 
 }  // namespace tandem::kernels
