@@ -10,6 +10,7 @@
 //   - float weights (F32/F16/BF16, Highway, every compiled target): |dy| <= 1e-5 * sum_k |w_k x_k| + 1e-6.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -651,6 +652,13 @@ TEST(Kernels, StreamReadCoversEveryWord) {
   EXPECT_NE(want, 0u);
   ThreadPool pool(2);
   EXPECT_GT(measure_read_bandwidth(buf.data(), buf.size(), pool, 1), 0.0);
+  // Each pass's rate is appended, after what the vector held, and the best of them is returned.
+  std::vector<double> rates{-1.0};
+  const double best = measure_read_bandwidth(buf.data(), buf.size(), pool, 3, &rates);
+  ASSERT_EQ(rates.size(), 4u);
+  EXPECT_EQ(rates[0], -1.0);
+  EXPECT_EQ(best, *std::max_element(rates.begin() + 1, rates.end()));
+  for (size_t i = 1; i < rates.size(); ++i) EXPECT_GT(rates[i], 0.0);
 }
 
 }  // namespace

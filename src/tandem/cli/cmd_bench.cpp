@@ -104,10 +104,13 @@ void add_bench_command(CLI::App& app) {
     // by a neighbour must not make the roofline fraction look better than it is.
     std::vector<uint8_t> small_model_buf;
     if (file_span < (size_t{256} << 20)) small_model_buf.assign(size_t{512} << 20, 1);
+    // Every pass's rate is kept: their spread shows how much the machine's bandwidth moved during the run.
+    std::vector<double> bandwidth_passes;
     auto measure_bandwidth = [&] {
       return file_span >= (size_t{256} << 20)
-                 ? kernels::measure_read_bandwidth(lo, file_span, pool, 5)
-                 : kernels::measure_read_bandwidth(small_model_buf.data(), small_model_buf.size(), pool, 5);
+                 ? kernels::measure_read_bandwidth(lo, file_span, pool, 5, &bandwidth_passes)
+                 : kernels::measure_read_bandwidth(small_model_buf.data(), small_model_buf.size(), pool, 5,
+                                                   &bandwidth_passes);
     };
     double bandwidth = measure_bandwidth();
     // The compute bound of windows: the kernels' multiply-add instructions at full rate on every thread.
@@ -181,7 +184,9 @@ void add_bench_command(CLI::App& app) {
     const std::string target(kernels::target_name(target_used));
     std::printf("model            %s\n", o->model.model_path.c_str());
     std::printf("threads          %d  (kernels: %s)\n", threads, target.c_str());
-    std::printf("bandwidth        %.2f GB/s\n", bandwidth);
+    std::printf("bandwidth        %.2f GB/s  (best of %zu passes; median %.2f, slowest %.2f)\n", bandwidth,
+                bandwidth_passes.size(), median(bandwidth_passes),
+                *std::min_element(bandwidth_passes.begin(), bandwidth_passes.end()));
     std::printf("weights          %s\n",
                 model->file().copied() ? "copied into memory" : "mapped from the file");
     std::printf(
@@ -214,6 +219,7 @@ void add_bench_command(CLI::App& app) {
       j["kernels"] = target;
       j["context"] = ctx;
       j["bandwidth_gbs"] = bandwidth;
+      j["bandwidth_passes_gbs"] = bandwidth_passes;
       j["decode_tps"] = decode_tps;
       j["decode_median_tps"] = decode_median_tps;
       j["weights"] = model->file().copied() ? "copied" : "mapped";

@@ -72,7 +72,8 @@ uint64_t stream_xor_reference(const uint8_t* data, size_t bytes) {
   return r;
 }
 
-double measure_read_bandwidth(const uint8_t* data, size_t bytes, ThreadPool& pool, int passes) {
+double measure_read_bandwidth(const uint8_t* data, size_t bytes, ThreadPool& pool, int passes,
+                              std::vector<double>* rates) {
   const size_t lines = bytes / 64;
   std::vector<uint64_t> sink(static_cast<size_t>(pool.size()) * 8, 0);  // one cache line per thread
   double best = 0;
@@ -83,7 +84,9 @@ double measure_read_bandwidth(const uint8_t* data, size_t bytes, ThreadPool& poo
           stream_xor(data + static_cast<size_t>(a) * 64, static_cast<size_t>(b - a) * 64);
     });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, static_cast<double>(lines * 64) / s / 1e9);
+    const double rate = static_cast<double>(lines * 64) / s / 1e9;
+    if (rates) rates->push_back(rate);
+    best = std::max(best, rate);
   }
   volatile uint64_t keep = 0;
   for (uint64_t v : sink) keep = keep ^ v;

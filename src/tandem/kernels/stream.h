@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "tandem/util/thread_pool.h"
 
@@ -10,8 +11,9 @@ namespace tandem::kernels {
 
 // Reads `bytes` at `data` once with every thread of `pool` (contiguous equal shares, the target's widest
 // vectors into independent accumulators), `passes` times, and returns the best rate in GB/s (1e9 bytes per
-// second).
-double measure_read_bandwidth(const uint8_t* data, size_t bytes, ThreadPool& pool, int passes);
+// second). With `rates`, each pass's rate is appended to it, in order.
+double measure_read_bandwidth(const uint8_t* data, size_t bytes, ThreadPool& pool, int passes,
+                              std::vector<double>* rates = nullptr);
 
 // XOR of the 64-bit words of [data, data + bytes) (whole words; any alignment): the streaming read kernel
 // (Highway, dispatched to the widest target), and its scalar reference.

@@ -1,0 +1,48 @@
+// `tandem bench --json` on the real tiny model: the keys its users script against, and figures that agree
+// with each other (the roofline fraction is decode tok/s x bytes per token / bandwidth; the bandwidth is the
+// best of the probe passes it lists).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace {
+
+TEST(BenchCommand, JsonLineHasEveryFigureAndTheyAgree) {
+  const std::string tandem(TANDEM_BINARY);
+  const auto [out, rc] = tandem::testing::run_command(
+      tandem + " bench -m '" + tandem::testing::shared_path("models/stories260K.gguf") +
+      "' -t 2 --decode-tokens 16 --json 2>/dev/null");
+  ASSERT_EQ(rc, 0) << out;
+  const size_t last = out.find_last_of('\n', out.size() - 2);
+  const nlohmann::json j = nlohmann::json::parse(out.substr(last == std::string::npos ? 0 : last + 1));
+  for (const char* key : {"bandwidth_gbs", "bandwidth_passes_gbs", "decode_tps", "roofline_fraction",
+                          "prefill64_tps", "prefill512_tps", "verify_cost", "peak_rss_mb"})
+    ASSERT_TRUE(j.contains(key)) << key;
+  for (const char* n : {"1", "2", "3", "4", "5", "6", "8", "12", "16"}) {
+    ASSERT_TRUE(j["verify_cost"].contains(n)) << n;
+    EXPECT_GT(j["verify_cost"][n].get<double>(), 0.0) << n;
+  }
+  EXPECT_EQ(j["verify_cost"]["1"].get<double>(), 1.0);
+
+  const auto passes = j["bandwidth_passes_gbs"].get<std::vector<double>>();
+  ASSERT_EQ(passes.size(), 10u);  // five before decode, five after
+  const double bandwidth = j["bandwidth_gbs"].get<double>();
+  EXPECT_GT(bandwidth, 0.0);
+  EXPECT_EQ(bandwidth, *std::max_element(passes.begin(), passes.end()));
+
+  const double decode = j["decode_tps"].get<double>();
+  EXPECT_GT(decode, 0.0);
+  EXPECT_NEAR(j["roofline_fraction"].get<double>(),
+              decode * j["bytes_per_token"].get<double>() / (bandwidth * 1e9),
+              1e-9 * j["roofline_fraction"].get<double>());
+  EXPECT_GT(j["prefill64_tps"].get<double>(), 0.0);
+  EXPECT_GT(j["prefill512_tps"].get<double>(), 0.0);
+  EXPECT_GT(j["peak_rss_mb"].get<double>(), 0.0);
+}
+
+}  // namespace
