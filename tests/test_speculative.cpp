@@ -321,6 +321,33 @@ TEST(SpeculativeReplay, CorruptsAtTheRequestedRate) {
   EXPECT_TRUE(d.tokens.empty());
 }
 
+// Which of the first 64 proposals of 8 tokens each keep the reference, after a begin().
+std::vector<bool> replay_pattern(ReplaySource& src, const std::vector<int32_t>& ref) {
+  src.set_reference(ref);
+  src.begin(std::span<const int32_t>(ref.data(), 1), {});
+  std::vector<bool> kept;
+  Draft d;
+  for (size_t start = 1; start <= 1 + 63 * 8; start += 8) {
+    src.propose(std::span<const int32_t>(ref.data(), start), 8, d);
+    EXPECT_EQ(d.tokens.size(), 8u);
+    for (size_t i = 0; i < d.tokens.size(); ++i) kept.push_back(d.tokens[i] == ref[start + i]);
+  }
+  return kept;
+}
+
+// The same prompt generated again, or under another seed, meets other corruptions (a benchmark over prompts
+// or seeds then averages independent draws), and the same seed and generation repeat exactly.
+TEST(SpeculativeReplay, EachGenerationAndSeedDrawsAnew) {
+  std::vector<int32_t> ref(1000);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] = static_cast<int32_t>(i % 512);
+  ReplaySource a(0.5, 512, 1), b(0.5, 512, 1);
+  const auto first = replay_pattern(a, ref);
+  EXPECT_EQ(first, replay_pattern(b, ref));
+  EXPECT_NE(first, replay_pattern(a, ref));  // a's second generation
+  b.set_seed(2);
+  EXPECT_NE(replay_pattern(b, ref), replay_pattern(a, ref));  // both in their third generation
+}
+
 // A vocabulary-only GGUF v3 file in memory.
 struct VocabFile {
   std::vector<uint8_t> bytes;

@@ -101,7 +101,8 @@ void add_bench_spec_command(CLI::App& app) {
   cmd->add_option("--top-k", o->sampling.top_k, "Top-k (default 40; <= 0 disables)");
   cmd->add_option("--top-p", o->sampling.top_p, "Top-p (default 0.95; 1 disables)");
   cmd->add_option("--min-p", o->sampling.min_p, "Min-p (default 0.05; 0 disables)");
-  cmd->add_option("--seed", o->sampling.seed, "Sampling seed (default 0)");
+  cmd->add_option("--seed", o->sampling.seed,
+                  "Sampling seed, and the seed of --draft replay's corruptions (default 0)");
   cmd->callback([o] {
     if (!o->spec.enabled())
       throw Error("bench-spec needs a drafter: --draft-model FILE, --draft ngram or --draft replay");
@@ -121,6 +122,7 @@ void add_bench_spec_command(CLI::App& app) {
     so.batch = o->model.batch;
     SpecSetup setup = make_spec_setup(o->spec, *target, o->model, pool, so, /*calibrate_if_missing=*/true);
     auto* replay = dynamic_cast<speculative::ReplaySource*>(setup.source.get());
+    if (replay) replay->set_seed(o->sampling.seed);
     setup.options.generate.max_tokens = o->n_tokens;
     setup.options.generate.sampling = o->sampling;
     const engine::EogFn is_eog = [&](int32_t t) { return tok && tok->is_eog(t); };

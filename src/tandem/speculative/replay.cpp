@@ -14,12 +14,14 @@ ReplaySource::ReplaySource(double accept_rate, int64_t n_vocab, uint64_t seed)
 }
 
 void ReplaySource::begin(std::span<const int32_t>, const DraftSettings&) {
+  ++generations_;
   proposals_ = 0;
 }
 
 void ReplaySource::propose(std::span<const int32_t> committed, int max_depth, Draft& out) {
   out.clear();
-  const uint64_t round = proposals_++;
+  // One draw sequence per generation and proposal (generations below 2^24, proposals below 2^40).
+  const uint64_t round = (generations_ << 40) ^ proposals_++;
   for (size_t pos = committed.size();
        pos < reference_.size() && static_cast<int>(out.tokens.size()) < max_depth; ++pos) {
     int32_t t = reference_[pos];

@@ -18,6 +18,8 @@ class ReplaySource final : public DraftSource {
 
   // The text to replay: a prompt followed by its continuation. Proposals read it at the committed length.
   void set_reference(std::vector<int32_t> reference) { reference_ = std::move(reference); }
+  // The seed of the corruption draws: another seed, another independent set of corruptions.
+  void set_seed(uint64_t seed) { seed_ = seed; }
 
   std::string_view kind() const override { return "replay"; }
   void begin(std::span<const int32_t> prompt, const DraftSettings& settings) override;
@@ -28,7 +30,10 @@ class ReplaySource final : public DraftSource {
   double accept_rate_;
   int64_t n_vocab_;
   uint64_t seed_;
-  uint64_t proposals_ = 0;  // keys the corruption draws, so each proposal of a position is independent
+  // Key the corruption draws with the seed: the generation (one per begin) and the proposal within it, so
+  // that every proposal of a position is independent, in every generation, even of prompts that match.
+  uint64_t generations_ = 0;
+  uint64_t proposals_ = 0;
   std::vector<int32_t> reference_;
 };
 
