@@ -8,6 +8,8 @@
 //                      probe
 //   MatmulK/TYPE/ROWS/K  whole matmul of 2048 weight rows of K elements (TinyLlama's 2048 and 5632): time
 //                      per row and super-block at either row length
+//   MatmulKCold2/TYPE/ROWS/K  MatmulK with the weights streaming from memory (copies in turn, 96 MB or
+//                      more), on two threads as the model runs them: MatmulK's matrices fit in a large L3
 //   MatmulHotTarget/TYPE/ROWS/TARGET  MatmulHot on one given SIMD target (0 scalar, 1 AVX2, 2 AVX-512), to
 //                      compare the targets a CPU can run
 //   Unpack/TYPE        decoding one 2048-element weight row into the kernel form
@@ -130,6 +132,32 @@ void BM_MatmulK(benchmark::State& state) {
   const int64_t k = state.range(2);
   run_matmul(state, kN, best_target(), k);
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * state.range(1) * kN * (k / 256));
+}
+
+// MatmulK with the weights streaming from memory, on two threads as the model runs: each iteration takes the
+// next of as many copies of the matrix as fill 96 MB or more (beyond the last-level cache).
+void BM_MatmulKCold2(benchmark::State& state) {
+  const DType t = kTypes[state.range(0)];
+  const int64_t rows = state.range(1), k = state.range(2);
+  const Weights w = make_weights(t, kN, k);
+  const size_t n_copies = std::max<size_t>(4, (size_t{96} << 20) / w.bytes.size() + 1);
+  std::vector<uint8_t> copies(w.bytes.size() * n_copies);
+  for (size_t c = 0; c < n_copies; ++c)
+    std::memcpy(copies.data() + c * w.bytes.size(), w.bytes.data(), w.bytes.size());
+  const auto x = make_activations(rows, k);
+  std::vector<float> y(static_cast<size_t>(rows * kN));
+  ThreadPool pool(2);
+  MatmulScratch scratch(2, k, rows, best_target());
+  size_t c = 0;
+  for (auto _ : state) {
+    MatrixView v = w.view;
+    v.data = copies.data() + c * w.bytes.size();
+    c = (c + 1) % n_copies;
+    matmul(v, x.data(), rows, y.data(), pool, scratch);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(std::string(dtype_name(t)) + " rows=" + std::to_string(rows) + " k=" + std::to_string(k));
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * rows * kN * (k / 256));
 }
 
 void BM_Unpack(benchmark::State& state) {
@@ -421,6 +449,7 @@ BENCHMARK(BM_MatmulHot)->Apply(matmul_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatmulCold)->Apply(cold_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatmulCold2)->Apply(cold_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_MatmulK)->Apply(k_args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MatmulKCold2)->Apply(k_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_MatmulHotTarget)->Apply(matmul_target_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Unpack)->Apply(unpack_args);
 BENCHMARK(BM_DotRows)->Apply(dot_args);
