@@ -86,17 +86,29 @@ std::vector<float> make_activations(int64_t rows, int64_t k) {
   return x;
 }
 
+// from_memory: each iteration takes the next of as many copies of the weights as fill 96 MB or more (beyond
+// the last-level cache), for matrices that would otherwise stay in it.
 void run_matmul(benchmark::State& state, int64_t n, Target target = best_target(), int64_t k = kK,
-                int threads = 1) {
+                int threads = 1, bool from_memory = false) {
   const DType t = kTypes[state.range(0)];
   const int64_t rows = state.range(1);
   const Weights w = make_weights(t, n, k);
+  const size_t n_copies = from_memory ? std::max<size_t>(4, (size_t{96} << 20) / w.bytes.size() + 1) : 1;
+  std::vector<uint8_t> copies(from_memory ? w.bytes.size() * n_copies : 0);
+  for (size_t c = 0; c < copies.size(); c += w.bytes.size())
+    std::memcpy(copies.data() + c, w.bytes.data(), w.bytes.size());
   const auto x = make_activations(rows, k);
   std::vector<float> y(static_cast<size_t>(rows * n));
   ThreadPool pool(threads);
   MatmulScratch scratch(threads, k, rows, target);
+  MatrixView v = w.view;
+  size_t c = 0;
   for (auto _ : state) {
-    matmul(w.view, x.data(), rows, y.data(), pool, scratch);
+    if (from_memory) {
+      v.data = copies.data() + c * w.bytes.size();
+      c = (c + 1) % n_copies;
+    }
+    matmul(v, x.data(), rows, y.data(), pool, scratch);
     benchmark::DoNotOptimize(y.data());
   }
   state.SetLabel(std::string(dtype_name(t)) + " rows=" + std::to_string(rows) + " " +
@@ -134,30 +146,11 @@ void BM_MatmulK(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * state.range(1) * kN * (k / 256));
 }
 
-// MatmulK with the weights streaming from memory, on two threads as the model runs: each iteration takes the
-// next of as many copies of the matrix as fill 96 MB or more (beyond the last-level cache).
+// MatmulK with the weights streaming from memory, on two threads as the model runs.
 void BM_MatmulKCold2(benchmark::State& state) {
-  const DType t = kTypes[state.range(0)];
-  const int64_t rows = state.range(1), k = state.range(2);
-  const Weights w = make_weights(t, kN, k);
-  const size_t n_copies = std::max<size_t>(4, (size_t{96} << 20) / w.bytes.size() + 1);
-  std::vector<uint8_t> copies(w.bytes.size() * n_copies);
-  for (size_t c = 0; c < n_copies; ++c)
-    std::memcpy(copies.data() + c * w.bytes.size(), w.bytes.data(), w.bytes.size());
-  const auto x = make_activations(rows, k);
-  std::vector<float> y(static_cast<size_t>(rows * kN));
-  ThreadPool pool(2);
-  MatmulScratch scratch(2, k, rows, best_target());
-  size_t c = 0;
-  for (auto _ : state) {
-    MatrixView v = w.view;
-    v.data = copies.data() + c * w.bytes.size();
-    c = (c + 1) % n_copies;
-    matmul(v, x.data(), rows, y.data(), pool, scratch);
-    benchmark::DoNotOptimize(y.data());
-  }
-  state.SetLabel(std::string(dtype_name(t)) + " rows=" + std::to_string(rows) + " k=" + std::to_string(k));
-  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * rows * kN * (k / 256));
+  const int64_t k = state.range(2);
+  run_matmul(state, kN, best_target(), k, 2, true);
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * state.range(1) * kN * (k / 256));
 }
 
 void BM_Unpack(benchmark::State& state) {
