@@ -34,8 +34,8 @@ if [[ ${#models[@]} -eq 0 ]]; then
   done
 fi
 
-echo "| model | type | threads | bandwidth GB/s | decode tok/s | roofline | prefill 64 tok/s | prefill 512 tok/s | verify cost n=2,4,8,16 | int8 peak GMAC/s | cost(8) floor | peak RSS MB |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| model | type | threads | bandwidth GB/s | decode tok/s | roofline | roofline beside | prefill 64 tok/s | prefill 512 tok/s | verify cost n=2,4,8,16 | int8 peak GMAC/s | cost(8) floor | peak RSS MB |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for m in "${models[@]}"; do
   echo "bench: $m" >&2
   json=$("$tandem" bench -m "$m" -t "$threads" -c "$ctx" --json | tail -n 1)
@@ -48,7 +48,7 @@ typ = m.group(1).upper() if m else "?"
 v = j["verify_cost"]
 cost = " / ".join(f"{v[k]:.2f}" for k in ("2", "4", "8", "16"))
 print(f"| {name} | {typ} | {j['threads']} | {j['bandwidth_gbs']:.1f} | {j['decode_tps']:.1f} | "
-      f"{j['roofline_fraction']:.2f} | {j['prefill64_tps']:.1f} | {j['prefill512_tps']:.1f} | {cost} | "
+      f"{j['roofline_fraction']:.2f} | {j['roofline_beside']:.2f} | {j['prefill64_tps']:.1f} | {j['prefill512_tps']:.1f} | {cost} | "
       f"{j['dot_peak_gmacs']:.0f} | {j['verify_cost_floor']['8']:.2f} | {j['peak_rss_mb']:.0f} |")
 PY
 done

@@ -1,6 +1,6 @@
 // `tandem bench --json` on the real tiny model: the keys its users script against, and figures that agree
 // with each other (the roofline fraction is decode tok/s x bytes per token / bandwidth; the bandwidth is the
-// best of the probe passes it lists).
+// best of the probe passes it lists; the fraction beside the bandwidth is the median of its rounds).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,6 +40,16 @@ TEST(BenchCommand, JsonLineHasEveryFigureAndTheyAgree) {
   EXPECT_NEAR(j["roofline_fraction"].get<double>(),
               decode * j["bytes_per_token"].get<double>() / (bandwidth * 1e9),
               1e-9 * j["roofline_fraction"].get<double>());
+  // Decode beside the bandwidth: nine rounds between ten single probe passes, each round's weight bytes per
+  // second over the mean of the two passes around it, and their median.
+  const auto rounds = j["roofline_beside_rounds"].get<std::vector<double>>();
+  const auto beside_passes = j["roofline_beside_passes_gbs"].get<std::vector<double>>();
+  ASSERT_EQ(rounds.size(), 9u);
+  ASSERT_EQ(beside_passes.size(), rounds.size() + 1);
+  for (double r : rounds) EXPECT_GT(r, 0.0);
+  auto sorted = rounds;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(j["roofline_beside"].get<double>(), sorted[sorted.size() / 2]);
   EXPECT_GT(j["prefill64_tps"].get<double>(), 0.0);
   EXPECT_GT(j["prefill512_tps"].get<double>(), 0.0);
   EXPECT_GT(j["peak_rss_mb"].get<double>(), 0.0);
