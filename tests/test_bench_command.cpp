@@ -1,6 +1,7 @@
 // `tandem bench --json` on the real tiny model: the keys its users script against, and figures that agree
 // with each other (the roofline fraction is decode tok/s x bytes per token / bandwidth; the bandwidth is the
-// best of the probe passes it lists; the fraction beside the bandwidth is the median of its rounds).
+// best of the probe passes it lists; the fraction beside the bandwidth is the median of its rounds; the parts
+// of a step add up to it).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -50,6 +51,22 @@ TEST(BenchCommand, JsonLineHasEveryFigureAndTheyAgree) {
   auto sorted = rounds;
   std::sort(sorted.begin(), sorted.end());
   EXPECT_EQ(j["roofline_beside"].get<double>(), sorted[sorted.size() / 2]);
+  // Where decode steps and verify windows spend their time: shares of a step that add up to one, and
+  // milliseconds per forward for every width.
+  double shares = 0;
+  for (const char* part : {"matmul", "attention", "other"}) {
+    const double share = j["decode_parts"][part].get<double>();
+    EXPECT_GE(share, -1e-9) << part;
+    shares += share;
+  }
+  EXPECT_NEAR(shares, 1.0, 1e-9);
+  EXPECT_GT(j["decode_parts"]["matmul"].get<double>(), 0.0);
+  for (const char* n : {"1", "2", "3", "4", "5", "6", "8", "12", "16"}) {
+    const auto& parts = j["verify_parts_ms"][n];
+    EXPECT_GT(parts["matmul"].get<double>(), 0.0) << n;
+    EXPECT_GT(parts["attention"].get<double>(), 0.0) << n;
+    EXPECT_GE(parts["other"].get<double>(), -1e-9) << n;
+  }
   EXPECT_GT(j["prefill64_tps"].get<double>(), 0.0);
   EXPECT_GT(j["prefill512_tps"].get<double>(), 0.0);
   EXPECT_GT(j["peak_rss_mb"].get<double>(), 0.0);

@@ -1,6 +1,7 @@
 // tandem bench: decode, prefill and verify-window speed of a model on this machine, against the memory
 // bandwidth measured in the same run with the same threads.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -62,8 +63,11 @@ void add_bench_command(CLI::App& app) {
       "bench",
       "Measure memory read bandwidth, decode tok/s and its roofline fraction (against the best probe pass, "
       "and against the probe passes beside rounds of decode steps), prefill tok/s (64 and 512 tokens), the "
-      "verify cost curve cost(n)/cost(1) with its floor from the measured int8 multiply-add peak, and peak "
-      "RSS. -c sets the context decode and verify run at (default 256).");
+      "verify cost curve cost(n)/cost(1) with its floor from the measured int8 multiply-add peak, where "
+      "decode "
+      "steps and verify windows spend their time (matrix products, attention, the rest), and peak RSS. -c "
+      "sets "
+      "the context decode and verify run at (default 256).");
   struct Opts {
     ModelOptions model;
     bool json = false;
@@ -155,6 +159,8 @@ void add_bench_command(CLI::App& app) {
     // and the median over the rounds (how fast decode streams against what a read loop gets right then).
     progress("decode beside the bandwidth");
     std::vector<double> beside, beside_passes;
+    model::PhaseTimes decode_parts;
+    session.forward().set_phase_times(&decode_parts);
     {
       constexpr int kRounds = 9, kStepsPerRound = 6;
       double before = probe(1, &beside_passes);
@@ -173,17 +179,25 @@ void add_bench_command(CLI::App& app) {
         before = after;
       }
     }
+    session.forward().set_phase_times(nullptr);
     const double decode_beside = median(beside);
 
     progress("verify windows");
     // Each width timed right after a one-row forward, the median of the paired ratios (as calibrate does):
     // widths timed one after another drifted with the machine's speed against the one-row time.
     const int widths[] = {1, 2, 3, 4, 5, 6, 8, 12, 16};
+    // Where each width's forwards spend their time (timed forwards only, not the warm-up).
+    std::array<model::PhaseTimes, std::size(widths)> width_parts{};
+    bool time_parts = false;
     const auto run_rows = [&](int n) {
+      const auto at = static_cast<size_t>(std::find(std::begin(widths), std::end(widths), n) - widths);
+      if (time_parts) session.forward().set_phase_times(&width_parts[at]);
       session.eval(tokens(n, c.n_vocab, 7 * n), /*all_logits=*/true);
+      session.forward().set_phase_times(nullptr);
       session.truncate(base);
     };
     for (int n : widths) run_rows(n);  // warm every width
+    time_parts = true;
     std::vector<double> one_row;
     const std::vector<double> costs = speculative::paired_window_costs(
         run_rows, std::span<const int>(widths).subspan(1), o->reps, &one_row);
@@ -242,7 +256,25 @@ void add_bench_command(CLI::App& app) {
       std::printf("%d:%.2f ", n, f);
       floor[std::to_string(n)] = f;
     }
-    std::printf("\npeak RSS         %.1f MB\n", rss);
+    // Milliseconds per forward in the matrix products, attention and the rest.
+    const auto parts_ms = [](const model::PhaseTimes& t) {
+      const double n = static_cast<double>(std::max<int64_t>(1, t.forwards));
+      return std::array<double, 3>{1e3 * t.matmul_s / n, 1e3 * t.attention_s / n,
+                                   1e3 * (t.total_s - t.matmul_s - t.attention_s) / n};
+    };
+    const auto decode_ms = parts_ms(decode_parts);
+    const double decode_forward_ms = decode_ms[0] + decode_ms[1] + decode_ms[2];
+    std::printf("\ndecode parts     matrix products %.3f, attention %.3f, the rest %.3f of a step\n",
+                decode_ms[0] / decode_forward_ms, decode_ms[1] / decode_forward_ms,
+                decode_ms[2] / decode_forward_ms);
+    std::printf("verify parts ms  ");
+    nlohmann::json verify_parts = nlohmann::json::object();
+    for (size_t i = 0; i < std::size(widths); ++i) {
+      const auto ms = parts_ms(width_parts[i]);
+      std::printf("%d:%.1f/%.1f/%.1f ", widths[i], ms[0], ms[1], ms[2]);
+      verify_parts[std::to_string(widths[i])] = {{"matmul", ms[0]}, {"attention", ms[1]}, {"other", ms[2]}};
+    }
+    std::printf(" (matrix products/attention/rest)\npeak RSS         %.1f MB\n", rss);
     if (o->json) {
       nlohmann::json j;
       j["model"] = o->model.model_path;
@@ -265,6 +297,10 @@ void add_bench_command(CLI::App& app) {
       j["dot_peak_gmacs"] = dot_peak;
       j["macs_per_token"] = macs_per_token;
       j["verify_cost_floor"] = floor;
+      j["decode_parts"] = {{"matmul", decode_ms[0] / decode_forward_ms},
+                           {"attention", decode_ms[1] / decode_forward_ms},
+                           {"other", decode_ms[2] / decode_forward_ms}};
+      j["verify_parts_ms"] = verify_parts;
       j["peak_rss_mb"] = rss;
       std::printf("%s\n", j.dump().c_str());
     }

@@ -39,6 +39,12 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
 
 void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
                   const CaptureFn* capture) {
+  timed(&PhaseTimes::total_s, [&] { run_untimed(rows, caches, logits, capture); });
+  if (times_ != nullptr) ++times_->forwards;
+}
+
+void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
+                          const CaptureFn* capture) {
   const Config& c = model_.config();
   const Weights& w = model_.weights();
   const int64_t R = static_cast<int64_t>(rows.size());
@@ -100,7 +106,7 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
                         c.norm_eps);
     });
     const kernels::MatmulOut qkv[] = {{&l.wq, q_.data()}, {&l.wk, k_.data()}, {&l.wv, v_.data()}};
-    kernels::matmul_group(qkv, xb_.data(), R, pool_, scratch_);
+    timed(&PhaseTimes::matmul_s, [&] { kernels::matmul_group(qkv, xb_.data(), R, pool_, scratch_); });
     for (int64_t r = 0; r < R; ++r) {
       float* q = q_.data() + r * c.q_dim();
       float* k = k_.data() + r * c.kv_dim();
@@ -123,8 +129,8 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
       }
       caches[static_cast<size_t>(rows[static_cast<size_t>(r)].seq)]->store(il, pos, k, v);
     }
-    attention(rows, caches, il);
-    kernels::matmul(l.wo, att_.data(), R, xb_.data(), pool_, scratch_);
+    timed(&PhaseTimes::attention_s, [&] { attention(rows, caches, il); });
+    timed(&PhaseTimes::matmul_s, [&] { kernels::matmul(l.wo, att_.data(), R, xb_.data(), pool_, scratch_); });
     for_rows(R, [&](int64_t r) {
       float* out = xb_.data() + r * c.n_embd;
       if (!l.post_attn_norm.empty()) kernels::rms_norm(out, l.post_attn_norm.data, out, c.n_embd, c.norm_eps);
@@ -133,7 +139,7 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
                         c.norm_eps);
     });
     const kernels::MatmulOut gate_up[] = {{&l.w_gate, ffn_gate_.data()}, {&l.w_up, ffn_up_.data()}};
-    kernels::matmul_group(gate_up, xb_.data(), R, pool_, scratch_);
+    timed(&PhaseTimes::matmul_s, [&] { kernels::matmul_group(gate_up, xb_.data(), R, pool_, scratch_); });
     for_rows(R, [&](int64_t r) {
       float* g = ffn_gate_.data() + r * c.n_ff;
       const float* u = ffn_up_.data() + r * c.n_ff;
@@ -143,7 +149,8 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
         kernels::geglu(g, u, g, c.n_ff);
       }
     });
-    kernels::matmul(l.w_down, ffn_gate_.data(), R, xb_.data(), pool_, scratch_);
+    timed(&PhaseTimes::matmul_s,
+          [&] { kernels::matmul(l.w_down, ffn_gate_.data(), R, xb_.data(), pool_, scratch_); });
     for_rows(R, [&](int64_t r) {
       float* out = xb_.data() + r * c.n_embd;
       if (!l.post_ffn_norm.empty()) kernels::rms_norm(out, l.post_ffn_norm.data, out, c.n_embd, c.norm_eps);
@@ -179,7 +186,8 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
 
 void Forward::head(const float* hidden, int64_t n, float* logits) {
   const Config& c = model_.config();
-  kernels::matmul(model_.weights().output, hidden, n, logits, pool_, scratch_);
+  timed(&PhaseTimes::matmul_s,
+        [&] { kernels::matmul(model_.weights().output, hidden, n, logits, pool_, scratch_); });
   if (c.final_softcap > 0) kernels::soft_cap(logits, n * c.n_vocab, c.final_softcap);
 }
 

@@ -3,6 +3,7 @@
 // attention reads each row's own cache. Workspace is allocated once for `max_rows`; run() does not allocate.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -20,6 +21,15 @@ struct Row {
   int64_t pos = 0;      // position in its sequence
   int32_t seq = 0;      // index into the caches passed to run()
   bool logits = false;  // produce logits for this row
+};
+
+// Where forwards spend their time, accumulated while a Forward has one (Forward::set_phase_times): the matrix
+// products (with the quantization of their activations, the output head included), attention, and whole
+// forwards (the rest: embeddings, norms, rotary embeddings, activations, residuals, cache writes). Timing
+// costs two clock reads per part.
+struct PhaseTimes {
+  double matmul_s = 0, attention_s = 0, total_s = 0;
+  int64_t forwards = 0;
 };
 
 // Receives each decoder layer's residual output (layer 0..n_layer-1) and then the post-final-norm output
@@ -45,7 +55,23 @@ class Forward {
   // included).
   void head(const float* hidden, int64_t n, float* logits);
 
+  // Accumulate where each forward's time goes into *times (borrowed; it must outlive the timing), or stop
+  // timing (nullptr, the default).
+  void set_phase_times(PhaseTimes* times) { times_ = times; }
+
  private:
+  void run_untimed(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
+                   const CaptureFn* capture);
+
+  // fn(), its time added to times_->*part when timing.
+  template <typename Fn>
+  void timed(double PhaseTimes::*part, Fn&& fn) {
+    if (times_ == nullptr) return fn();
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    times_->*part += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
   void attention(std::span<const Row> rows, std::span<cache::KvCache* const> caches, int64_t layer);
 
   // fn(r) for every row r < n: row-wise work (norms, activations, residuals), across the team when there are
@@ -74,6 +100,7 @@ class Forward {
   int64_t scores_stride_ = 0;
   std::vector<int64_t> lengths_;  // per sequence, while validating a batch
   std::vector<int64_t> firsts_;   // per sequence, its lowest row position in a batch
+  PhaseTimes* times_ = nullptr;   // borrowed; null: untimed
 };
 
 }  // namespace tandem::model
