@@ -582,6 +582,10 @@ constexpr int64_t kDirectRows = 8;
 // and 0.83x / 0.92x. Synthetic TinyLlama Q4_0 prefill64 100.6-117.6 tok/s against 82.2-101.1, prefill512
 // 88.5-97.2 against 78.8-87.4 (four alternating pairs).
 constexpr int64_t kChunkMinRows = 2;
+// Every window takes column chunks here, whatever its activations' size.
+constexpr bool chunks_small_window(int64_t, int64_t) {
+  return false;
+}
 
 // Q8_0 codes of this target's unpacked form and loaders: signed (vpmaddubsw saturates at 255 unsigned).
 constexpr bool kSignedQ8 = true;
