@@ -1,7 +1,6 @@
 #include "tandem/cache/attention.h"
 
 #include <algorithm>
-#include <type_traits>
 
 #include "tandem/kernels/float_kernels.h"
 #include "tandem/util/error.h"
@@ -52,11 +51,12 @@ void attend_group(const KvCache& cache, int64_t layer, int64_t kv_head, const fl
   // have evicted them since the last step).
   const size_t key_block_bytes = static_cast<size_t>(B) * kc.row_bytes();
   const size_t value_block_bytes = static_cast<size_t>(B) * vc.row_bytes();
-  const auto prefetch = [](const uint8_t* p, size_t bytes, auto level) {
-    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, decltype(level)::value);
+  const auto prefetch_l1 = [](const uint8_t* p, size_t bytes) {
+    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
   };
-  using L1 = std::integral_constant<int, 3>;
-  using L2 = std::integral_constant<int, 2>;
+  const auto prefetch_l2 = [](const uint8_t* p, size_t bytes) {
+    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
+  };
   const int64_t b0 = first / B, nb = last / B - b0 + 1;
   const auto ahead =
       static_cast<int64_t>(kAheadBytes / std::max<size_t>(64, std::max(key_block_bytes, value_block_bytes)));
@@ -66,9 +66,9 @@ void attend_group(const KvCache& cache, int64_t layer, int64_t kv_head, const fl
       const bool keys = fetched < nb;
       const int32_t blk = cache.block_of(layer, (b0 + (keys ? fetched : fetched - nb)) * B);
       if (keys) {
-        prefetch(pool.keys(blk, layer, kv_head), key_block_bytes, L2{});
+        prefetch_l2(pool.keys(blk, layer, kv_head), key_block_bytes);
       } else {
-        prefetch(pool.values(blk, layer, kv_head), value_block_bytes, L2{});
+        prefetch_l2(pool.values(blk, layer, kv_head), value_block_bytes);
       }
     }
   };
@@ -79,7 +79,7 @@ void attend_group(const KvCache& cache, int64_t layer, int64_t kv_head, const fl
     TANDEM_CHECK(blk >= 0, "attention reads a released block");
     prefetch_ahead(pos / B - b0);
     if (const int32_t next = next_block(pos + n); next >= 0)
-      prefetch(pool.keys(next, layer, kv_head), key_block_bytes, L1{});
+      prefetch_l1(pool.keys(next, layer, kv_head), key_block_bytes);
     float* s = scores + (pos - first);
     kc.dots_in_block(prepared, n_q, ps, pool.keys(blk, layer, kv_head), B, off, n, s, scores_stride);
     if (anchor)
@@ -99,7 +99,7 @@ void attend_group(const KvCache& cache, int64_t layer, int64_t kv_head, const fl
     const int32_t blk = cache.block_of(layer, pos);
     prefetch_ahead(nb + pos / B - b0);
     if (const int32_t next = next_block(pos + n); next >= 0)
-      prefetch(pool.values(next, layer, kv_head), value_block_bytes, L1{});
+      prefetch_l1(pool.values(next, layer, kv_head), value_block_bytes);
     vc.accumulate_group(scores + (pos - first), n_q, scores_stride,
                         pool.values(blk, layer, kv_head) + static_cast<size_t>(off) * vc.row_bytes(), n, acc,
                         vc.dim());

@@ -64,10 +64,8 @@ void add_bench_command(CLI::App& app) {
       "Measure memory read bandwidth, decode tok/s and its roofline fraction (against the best probe pass, "
       "and against the probe passes beside rounds of decode steps), prefill tok/s (64 and 512 tokens), the "
       "verify cost curve cost(n)/cost(1) with its floor from the measured int8 multiply-add peak, where "
-      "decode "
-      "steps and verify windows spend their time (matrix products, attention, the rest), and peak RSS. -c "
-      "sets "
-      "the context decode and verify run at (default 256).");
+      "decode steps and verify windows spend their time (matrix products, attention, the rest), and peak "
+      "RSS. -c sets the context decode and verify run at (default 256).");
   struct Opts {
     ModelOptions model;
     bool json = false;
