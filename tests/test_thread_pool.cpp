@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "tandem/util/error.h"
@@ -13,7 +16,8 @@ namespace {
 
 using tandem::ThreadPool;
 
-// Every index of [0, n) is visited exactly once, by both loop forms, for grains that do and do not divide n.
+// Every index of [0, n) is visited exactly once, by each of the three loop forms, for grains that do and do
+// not divide n.
 TEST(ThreadPool, LoopsCoverEveryIndexOnce) {
   for (int threads : {1, 2, 3}) {
     ThreadPool pool(threads);
@@ -28,11 +32,47 @@ TEST(ThreadPool, LoopsCoverEveryIndexOnce) {
         };
         pool.parallel_for(n, grain, mark);
         pool.parallel_for_dynamic(n, grain, mark);
+        pool.parallel_for_stealing(n, grain, mark);
         for (int64_t i = 0; i < n; ++i)
-          EXPECT_EQ(seen[static_cast<size_t>(i)].load(), 2) << "n " << n << " grain " << grain << " i " << i;
+          EXPECT_EQ(seen[static_cast<size_t>(i)].load(), 3) << "n " << n << " grain " << grain << " i " << i;
       }
     }
   }
+}
+
+// parallel_for_stealing: each thread takes its own share from the front, in address order, and a thread
+// whose share is done takes from the back of another's. Here thread 0 holds its first chunk until thread 1
+// has finished its own share, so thread 1 must steal from thread 0's.
+TEST(ThreadPool, StealingLoopTakesOwnShareInOrderThenSteals) {
+  ThreadPool pool(2);
+  const int64_t n = 100;  // shares [0, 50) and [50, 100)
+  std::vector<std::atomic<int>> by(static_cast<size_t>(n));
+  std::atomic<int64_t> share1_done{0};
+  std::vector<int64_t> starts0;  // chunk starts thread 0 ran (its own thread only writes them)
+  starts0.reserve(static_cast<size_t>(n));
+  bool waited = false;
+  pool.parallel_for_stealing(n, 1, [&](int64_t b, int64_t e, int t) {
+    if (t == 0 && !waited) {
+      waited = true;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (share1_done.load() < 50 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::yield();
+    }
+    if (t == 0) starts0.push_back(b);
+    for (int64_t i = b; i < e; ++i) {
+      by[static_cast<size_t>(i)].store(t + 1);
+      if (t == 1 && i >= 50) share1_done.fetch_add(1);
+    }
+  });
+  int stolen = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_NE(by[static_cast<size_t>(i)].load(), 0) << "index " << i << " was not run";
+    if (i < 50 && by[static_cast<size_t>(i)].load() == 2) ++stolen;
+  }
+  EXPECT_EQ(share1_done.load(), 50) << "thread 1 runs its own share";
+  EXPECT_GT(stolen, 0) << "thread 1 takes from thread 0's share once its own is done";
+  EXPECT_EQ(starts0.front(), 0);
+  EXPECT_TRUE(std::is_sorted(starts0.begin(), starts0.end())) << "a share is taken front to back";
 }
 
 // run() calls the callable once per thread, each with its own index.
@@ -58,6 +98,7 @@ TEST(ThreadPool, RegionsDoNotAllocate) {
   for (int rep = 0; rep < 50; ++rep) {
     pool.parallel_for(100, 1, body);
     pool.parallel_for_dynamic(100, 1, body);
+    pool.parallel_for_stealing(100, 1, body);
     pool.run([&](int t) { sum.fetch_add(t + a + b + c + d + e, std::memory_order_relaxed); });
   }
   EXPECT_EQ(g_allocations.load() - before, 0u);

@@ -23,6 +23,7 @@ constexpr int kSpinIterations = 1 << 14;
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads) {
   if (n_threads < 1) throw Error("thread count must be at least 1 (got " + std::to_string(n_threads) + ")");
+  shares_ = std::make_unique<Share[]>(static_cast<size_t>(n_threads));
   threads_.reserve(static_cast<size_t>(n_threads - 1));
   for (int i = 1; i < n_threads; ++i) threads_.emplace_back([this, i] { worker(i); });
 }

@@ -38,12 +38,8 @@ class ThreadPool {
   // the last. The split depends only on n, grain and size(), never on timing.
   template <typename Fn>
   void parallel_for(int64_t n, int64_t grain, Fn&& fn) {
-    if (n <= 0) return;
-    const int64_t units = (n + grain - 1) / grain;
-    if (n_threads_ == 1 || units == 1) {
-      fn(int64_t{0}, n, 0);
-      return;
-    }
+    const int64_t units = units_or_inline(n, grain, fn);
+    if (units == 0) return;
     run([&](int t) {
       const int64_t per = units / n_threads_, extra = units % n_threads_;
       const int64_t u0 = t * per + (t < extra ? t : extra);
@@ -60,12 +56,8 @@ class ThreadPool {
   // pick per-thread scratch).
   template <typename Fn>
   void parallel_for_dynamic(int64_t n, int64_t grain, Fn&& fn) {
-    if (n <= 0) return;
-    const int64_t units = (n + grain - 1) / grain;
-    if (n_threads_ == 1 || units == 1) {
-      fn(int64_t{0}, n, 0);
-      return;
-    }
+    const int64_t units = units_or_inline(n, grain, fn);
+    if (units == 0) return;
     std::atomic<int64_t> next{0};
     const int64_t split = 2 * static_cast<int64_t>(n_threads_);
     run([&](int t) {
@@ -77,6 +69,50 @@ class ThreadPool {
         fn(b, e, t);
         u0 = next.load(std::memory_order_relaxed);
       }
+    });
+  }
+
+  // Runs fn(begin, end, thread_index) over [0, n) so that each thread reads one contiguous run: thread t owns
+  // the t-th of size() near-equal contiguous shares (in whole `grain`s) and takes it from the front, a
+  // quarter of what is left of it at a time; a thread whose share is done takes half of what is left of
+  // another's from its back (boundaries are multiples of `grain` except the last), so a thread slowed by the
+  // machine never leaves the others idle at the barrier, yet each thread's reads run on in address order
+  // until it steals. Which thread runs a chunk depends on timing: fn's results must not depend on the thread
+  // index.
+  template <typename Fn>
+  void parallel_for_stealing(int64_t n, int64_t grain, Fn&& fn) {
+    const int64_t units = units_or_inline(n, grain, fn);
+    if (units == 0) return;
+    if (units > INT32_MAX) {  // a share's bounds pack in 32 bits each
+      parallel_for_dynamic(n, grain, fn);
+      return;
+    }
+    const int64_t T = n_threads_;
+    for (int64_t t = 0; t < T; ++t)
+      shares_[static_cast<size_t>(t)].bounds.store(pack(t * units / T, (t + 1) * units / T),
+                                                   std::memory_order_relaxed);
+    run([&](int t) {
+      // Claims [lo, lo + take) (from the front) or [hi - take, hi) (from the back) of a share by one
+      // compare-and-swap of its packed bounds; false once the share is empty.
+      const auto claim = [&](Share& share, bool front) {
+        uint64_t b = share.bounds.load(std::memory_order_relaxed);
+        for (;;) {
+          const int64_t lo = static_cast<int64_t>(b >> 32), hi = static_cast<int64_t>(b & 0xFFFFFFFFu);
+          if (lo >= hi) return false;
+          const int64_t take = std::max<int64_t>(1, (hi - lo) / (front ? 4 : 2));
+          const int64_t u0 = front ? lo : hi - take;
+          if (share.bounds.compare_exchange_weak(b, front ? pack(lo + take, hi) : pack(lo, hi - take),
+                                                 std::memory_order_relaxed)) {
+            fn(u0 * grain, std::min(n, (u0 + take) * grain), t);
+            return true;
+          }
+        }
+      };
+      while (claim(shares_[static_cast<size_t>(t)], true)) {
+      }
+      for (int64_t k = 1; k < T; ++k)
+        while (claim(shares_[static_cast<size_t>((t + k) % T)], false)) {
+        }
     });
   }
 
@@ -93,7 +129,27 @@ class ThreadPool {
   void run_job(Job job);
   void worker(int index);
 
+  // One thread's share for parallel_for_stealing: [lo, hi) in units, lo in the high 32 bits; a cache line
+  // each, so that owners claiming from their own shares do not contend.
+  struct alignas(64) Share {
+    std::atomic<uint64_t> bounds{0};
+  };
+  // The grains of a loop over [0, n), or 0 where there was nothing to share: no work, or run inline on the
+  // caller as fn(0, n, 0) (one thread, or a single grain).
+  template <typename Fn>
+  int64_t units_or_inline(int64_t n, int64_t grain, Fn& fn) {
+    if (n <= 0) return 0;
+    const int64_t units = (n + grain - 1) / grain;
+    if (n_threads_ > 1 && units > 1) return units;
+    fn(int64_t{0}, n, 0);
+    return 0;
+  }
+  static uint64_t pack(int64_t lo, int64_t hi) {
+    return (static_cast<uint64_t>(lo) << 32) | static_cast<uint64_t>(hi);
+  }
+
   int n_threads_;
+  std::unique_ptr<Share[]> shares_;
   std::vector<std::thread> threads_;
   Job job_;
   std::atomic<uint64_t> generation_{0};
