@@ -150,7 +150,7 @@ void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t n_row
   // the prefetch ran into rows another thread took. Synthetic TinyLlama, two threads, context 256, decode
   // steps alternating in one process (median time ratio over 60-100 pairs of six steps, split by the
   // bandwidth probed beside each pair): Q4_0 0.96 / 0.97-0.98 (fast / slow memory), Q8_0 0.96 / 0.98, Q4_K_M
-  // 0.95 / 0.97; windows of 4 and 8 rows, which bind on arithmetic, alike (0.99).
+  // 0.95 / 0.97; windows of 2 to 8 rows, which bind on arithmetic, 0.97-0.99.
   int64_t units = 0;
   for (const MatmulOut& o : outs) units += (o.w->rows + kOutputGrain - 1) / kOutputGrain;
   pool.parallel_for_stealing(units, 1, [&](int64_t u0, int64_t u1, int thread) {
