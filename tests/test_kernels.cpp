@@ -434,7 +434,7 @@ TEST(Kernels, FloatMatmulMatchesReferenceOnEveryHighwayTarget) {
     for (int64_t k : {1, 7, 16, 37, 100, 1031}) {
       const int64_t n = 19;
       const TestMatrix m = make_matrix(t, n, k, 21);
-      for (int64_t rows : {1, 3, 4, 9}) {
+      for (int64_t rows : {1, 2, 3, 4, 8, 9}) {
         const auto xbuf = make_activations(rows, k, 23);
         const float* x = xbuf.data() + 1;
         std::vector<float> want(static_cast<size_t>(rows * n)), got(want.size());
@@ -451,8 +451,55 @@ TEST(Kernels, FloatMatmulMatchesReferenceOnEveryHighwayTarget) {
                           1e-5 * mag + 1e-6)
                   << dtype_name(t) << " k=" << k << " rows=" << rows;
             }
+          // Each row alone has the bits it has in the window (tiles of several weight and activation rows,
+          // and the smaller tiles of the last rows, on every target).
+          std::vector<float> alone(static_cast<size_t>(n));
+          for (int64_t r = 0; r < rows; ++r) {
+            matmul(m.view, x + r * k, 1, alone.data(), pool, scratch);
+            ASSERT_EQ(0, std::memcmp(alone.data(), got.data() + r * n, alone.size() * sizeof(float)))
+                << dtype_name(t) << " k=" << k << " rows=" << rows << " r=" << r;
+          }
         });
       }
+    }
+  }
+}
+
+// The float tiles (several weight rows by two activation rows, smaller tiles for the last rows) give every
+// output the bits it has alone, one weight row against one activation row, for any range of weight rows a
+// thread takes, and write no output outside it, on every Highway target. Single-threaded, so that the ARM
+// build runs it under emulation.
+TEST(Kernels, FloatTilesKeepEachOutputsBitsOnEveryHighwayTarget) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) {
+    for (int64_t k : {7, 37, 100, 1031}) {
+      const int64_t n = 11, rows = 9;
+      const TestMatrix m = make_matrix(t, n, k, 31);
+      const auto xbuf = make_activations(rows, k, 33);
+      const float* x = xbuf.data() + 1;
+      for_each_hwy_target([&] {
+        std::vector<float> alone(static_cast<size_t>(rows * n));
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t o = 0; o < n; ++o)
+            float_matmul_rows(t, m.view.data, m.view.row_bytes, o, o + 1, k, x + r * k, k, 1,
+                              alone.data() + r * n, n);
+        for (const auto& [o0, o1] : std::vector<std::pair<int64_t, int64_t>>{{0, n}, {1, n}, {2, 7}, {3, 4}})
+          for (int64_t nr : {1, 2, 3, 8, 9}) {
+            std::vector<float> y(static_cast<size_t>(nr * n), std::nanf(""));
+            float_matmul_rows(t, m.view.data, m.view.row_bytes, o0, o1, k, x, k, nr, y.data(), n);
+            for (int64_t r = 0; r < nr; ++r)
+              for (int64_t o = 0; o < n; ++o) {
+                const float got = y[static_cast<size_t>(r * n + o)];
+                if (o < o0 || o >= o1) {
+                  ASSERT_TRUE(std::isnan(got)) << "wrote output " << o << " outside " << o0 << ".." << o1;
+                } else {
+                  const float want = alone[static_cast<size_t>(r * n + o)];
+                  ASSERT_EQ(0, std::memcmp(&got, &want, sizeof(float)))
+                      << dtype_name(t) << " k=" << k << " rows=" << nr << " r=" << r << " o=" << o << " in "
+                      << o0 << ".." << o1;
+                }
+              }
+          }
+      });
     }
   }
 }

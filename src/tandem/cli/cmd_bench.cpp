@@ -236,8 +236,17 @@ void add_bench_command(CLI::App& app) {
         "roofline         %.3f  (against the passes beside each round of steps: median %.3f, %.3f-%.3f)\n",
         roofline, decode_beside, *std::min_element(beside.begin(), beside.end()),
         *std::max_element(beside.begin(), beside.end()));
-    std::printf("int8 peak        %.1f GMAC/s  (%.3g G multiply-adds per token: at least %.2f ms per row)\n",
-                dot_peak, macs_per_token / 1e9, 1e3 * macs_per_token / (dot_peak * 1e9));
+    // A model with float weights only has no int8 multiply-adds to bound: no floor then (not a floor of 0).
+    const bool has_floor = macs_per_token > 0;
+    if (has_floor) {
+      std::printf(
+          "int8 peak        %.1f GMAC/s  (%.3g G multiply-adds per token: at least %.2f ms per row)\n",
+          dot_peak, macs_per_token / 1e9, 1e3 * macs_per_token / (dot_peak * 1e9));
+    } else {
+      std::printf(
+          "int8 peak        %.1f GMAC/s  (float weights: no int8 matrix products, so no verify floor)\n",
+          dot_peak);
+    }
     std::printf("prefill          %.1f tok/s (64)  %.1f tok/s (512)\n", p64, p512);
     std::printf("verify cost      ");
     nlohmann::json verify = nlohmann::json::object();
@@ -247,12 +256,14 @@ void add_bench_command(CLI::App& app) {
       verify[std::to_string(widths[i])] = cost;
     }
     // The least cost(n) the peak allows at the measured one-row time: n rows' multiply-adds at full rate.
-    std::printf("\nverify floor     ");
-    nlohmann::json floor = nlohmann::json::object();
-    for (int n : widths) {
-      const double f = static_cast<double>(n) * macs_per_token / (dot_peak * 1e9) / one_row_s;
-      std::printf("%d:%.2f ", n, f);
-      floor[std::to_string(n)] = f;
+    nlohmann::json floor = has_floor ? nlohmann::json::object() : nlohmann::json();
+    if (has_floor) {
+      std::printf("\nverify floor     ");
+      for (int n : widths) {
+        const double f = static_cast<double>(n) * macs_per_token / (dot_peak * 1e9) / one_row_s;
+        std::printf("%d:%.2f ", n, f);
+        floor[std::to_string(n)] = f;
+      }
     }
     // Milliseconds per forward in the matrix products, attention and the rest.
     const auto parts_ms = [](const model::PhaseTimes& t) {
