@@ -44,7 +44,11 @@ TEST(Repack, WholeSuperBlocksOfTheTypesWithARepackedForm) {
   EXPECT_FALSE(can_interleave(DType::Q4_1, 2048));
   EXPECT_TRUE(can_interleave(DType::Q4_K, 2048));
   EXPECT_TRUE(can_interleave(DType::Q6_K, 2048));
-  EXPECT_FALSE(can_interleave(DType::Q5_K, 2048));
+  EXPECT_TRUE(can_interleave(DType::Q3_K, 2048));
+  EXPECT_TRUE(can_interleave(DType::Q5_K, 2048));
+  EXPECT_FALSE(can_interleave(DType::Q2_K, 2048));
+  EXPECT_EQ(interleave_super_bytes(DType::Q3_K), sizeof(BlockQ3_K));
+  EXPECT_EQ(interleave_super_bytes(DType::Q5_K), sizeof(BlockQ5_K));
   EXPECT_EQ(interleave_super_bytes(DType::Q4_0), 8 * sizeof(BlockQ4_0));
   EXPECT_EQ(interleave_super_bytes(DType::Q8_0), 8 * sizeof(BlockQ8_0));
 }
@@ -78,8 +82,17 @@ TEST(Repack, RoundTripsAndPlacesEveryByte) {
 // Element e's code in a K-quant super-block of the file's form and of the interleaved one (as repack.h
 // documents it), and the bytes that hold no codes.
 int file_code(DType t, const uint8_t* b, int e) {
-  if (t == DType::Q4_K)
-    return (b[offsetof(BlockQ4_K, qs) + 32 * (e / 64) + e % 32] >> (4 * ((e % 64) / 32))) & 0xF;
+  if (t == DType::Q3_K) {
+    const int h = e / 128, c = (e % 128) / 32, l = e % 32;
+    return ((b[offsetof(BlockQ3_K, qs) + 32 * h + l] >> (2 * c)) & 3) |
+           (((b[offsetof(BlockQ3_K, hmask) + l] >> (4 * h + c)) & 1) << 2);
+  }
+  if (t == DType::Q4_K || t == DType::Q5_K) {
+    const size_t qs = t == DType::Q4_K ? offsetof(BlockQ4_K, qs) : offsetof(BlockQ5_K, qs);
+    const int low = (b[qs + 32 * (e / 64) + e % 32] >> (4 * ((e % 64) / 32))) & 0xF;
+    if (t == DType::Q4_K) return low;
+    return low | (((b[offsetof(BlockQ5_K, qh) + e % 32] >> (e / 32)) & 1) << 4);
+  }
   const int h = e / 128, c = (e % 128) / 32, l = e % 32;
   return ((b[64 * h + 32 * (c % 2) + l] >> (4 * (c / 2))) & 0xF) |
          (((b[offsetof(BlockQ6_K, qh) + 32 * h + l] >> (2 * c)) & 3) << 4);
@@ -87,20 +100,31 @@ int file_code(DType t, const uint8_t* b, int e) {
 
 int packed_code(DType t, const uint8_t* b, int e) {
   const int g = e / 16, q = (e % 16) / 4, i = e % 4;
-  const size_t planes = t == DType::Q4_K ? offsetof(BlockQ4_K, qs) : 0;
+  if (t == DType::Q3_K) {
+    const int p = 4 * g + i;
+    return ((b[32 + p] >> (2 * q)) & 3) | (((b[p % 32] >> (q + 4 * (p / 32))) & 1) << 2);
+  }
+  const size_t planes = t == DType::Q4_K ? offsetof(BlockQ4_K, qs) : t == DType::Q5_K ? 48 : 0;
   const int low = (b[planes + 64 * (q % 2) + 4 * g + i] >> (4 * (q / 2))) & 0xF;
   if (t == DType::Q4_K) return low;
+  if (t == DType::Q5_K) {
+    const int p = 4 * g + i;
+    return low | (((b[16 + p % 32] >> (q + 4 * (p / 32))) & 1) << 4);
+  }
   return low | (((b[offsetof(BlockQ6_K, qh) + 4 * g + i] >> (2 * q)) & 3) << 4);
 }
 
 std::pair<size_t, size_t> code_bytes(DType t) {
+  if (t == DType::Q3_K) return {0, offsetof(BlockQ3_K, scales)};
+  if (t == DType::Q5_K) return {offsetof(BlockQ5_K, qh), sizeof(BlockQ5_K)};
   return t == DType::Q4_K ? std::pair<size_t, size_t>{offsetof(BlockQ4_K, qs), sizeof(BlockQ4_K)}
                           : std::pair<size_t, size_t>{0, offsetof(BlockQ6_K, scales)};
 }
 
-// Q4_K and Q6_K: every element's code where the header says, every other byte untouched, and the way back.
+// Q3_K, Q4_K, Q5_K and Q6_K: every element's code where the header says, every other byte untouched, and the
+// way back.
 TEST(Repack, KQuantCodesSitAtTheirDocumentedPositions) {
-  for (DType t : {DType::Q4_K, DType::Q6_K}) {
+  for (DType t : {DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     SCOPED_TRACE(std::string(dtype_name(t)));
     const size_t bytes = interleave_super_bytes(t);
     const auto [codes_begin, codes_end] = code_bytes(t);
@@ -127,7 +151,7 @@ TEST(Repack, KQuantCodesSitAtTheirDocumentedPositions) {
 
 TEST(Repack, MatmulIsBitIdenticalToTheFileFormOnEveryTarget) {
   ThreadPool pool(2);
-  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
+  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     for (int64_t k : {256, 2048, 5632}) {
       const int64_t n = 45;
       const std::vector<uint8_t> file = quantized_rows(t, n, k, 3);

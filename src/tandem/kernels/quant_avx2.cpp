@@ -660,12 +660,14 @@ bool with_loader(DType type, bool interleaved, Fn&& fn) {
     case DType::Q2_K:
       return !interleaved && call_with<load_q2_k_super, sizeof(BlockQ2_K), fold_of(DType::Q2_K, false)>(fn);
     case DType::Q3_K:
-      return !interleaved && call_with<load_q3_k_super, sizeof(BlockQ3_K), fold_of(DType::Q3_K, false)>(fn);
+      return interleaved ? call_with<load_q3_kx_super, sizeof(BlockQ3_K), fold_of(DType::Q3_K, false)>(fn)
+                         : call_with<load_q3_k_super, sizeof(BlockQ3_K), fold_of(DType::Q3_K, false)>(fn);
     case DType::Q4_K:
       return interleaved ? call_with<load_q4_kx_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K, false)>(fn)
                          : call_with<load_q4_k_super, sizeof(BlockQ4_K), fold_of(DType::Q4_K, false)>(fn);
     case DType::Q5_K:
-      return !interleaved && call_with<load_q5_k_super, sizeof(BlockQ5_K), fold_of(DType::Q5_K, false)>(fn);
+      return interleaved ? call_with<load_q5_kx_super, sizeof(BlockQ5_K), fold_of(DType::Q5_K, false)>(fn)
+                         : call_with<load_q5_k_super, sizeof(BlockQ5_K), fold_of(DType::Q5_K, false)>(fn);
     case DType::Q6_K:
       return interleaved ? call_with<load_q6_kx_super, sizeof(BlockQ6_K), fold_of(DType::Q6_K, false)>(fn)
                          : call_with<load_q6_k_super, sizeof(BlockQ6_K), fold_of(DType::Q6_K, false)>(fn);

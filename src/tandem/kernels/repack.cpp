@@ -3,6 +3,7 @@
 #include <array>
 #include <cstddef>
 #include <cstring>
+#include <utility>
 
 #include "tandem/kernels/matmul.h"
 #include "tandem/kernels/quant_layout.h"
@@ -32,8 +33,8 @@ int codes_per_block(DType type) {
 }  // namespace
 
 bool can_interleave(DType type, int64_t cols) {
-  const bool has_form =
-      type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q4_K || type == DType::Q6_K;
+  const bool has_form = type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q3_K ||
+                        type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K;
   return has_form && cols > 0 && cols % kSuper == 0;
 }
 
@@ -46,7 +47,9 @@ bool repack_pays(DType type, int64_t cols) {
 }
 
 size_t interleave_super_bytes(DType type) {
+  if (type == DType::Q3_K) return sizeof(BlockQ3_K);
   if (type == DType::Q4_K) return sizeof(BlockQ4_K);
+  if (type == DType::Q5_K) return sizeof(BlockQ5_K);
   if (type == DType::Q6_K) return sizeof(BlockQ6_K);
   TANDEM_CHECK(type == DType::Q4_0 || type == DType::Q8_0, "no interleaved form for this type");
   return 8 * block_bytes(type);
@@ -59,14 +62,35 @@ struct Field {
   int byte, shift, bits;
 };
 
-// Where the K-quant forms keep element e's code. Q4_K: the file holds it in qs[32 (e / 64) + e % 32] (qs at
-// byte 16), nibble (e % 64) / 32. Q6_K: the low 4 bits in ql[64h + 32 (c % 2) + l] (ql at byte 0), nibble
-// c / 2, the high 2 bits in qh[32h + l] (qh at byte 128), bits 2c, 2c + 1, for e = 128h + 32c + l. The
-// interleaved forms (repack.h) keep quarter q of group g (element 16g + 4q + i) in byte 64 (q % 2) + 4g + i
-// of the nibble planes, nibble q / 2, and for Q6_K its high bits at bits 2q, 2q + 1 of byte 4g + i of the qh
-// plane. fields() gives the low field first, then the high one (Q6_K).
+// Where the K-quant forms keep element e's code (e = 128h + 32c + l, g = e / 16, q = (e % 16) / 4, i = e % 4,
+// p = 4g + i). In the file: Q4_K and Q5_K nibble (e % 64) / 32 of qs[32 (e / 64) + e % 32] (qs at byte 16 or
+// 48), Q5_K's fifth bit at bit e / 32 of qh[e % 32] (qh at byte 16); Q6_K the low 4 bits in nibble c / 2 of
+// ql[64h + 32 (c % 2) + l] (ql at byte 0), the high 2 at bits 2c, 2c + 1 of qh[32h + l] (qh at byte 128);
+// Q3_K the low 2 bits at bits 2c, 2c + 1 of qs[32h + l] (qs at byte 32), the third at bit 4h + c of
+// hmask[l] (byte 0). In the interleaved forms (repack.h): the nibbles of Q4_K, Q5_K and Q6_K in byte
+// 64 (q % 2) + p of the nibble planes, nibble q / 2; Q6_K's high bits at bits 2q, 2q + 1 of byte p of its qh
+// plane, Q3_K's low bits at bits 2q, 2q + 1 of byte 32 + p; the third (Q3_K) or fifth (Q5_K) bit at bit
+// q + 4 (p / 32) of byte p % 32 of a 32-byte plane (at byte 0 or 16). fields() gives the low field first,
+// then the high one.
 int fields(DType type, int e, bool interleaved, Field* out) {
   const int g = e / 16, q = (e % 16) / 4, i = e % 4;
+  if (type == DType::Q3_K) {
+    constexpr int kQs = offsetof(BlockQ3_K, qs), kHmask = offsetof(BlockQ3_K, hmask);
+    static_assert(kHmask == 0 && kQs == 32);
+    const int h = e / 128, c = (e % 128) / 32, l = e % 32, p = 4 * g + i;
+    out[0] = interleaved ? Field{32 + p, 2 * q, 2} : Field{kQs + 32 * h + l, 2 * c, 2};
+    out[1] = interleaved ? Field{p % 32, q + 4 * (p / 32), 1} : Field{kHmask + l, 4 * h + c, 1};
+    return 2;
+  }
+  if (type == DType::Q5_K) {
+    constexpr int kQs = offsetof(BlockQ5_K, qs), kQh = offsetof(BlockQ5_K, qh);
+    static_assert(kQh == 16 && kQs == 48);
+    const int p = 4 * g + i;
+    out[0] = interleaved ? Field{kQs + 64 * (q % 2) + p, 4 * (q / 2), 4}
+                         : Field{kQs + 32 * (e / 64) + e % 32, 4 * ((e % 64) / 32), 4};
+    out[1] = interleaved ? Field{kQh + p % 32, q + 4 * (p / 32), 1} : Field{kQh + e % 32, e / 32, 1};
+    return 2;
+  }
   if (type == DType::Q4_K) {
     constexpr int kQs = offsetof(BlockQ4_K, qs);
     out[0] = interleaved ? Field{kQs + 64 * (q % 2) + 4 * g + i, 4 * (q / 2), 4}
@@ -106,14 +130,19 @@ MovePlan plan_moves(DType type, bool from_interleaved) {
   return p;
 }
 
-// A K-quant super-block from the interleaved form back to the file's: the code fields move, every other byte
-// (scales, d) stays.
-void unpack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
-  static const MovePlan plans[2] = {plan_moves(DType::Q4_K, true), plan_moves(DType::Q6_K, true)};
-  const MovePlan& plan = plans[type == DType::Q4_K ? 0 : 1];
+// The bytes of a K-quant super-block that hold codes (in either form): [begin, end).
+std::pair<size_t, size_t> code_bytes(DType type) {
+  if (type == DType::Q3_K) return {0, offsetof(BlockQ3_K, scales)};
+  if (type == DType::Q4_K) return {offsetof(BlockQ4_K, qs), sizeof(BlockQ4_K)};
+  if (type == DType::Q5_K) return {offsetof(BlockQ5_K, qh), sizeof(BlockQ5_K)};
+  return {offsetof(BlockQ6_K, ql), offsetof(BlockQ6_K, scales)};
+}
+
+// A K-quant super-block from one form to the other by its move plan: the code fields move, every other
+// byte (scales, d) stays.
+void move_codes(DType type, const MovePlan& plan, const uint8_t* in, uint8_t* out) {
   const size_t bytes = interleave_super_bytes(type);
-  const size_t codes_begin = type == DType::Q4_K ? offsetof(BlockQ4_K, qs) : offsetof(BlockQ6_K, ql);
-  const size_t codes_end = type == DType::Q4_K ? sizeof(BlockQ4_K) : offsetof(BlockQ6_K, scales);
+  const auto [codes_begin, codes_end] = code_bytes(type);
   std::memcpy(out, in, bytes);
   std::memset(out + codes_begin, 0, codes_end - codes_begin);
   for (int m = 0; m < plan.size; ++m) {
@@ -121,6 +150,20 @@ void unpack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
     out[mv.dst] =
         static_cast<uint8_t>(out[mv.dst] | (((in[mv.src] >> mv.src_shift) & mv.mask) << mv.dst_shift));
   }
+}
+
+// A K-quant super-block from the interleaved form back to the file's.
+void unpack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
+  static const MovePlan plans[4] = {plan_moves(DType::Q3_K, true), plan_moves(DType::Q4_K, true),
+                                    plan_moves(DType::Q5_K, true), plan_moves(DType::Q6_K, true)};
+  const int which = type == DType::Q3_K ? 0 : type == DType::Q4_K ? 1 : type == DType::Q5_K ? 2 : 3;
+  move_codes(type, plans[which], in, out);
+}
+
+// Q3_K and Q5_K to the interleaved form: their move plans (a few hundred byte operations per super-block).
+void pack_by_moves(DType type, const uint8_t* in, uint8_t* out) {
+  static const MovePlan plans[2] = {plan_moves(DType::Q3_K, false), plan_moves(DType::Q5_K, false)};
+  move_codes(type, plans[type == DType::Q3_K ? 0 : 1], in, out);
 }
 
 // A K-quant super-block to the interleaved form through this CPU's unpack kernel, which lays its codes out in
@@ -149,6 +192,7 @@ void pack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
 
 // Code bytes move in 8-byte units: unit h of block j (bytes 8h..8h+7) sits at 16 + 64h + 8j.
 void interleave_super(DType type, const uint8_t* in, uint8_t* out) {
+  if (type == DType::Q3_K || type == DType::Q5_K) return pack_by_moves(type, in, out);
   if (type == DType::Q4_K || type == DType::Q6_K) return pack_k_planes(type, in, out);
   const size_t bb = block_bytes(type);
   const int units = codes_per_block(type) / 8;
@@ -160,7 +204,8 @@ void interleave_super(DType type, const uint8_t* in, uint8_t* out) {
 }
 
 void deinterleave_super(DType type, const uint8_t* in, uint8_t* out) {
-  if (type == DType::Q4_K || type == DType::Q6_K) return unpack_k_planes(type, in, out);
+  if (type == DType::Q3_K || type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K)
+    return unpack_k_planes(type, in, out);
   const size_t bb = block_bytes(type);
   const int units = codes_per_block(type) / 8;
   for (int j = 0; j < 8; ++j) {

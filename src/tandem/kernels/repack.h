@@ -12,11 +12,21 @@
 //   Q8_0 (272 bytes)
 //     [0, 16)    the 8 f16 scales
 //     [16, 272)  quarter q (codes 8q..8q+7 of block j, signed as in the file) at 16 + 64q + 8j
+//   Q3_K (110 bytes)
+//     [0, 32)    the third bits: that of quarter q of position p = 4g + i (element 16g + 4q + i) at bit
+//                q + 4 (p / 32) of byte p % 32
+//     [32, 96)   the low two bits: those of quarter q of position p at bits 2q, 2q + 1 of byte 32 + p
+//     [96, 110)  the scales and d, as in the file
 //   Q4_K (144 bytes)
 //     [0, 16)    d, dmin and the packed scales, as in the file
 //     [16, 144)  two planes of 64 bytes, A then B, in group order (quant_layout.h): byte 4g + i of A holds
 //                quarter 0 of group g (element 16g + i) in its low nibble and quarter 2 (element 16g + 8 + i)
 //                in its high one; B holds quarters 1 and 3 the same way
+//   Q5_K (176 bytes)
+//     [0, 16)    d, dmin and the packed scales, as in the file
+//     [16, 48)   the fifth bits: that of quarter q of position p = 4g + i at bit q + 4 (p / 32) of byte
+//                16 + p % 32
+//     [48, 176)  the low 4 bits in two planes, as Q4_K's codes
 //   Q6_K (210 bytes)
 //     [0, 128)   the low 4 bits in two planes, as Q4_K's codes
 //     [128, 192) the high 2 bits: byte 4g + i holds those of quarter q of group g (element 16g + 4q + i) at
@@ -41,7 +51,7 @@ bool can_interleave(DType type, int64_t cols);
 // (gguf/mapped_file.h) synthetic TinyLlama decodes in 0.90-0.97x the time repacked, windows of 2 to 8 rows
 // 0.92-0.97x; under AVX2 the repacked form takes 0.73-0.87x.)
 bool repack_pays(DType type, int64_t cols);
-// Bytes of one super-block of `type` (144, 210 or 272).
+// Bytes of one super-block of `type` (110, 144, 176, 210 or 272).
 size_t interleave_super_bytes(DType type);
 
 // One super-block, file form -> interleaved form and back (in != out).
