@@ -46,7 +46,8 @@ TEST(Repack, WholeSuperBlocksOfTheTypesWithARepackedForm) {
   EXPECT_TRUE(can_interleave(DType::Q6_K, 2048));
   EXPECT_TRUE(can_interleave(DType::Q3_K, 2048));
   EXPECT_TRUE(can_interleave(DType::Q5_K, 2048));
-  EXPECT_FALSE(can_interleave(DType::Q2_K, 2048));
+  EXPECT_TRUE(can_interleave(DType::Q2_K, 2048));
+  EXPECT_FALSE(can_interleave(DType::Q5_0, 2048));
   EXPECT_EQ(interleave_super_bytes(DType::Q3_K), sizeof(BlockQ3_K));
   EXPECT_EQ(interleave_super_bytes(DType::Q5_K), sizeof(BlockQ5_K));
   EXPECT_EQ(interleave_super_bytes(DType::Q4_0), 8 * sizeof(BlockQ4_0));
@@ -82,6 +83,10 @@ TEST(Repack, RoundTripsAndPlacesEveryByte) {
 // Element e's code in a K-quant super-block of the file's form and of the interleaved one (as repack.h
 // documents it), and the bytes that hold no codes.
 int file_code(DType t, const uint8_t* b, int e) {
+  if (t == DType::Q2_K) {
+    const int h = e / 128, c = (e % 128) / 32, l = e % 32;
+    return (b[offsetof(BlockQ2_K, qs) + 32 * h + l] >> (2 * c)) & 3;
+  }
   if (t == DType::Q3_K) {
     const int h = e / 128, c = (e % 128) / 32, l = e % 32;
     return ((b[offsetof(BlockQ3_K, qs) + 32 * h + l] >> (2 * c)) & 3) |
@@ -100,6 +105,7 @@ int file_code(DType t, const uint8_t* b, int e) {
 
 int packed_code(DType t, const uint8_t* b, int e) {
   const int g = e / 16, q = (e % 16) / 4, i = e % 4;
+  if (t == DType::Q2_K) return (b[offsetof(BlockQ2_K, qs) + 4 * g + i] >> (2 * q)) & 3;
   if (t == DType::Q3_K) {
     const int p = 4 * g + i;
     return ((b[32 + p] >> (2 * q)) & 3) | (((b[p % 32] >> (q + 4 * (p / 32))) & 1) << 2);
@@ -115,16 +121,16 @@ int packed_code(DType t, const uint8_t* b, int e) {
 }
 
 std::pair<size_t, size_t> code_bytes(DType t) {
+  if (t == DType::Q2_K) return {offsetof(BlockQ2_K, qs), offsetof(BlockQ2_K, d)};
   if (t == DType::Q3_K) return {0, offsetof(BlockQ3_K, scales)};
   if (t == DType::Q5_K) return {offsetof(BlockQ5_K, qh), sizeof(BlockQ5_K)};
   return t == DType::Q4_K ? std::pair<size_t, size_t>{offsetof(BlockQ4_K, qs), sizeof(BlockQ4_K)}
                           : std::pair<size_t, size_t>{0, offsetof(BlockQ6_K, scales)};
 }
 
-// Q3_K, Q4_K, Q5_K and Q6_K: every element's code where the header says, every other byte untouched, and the
-// way back.
+// The K-quants: every element's code where the header says, every other byte untouched, and the way back.
 TEST(Repack, KQuantCodesSitAtTheirDocumentedPositions) {
-  for (DType t : {DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+  for (DType t : {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     SCOPED_TRACE(std::string(dtype_name(t)));
     const size_t bytes = interleave_super_bytes(t);
     const auto [codes_begin, codes_end] = code_bytes(t);
@@ -151,7 +157,8 @@ TEST(Repack, KQuantCodesSitAtTheirDocumentedPositions) {
 
 TEST(Repack, MatmulIsBitIdenticalToTheFileFormOnEveryTarget) {
   ThreadPool pool(2);
-  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+  for (DType t :
+       {DType::Q4_0, DType::Q8_0, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     for (int64_t k : {256, 2048, 5632}) {
       const int64_t n = 45;
       const std::vector<uint8_t> file = quantized_rows(t, n, k, 3);

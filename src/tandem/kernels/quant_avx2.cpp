@@ -658,7 +658,8 @@ bool with_loader(DType type, bool interleaved, Fn&& fn) {
       return !interleaved && call_with<load_legacy_super<BlockQ5_1, true, true>, 8 * sizeof(BlockQ5_1),
                                        fold_of(DType::Q5_1, false)>(fn);
     case DType::Q2_K:
-      return !interleaved && call_with<load_q2_k_super, sizeof(BlockQ2_K), fold_of(DType::Q2_K, false)>(fn);
+      return interleaved ? call_with<load_q2_kx_super, sizeof(BlockQ2_K), fold_of(DType::Q2_K, false)>(fn)
+                         : call_with<load_q2_k_super, sizeof(BlockQ2_K), fold_of(DType::Q2_K, false)>(fn);
     case DType::Q3_K:
       return interleaved ? call_with<load_q3_kx_super, sizeof(BlockQ3_K), fold_of(DType::Q3_K, false)>(fn)
                          : call_with<load_q3_k_super, sizeof(BlockQ3_K), fold_of(DType::Q3_K, false)>(fn);

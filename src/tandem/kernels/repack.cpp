@@ -33,8 +33,9 @@ int codes_per_block(DType type) {
 }  // namespace
 
 bool can_interleave(DType type, int64_t cols) {
-  const bool has_form = type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q3_K ||
-                        type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K;
+  const bool has_form = type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q2_K ||
+                        type == DType::Q3_K || type == DType::Q4_K || type == DType::Q5_K ||
+                        type == DType::Q6_K;
   return has_form && cols > 0 && cols % kSuper == 0;
 }
 
@@ -47,6 +48,7 @@ bool repack_pays(DType type, int64_t cols) {
 }
 
 size_t interleave_super_bytes(DType type) {
+  if (type == DType::Q2_K) return sizeof(BlockQ2_K);
   if (type == DType::Q3_K) return sizeof(BlockQ3_K);
   if (type == DType::Q4_K) return sizeof(BlockQ4_K);
   if (type == DType::Q5_K) return sizeof(BlockQ5_K);
@@ -67,13 +69,19 @@ struct Field {
 // 48), Q5_K's fifth bit at bit e / 32 of qh[e % 32] (qh at byte 16); Q6_K the low 4 bits in nibble c / 2 of
 // ql[64h + 32 (c % 2) + l] (ql at byte 0), the high 2 at bits 2c, 2c + 1 of qh[32h + l] (qh at byte 128);
 // Q3_K the low 2 bits at bits 2c, 2c + 1 of qs[32h + l] (qs at byte 32), the third at bit 4h + c of
-// hmask[l] (byte 0). In the interleaved forms (repack.h): the nibbles of Q4_K, Q5_K and Q6_K in byte
-// 64 (q % 2) + p of the nibble planes, nibble q / 2; Q6_K's high bits at bits 2q, 2q + 1 of byte p of its qh
-// plane, Q3_K's low bits at bits 2q, 2q + 1 of byte 32 + p; the third (Q3_K) or fifth (Q5_K) bit at bit
-// q + 4 (p / 32) of byte p % 32 of a 32-byte plane (at byte 0 or 16). fields() gives the low field first,
-// then the high one.
+// hmask[l] (byte 0); Q2_K as Q3_K's low bits (qs at byte 16). In the interleaved forms (repack.h): the
+// nibbles of Q4_K, Q5_K and Q6_K in byte 64 (q % 2) + p of the nibble planes, nibble q / 2; Q6_K's high bits
+// at bits 2q, 2q + 1 of byte p of its qh plane, Q3_K's (Q2_K's) low bits at bits 2q, 2q + 1 of byte 32 + p
+// (16 + p); the third (Q3_K) or fifth (Q5_K) bit at bit q + 4 (p / 32) of byte p % 32 of a 32-byte plane (at
+// byte 0 or 16). fields() gives the low field first, then the high one.
 int fields(DType type, int e, bool interleaved, Field* out) {
   const int g = e / 16, q = (e % 16) / 4, i = e % 4;
+  if (type == DType::Q2_K) {
+    constexpr int kQs = offsetof(BlockQ2_K, qs);
+    const int h = e / 128, c = (e % 128) / 32, l = e % 32;
+    out[0] = interleaved ? Field{kQs + 4 * g + i, 2 * q, 2} : Field{kQs + 32 * h + l, 2 * c, 2};
+    return 1;
+  }
   if (type == DType::Q3_K) {
     constexpr int kQs = offsetof(BlockQ3_K, qs), kHmask = offsetof(BlockQ3_K, hmask);
     static_assert(kHmask == 0 && kQs == 32);
@@ -130,8 +138,18 @@ MovePlan plan_moves(DType type, bool from_interleaved) {
   return p;
 }
 
+// Index of a K-quant type with an interleaved form: Q2_K 0, Q3_K 1, Q4_K 2, Q5_K 3, Q6_K 4.
+int k_index(DType type) {
+  return type == DType::Q2_K   ? 0
+         : type == DType::Q3_K ? 1
+         : type == DType::Q4_K ? 2
+         : type == DType::Q5_K ? 3
+                               : 4;
+}
+
 // The bytes of a K-quant super-block that hold codes (in either form): [begin, end).
 std::pair<size_t, size_t> code_bytes(DType type) {
+  if (type == DType::Q2_K) return {offsetof(BlockQ2_K, qs), offsetof(BlockQ2_K, d)};
   if (type == DType::Q3_K) return {0, offsetof(BlockQ3_K, scales)};
   if (type == DType::Q4_K) return {offsetof(BlockQ4_K, qs), sizeof(BlockQ4_K)};
   if (type == DType::Q5_K) return {offsetof(BlockQ5_K, qh), sizeof(BlockQ5_K)};
@@ -154,16 +172,18 @@ void move_codes(DType type, const MovePlan& plan, const uint8_t* in, uint8_t* ou
 
 // A K-quant super-block from the interleaved form back to the file's.
 void unpack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
-  static const MovePlan plans[4] = {plan_moves(DType::Q3_K, true), plan_moves(DType::Q4_K, true),
-                                    plan_moves(DType::Q5_K, true), plan_moves(DType::Q6_K, true)};
-  const int which = type == DType::Q3_K ? 0 : type == DType::Q4_K ? 1 : type == DType::Q5_K ? 2 : 3;
-  move_codes(type, plans[which], in, out);
+  static const MovePlan plans[5] = {plan_moves(DType::Q2_K, true), plan_moves(DType::Q3_K, true),
+                                    plan_moves(DType::Q4_K, true), plan_moves(DType::Q5_K, true),
+                                    plan_moves(DType::Q6_K, true)};
+  move_codes(type, plans[k_index(type)], in, out);
 }
 
-// Q3_K and Q5_K to the interleaved form: their move plans (a few hundred byte operations per super-block).
+// Q2_K, Q3_K and Q5_K to the interleaved form: their move plans (a few hundred byte operations per
+// super-block).
 void pack_by_moves(DType type, const uint8_t* in, uint8_t* out) {
-  static const MovePlan plans[2] = {plan_moves(DType::Q3_K, false), plan_moves(DType::Q5_K, false)};
-  move_codes(type, plans[type == DType::Q3_K ? 0 : 1], in, out);
+  static const MovePlan plans[5] = {
+      plan_moves(DType::Q2_K, false), plan_moves(DType::Q3_K, false), {}, plan_moves(DType::Q5_K, false), {}};
+  move_codes(type, plans[k_index(type)], in, out);
 }
 
 // A K-quant super-block to the interleaved form through this CPU's unpack kernel, which lays its codes out in
@@ -192,7 +212,7 @@ void pack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
 
 // Code bytes move in 8-byte units: unit h of block j (bytes 8h..8h+7) sits at 16 + 64h + 8j.
 void interleave_super(DType type, const uint8_t* in, uint8_t* out) {
-  if (type == DType::Q3_K || type == DType::Q5_K) return pack_by_moves(type, in, out);
+  if (type == DType::Q2_K || type == DType::Q3_K || type == DType::Q5_K) return pack_by_moves(type, in, out);
   if (type == DType::Q4_K || type == DType::Q6_K) return pack_k_planes(type, in, out);
   const size_t bb = block_bytes(type);
   const int units = codes_per_block(type) / 8;
@@ -204,8 +224,7 @@ void interleave_super(DType type, const uint8_t* in, uint8_t* out) {
 }
 
 void deinterleave_super(DType type, const uint8_t* in, uint8_t* out) {
-  if (type == DType::Q3_K || type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K)
-    return unpack_k_planes(type, in, out);
+  if (type != DType::Q4_0 && type != DType::Q8_0) return unpack_k_planes(type, in, out);
   const size_t bb = block_bytes(type);
   const int units = codes_per_block(type) / 8;
   for (int j = 0; j < 8; ++j) {

@@ -12,6 +12,11 @@
 //   Q8_0 (272 bytes)
 //     [0, 16)    the 8 f16 scales
 //     [16, 272)  quarter q (codes 8q..8q+7 of block j, signed as in the file) at 16 + 64q + 8j
+//   Q2_K (84 bytes)
+//     [0, 16)    the scales, as in the file
+//     [16, 80)   the codes: those of quarter q of position p = 4g + i (element 16g + 4q + i) at bits 2q,
+//                2q + 1 of byte 16 + p
+//     [80, 84)   d and dmin, as in the file
 //   Q3_K (110 bytes)
 //     [0, 32)    the third bits: that of quarter q of position p = 4g + i (element 16g + 4q + i) at bit
 //                q + 4 (p / 32) of byte p % 32
@@ -51,7 +56,7 @@ bool can_interleave(DType type, int64_t cols);
 // (gguf/mapped_file.h) synthetic TinyLlama decodes in 0.90-0.97x the time repacked, windows of 2 to 8 rows
 // 0.92-0.97x; under AVX2 the repacked form takes 0.73-0.87x.)
 bool repack_pays(DType type, int64_t cols);
-// Bytes of one super-block of `type` (110, 144, 176, 210 or 272).
+// Bytes of one super-block of `type` (84 to 272).
 size_t interleave_super_bytes(DType type);
 
 // One super-block, file form -> interleaved form and back (in != out).
