@@ -70,6 +70,9 @@ TEST(BenchCommand, JsonLineHasEveryFigureAndTheyAgree) {
   EXPECT_GT(j["prefill64_tps"].get<double>(), 0.0);
   EXPECT_GT(j["prefill512_tps"].get<double>(), 0.0);
   EXPECT_GT(j["peak_rss_mb"].get<double>(), 0.0);
+  // The model's weights are all F32: no int8 multiply-adds, so no verify floor (not a floor of zero).
+  EXPECT_EQ(j["macs_per_token"].get<double>(), 0.0);
+  EXPECT_TRUE(j["verify_cost_floor"].is_null());
 }
 
 }  // namespace
