@@ -191,8 +191,8 @@ void pack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
   qk.unpack_row(type, false, in, kSuper, qk.signed_q8, &us);
   const uint8_t* u = us.u;
   std::memcpy(out, in, interleave_super_bytes(type));
-  // Bits `shift`.. of each quarter's code as a field of `bits` bits at bit `bits` q.
-  const auto fields = [&](int p, int shift, int bits) {
+  // The `bits` bits from bit `shift` of the code of each quarter q at position p, at bit bits * q of a byte.
+  const auto quarter_bits = [&](int p, int shift, int bits) {
     const int mask = (1 << bits) - 1;
     int v = 0;
     for (int q = 0; q < 4; ++q) v |= ((u[64 * q + p] >> shift) & mask) << (bits * q);
@@ -208,16 +208,17 @@ void pack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
     }
   }
   if (type == DType::Q6_K)
-    for (int p = 0; p < 64; ++p) out[offsetof(BlockQ6_K, qh) + p] = fields(p, 4, 2);
+    for (int p = 0; p < 64; ++p) out[offsetof(BlockQ6_K, qh) + p] = quarter_bits(p, 4, 2);
   if (type == DType::Q2_K || type == DType::Q3_K) {
     const size_t low = type == DType::Q2_K ? offsetof(BlockQ2_K, qs) : 32;
-    for (int p = 0; p < 64; ++p) out[low + p] = fields(p, 0, 2);
+    for (int p = 0; p < 64; ++p) out[low + p] = quarter_bits(p, 0, 2);
   }
   if (type == DType::Q3_K || type == DType::Q5_K) {
     const int shift = type == DType::Q3_K ? 2 : 4;
     const size_t plane = type == DType::Q3_K ? 0 : 16;
     for (int p = 0; p < 32; ++p)
-      out[plane + p] = static_cast<uint8_t>(fields(p, shift, 1) | (fields(32 + p, shift, 1) << 4));
+      out[plane + p] =
+          static_cast<uint8_t>(quarter_bits(p, shift, 1) | (quarter_bits(32 + p, shift, 1) << 4));
   }
 }
 
