@@ -123,29 +123,13 @@ void matmul_rows_t(const uint8_t* w, size_t w_row_bytes, int64_t o0, int64_t o1,
   const size_t kk = static_cast<size_t>(k);
   const auto at = [&](int64_t o) { return w + static_cast<size_t>(o) * w_row_bytes; };
   int64_t o = o0;
-  // Decode: one weight row at a time, so that the weights stream in address order (four rows at once, a
-  // synthetic TinyLlama in F16 decoded at 0.49-0.52 of the best bandwidth pass instead of 0.72-0.92).
-  if (n_rows == 1) {
-    for (; o < o1; ++o) weight_tile<T, 1>(at(o), w_row_bytes, kk, x, x_stride, n_rows, y + o, y_stride);
-    return;
-  }
-  for (; o + kFloatTileRows <= o1; o += kFloatTileRows)
-    weight_tile<T, kFloatTileRows>(at(o), w_row_bytes, kk, x, x_stride, n_rows, y + o, y_stride);
-  switch (o1 - o) {  // fewer than kFloatTileRows left
-    case 3:
-      if constexpr (kFloatTileRows > 3)
-        weight_tile<T, 3>(at(o), w_row_bytes, kk, x, x_stride, n_rows, y + o, y_stride);
-      break;
-    case 2:
-      if constexpr (kFloatTileRows > 2)
-        weight_tile<T, 2>(at(o), w_row_bytes, kk, x, x_stride, n_rows, y + o, y_stride);
-      break;
-    case 1:
-      weight_tile<T, 1>(at(o), w_row_bytes, kk, x, x_stride, n_rows, y + o, y_stride);
-      break;
-    default:
-      break;
-  }
+  if (n_rows > 1)
+    for (; o + kFloatTileRows <= o1; o += kFloatTileRows)
+      weight_tile<T, kFloatTileRows>(at(o), w_row_bytes, kk, x, x_stride, n_rows, y + o, y_stride);
+  // Decode, and a range's last rows short of a whole tile: one weight row at a time. Decode so that the
+  // weights stream in address order (four rows at once, a synthetic TinyLlama in F16 decoded at 0.49-0.52 of
+  // the best bandwidth pass instead of 0.72-0.92).
+  for (; o < o1; ++o) weight_tile<T, 1>(at(o), w_row_bytes, kk, x, x_stride, n_rows, y + o, y_stride);
 }
 
 void FloatMatmulRows(DType type, const uint8_t* w, size_t w_row_bytes, int64_t o0, int64_t o1, int64_t k,
