@@ -272,16 +272,20 @@ TEST(Kernels, DirectKernelsAreBitIdenticalToUnpackAndDot) {
     for (DType t : kQuantTypes) {
       const bool signed_codes = t == DType::Q8_0 && qk.signed_q8;
       // 2304 and 5632: windows past the column-chunk threshold (several chunks, several blocks of weight rows
-      // at 5632).
+      // at 5632). The legacy types also at widths with a partial last super-block (its copy padded with zero
+      // blocks, quant_direct_x86.inc): under one super-block, Qwen2.5-0.5B's 896, and 5664 (chunked, the
+      // tail in the last chunk).
       // Both forms of the types with a repacked one (kernels/repack.h).
-      for (int64_t k : {256, 768, 2304, 5632})
+      std::vector<int64_t> widths = {256, 768, 2304, 5632};
+      if (is_legacy(t)) widths.insert(widths.end(), {32, 96, 896, 5664});
+      for (int64_t k : widths)
         for (bool interleaved : {false, true}) {
           if (interleaved && !can_interleave(t, k)) continue;
           const int64_t max_rows = qk.direct_max_rows(t, interleaved, k, signed_codes);
           if (max_rows == 0) continue;
           SCOPED_TRACE(std::string(target_name(target)) + " " + std::string(dtype_name(t)) +
                        " k=" + std::to_string(k) + (interleaved ? " interleaved" : ""));
-          const int64_t n = k == 5632 ? 37 : 5, ns = k / 256;
+          const int64_t n = k >= 5632 ? 37 : 5, ns = super_count(k);
           TestMatrix m = make_matrix(t, n, k, 17);
           if (interleaved) {
             interleave_rows(t, m.storage.data() + misalign(t), m.view.bytes());

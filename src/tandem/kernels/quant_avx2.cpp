@@ -622,12 +622,20 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
   __m256 acc[NR];
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) acc[r] = _mm256_load_ps(init + kStateFloats * r);
-  for (int64_t s = 0; s < n_super; ++s) {
-    const uint8_t* ws = w + s * kSuperBytes;
-    prefetch_ahead<kSuperBytes>(ws, part.prefetch);
+  const auto step = [&](const uint8_t* ws, int64_t s) {
     SuperRegs wr;
     Load(ws, wr);
     accumulate_rows<NR, kFold>(wr.u, wr.a, wr.b, x + s, x_stride, acc);
+  };
+  const int64_t n_whole = part.tail ? n_super - 1 : n_super;
+  for (int64_t s = 0; s < n_whole; ++s) {
+    const uint8_t* ws = w + s * kSuperBytes;
+    prefetch_ahead<kSuperBytes>(ws, part.prefetch);
+    step(ws, s);
+  }
+  if (part.tail) {  // prefetching on from where the row holds it
+    prefetch_ahead<kSuperBytes>(w + n_whole * kSuperBytes, part.prefetch);
+    step(part.tail, n_whole);
   }
   if (part.last) {
     for (int r = 0; r < NR; ++r) y[r * y_stride] = finish_row(acc[r]);
@@ -680,7 +688,7 @@ bool with_loader(DType type, bool interleaved, Fn&& fn) {
 #include "tandem/kernels/quant_direct_x86.inc"
 
 int64_t direct_max_rows(DType type, bool /*interleaved: both forms*/, int64_t k, bool signed_q8) {
-  if (k % kSuper != 0) return 0;
+  if (!direct_width(type, k)) return 0;
   if (type == DType::Q4_0 || (type == DType::Q8_0 && signed_q8)) return kDirectRows;
   if (type == DType::Q6_K) return kDirectRows;
   if (type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1 || type == DType::Q2_K ||
