@@ -622,7 +622,8 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
   __m256 acc[NR];
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) acc[r] = _mm256_load_ps(init + kStateFloats * r);
-  const auto step = [&](const uint8_t* ws, int64_t s) {
+  // (Inlined at both calls, with the loaders in it: as a call it passed the registers through memory.)
+  const auto step = [&](const uint8_t* ws, int64_t s) __attribute__((always_inline)) {
     SuperRegs wr;
     Load(ws, wr);
     accumulate_rows<NR, kFold>(wr.u, wr.a, wr.b, x + s, x_stride, acc);
