@@ -273,8 +273,8 @@ TEST(Kernels, DirectKernelsAreBitIdenticalToUnpackAndDot) {
       const bool signed_codes = t == DType::Q8_0 && qk.signed_q8;
       // 2304 and 5632: windows past the column-chunk threshold (several chunks, several blocks of weight rows
       // at 5632). The legacy types also at widths with a partial last super-block (its copy padded with zero
-      // blocks, quant_direct_x86.inc): under one super-block, Qwen2.5-0.5B's 896, and 5664 (chunked, the
-      // tail in the last chunk).
+      // blocks, quant_direct_x86.inc): under one super-block, Qwen2.5-0.5B's 896, and 5664 (past the
+      // column-chunk threshold, which such rows do not take).
       // Both forms of the types with a repacked one (kernels/repack.h).
       std::vector<int64_t> widths = {256, 768, 2304, 5632};
       if (is_legacy(t)) widths.insert(widths.end(), {32, 96, 896, 5664});

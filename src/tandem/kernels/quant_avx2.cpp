@@ -611,7 +611,9 @@ constexpr int64_t kStateFloats = 8;
 alignas(64) constexpr float kZeroState[kDirectRows * kStateFloats] = {};
 
 // Signed: nullptr (this target has no signed form; see quant_layout.h).
-template <int NR, void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold, auto Signed>
+// kTail: the last of the n_super super-blocks is read from part.tail.
+template <int NR, void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold, auto Signed,
+          bool kTail = false>
 void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x_stride, float* y,
                  int64_t y_stride, const TilePart& part) {
   // The accumulators start from the state, or from a zero state on a row's first part: one form of start.
@@ -622,21 +624,13 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
   __m256 acc[NR];
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) acc[r] = _mm256_load_ps(init + kStateFloats * r);
-  // (Inlined at both calls, with the loaders in it: as a call it passed the registers through memory.)
-  const auto step = [&](const uint8_t* ws, int64_t s) __attribute__((always_inline)) {
+  for (int64_t s = 0; s < n_super; ++s) {
+    const uint8_t* row_s = w + s * kSuperBytes;
+    prefetch_ahead<kSuperBytes>(row_s, part.prefetch);
+    const uint8_t* ws = kTail && s == n_super - 1 ? part.tail : row_s;
     SuperRegs wr;
     Load(ws, wr);
     accumulate_rows<NR, kFold>(wr.u, wr.a, wr.b, x + s, x_stride, acc);
-  };
-  const int64_t n_whole = part.tail ? n_super - 1 : n_super;
-  for (int64_t s = 0; s < n_whole; ++s) {
-    const uint8_t* ws = w + s * kSuperBytes;
-    prefetch_ahead<kSuperBytes>(ws, part.prefetch);
-    step(ws, s);
-  }
-  if (part.tail) {  // prefetching on from where the row holds it
-    prefetch_ahead<kSuperBytes>(w + n_whole * kSuperBytes, part.prefetch);
-    step(part.tail, n_whole);
   }
   if (part.last) {
     for (int r = 0; r < NR; ++r) y[r * y_stride] = finish_row(acc[r]);
@@ -684,6 +678,16 @@ bool with_loader(DType type, bool interleaved, Fn&& fn) {
     default:
       return false;
   }
+}
+
+// Whether a loader reads the file form of a legacy block type, whose rows may end in a partial super-block
+// (direct_width): their tiles are also built with a tail (quant_direct_x86.inc).
+template <auto Load>
+constexpr bool loads_legacy_file() {
+  return Load == &load_q4_0_super || Load == &load_q8_0_super ||
+         Load == &load_legacy_super<BlockQ4_1, true, false> ||
+         Load == &load_legacy_super<BlockQ5_0, false, true> ||
+         Load == &load_legacy_super<BlockQ5_1, true, true>;
 }
 
 #include "tandem/kernels/quant_direct_x86.inc"
