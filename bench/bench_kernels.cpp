@@ -72,7 +72,7 @@ Weights make_weights(DType t, int64_t n, int64_t k) {
   }
   w.view = {t, n, k, rb, w.bytes.data()};
   if (repack_pays(t, k)) {  // as the model loader repacks them
-    interleave_rows(t, w.bytes.data(), w.bytes.size());
+    interleave_rows(t, k, w.bytes.data(), w.bytes.size());
     w.view.interleaved = true;
   }
   return w;

@@ -77,7 +77,7 @@ TEST(BatchInvariance, WindowsInPassesOverLongRowsKeepTheirBits) {
       }
       for (bool interleaved : {false, true}) {
         if (interleaved && !can_interleave(t, k)) continue;
-        if (interleaved) interleave_rows(t, w.data(), w.size());
+        if (interleaved) interleave_rows(t, k, w.data(), w.size());
         const MatrixView view{t, n, k, rb, w.data(), interleaved};
         for (Target target : runnable_targets()) {
           const QuantKernels& qk = quant_kernels(target);

@@ -288,7 +288,7 @@ TEST(Kernels, DirectKernelsAreBitIdenticalToUnpackAndDot) {
           const int64_t n = k >= 5632 ? 37 : 5, ns = super_count(k);
           TestMatrix m = make_matrix(t, n, k, 17);
           if (interleaved) {
-            interleave_rows(t, m.storage.data() + misalign(t), m.view.bytes());
+            interleave_rows(t, k, m.storage.data() + misalign(t), m.view.bytes());
             m.view.interleaved = true;
           }
           const auto x = make_activations(max_rows, k, 19);

@@ -40,18 +40,26 @@ std::vector<uint8_t> quantized_rows(DType t, int64_t rows, int64_t cols, uint32_
 TEST(Repack, WholeSuperBlocksOfTheTypesWithARepackedForm) {
   EXPECT_TRUE(can_interleave(DType::Q4_0, 2048));
   EXPECT_TRUE(can_interleave(DType::Q8_0, 256));
-  EXPECT_FALSE(can_interleave(DType::Q4_0, 2080));  // 65 blocks: not whole super-blocks
+  // The legacy types at any whole number of blocks from one super-block on (a partial last super-block keeps
+  // the file's form), the K-quants at whole super-blocks only.
+  EXPECT_TRUE(can_interleave(DType::Q4_0, 2080));
+  EXPECT_TRUE(can_interleave(DType::Q5_0, 896));
+  EXPECT_FALSE(can_interleave(DType::Q8_0, 224));   // under one super-block
+  EXPECT_FALSE(can_interleave(DType::Q4_0, 2056));  // not whole blocks
+  EXPECT_FALSE(can_interleave(DType::Q4_K, 2304 + 32));
   EXPECT_FALSE(can_interleave(DType::Q4_1, 2048));
   EXPECT_TRUE(can_interleave(DType::Q4_K, 2048));
   EXPECT_TRUE(can_interleave(DType::Q6_K, 2048));
   EXPECT_TRUE(can_interleave(DType::Q3_K, 2048));
   EXPECT_TRUE(can_interleave(DType::Q5_K, 2048));
   EXPECT_TRUE(can_interleave(DType::Q2_K, 2048));
-  EXPECT_FALSE(can_interleave(DType::Q5_0, 2048));
+  EXPECT_TRUE(can_interleave(DType::Q5_0, 2048));
+  EXPECT_FALSE(can_interleave(DType::Q5_1, 2048));
   EXPECT_EQ(interleave_super_bytes(DType::Q3_K), sizeof(BlockQ3_K));
   EXPECT_EQ(interleave_super_bytes(DType::Q5_K), sizeof(BlockQ5_K));
   EXPECT_EQ(interleave_super_bytes(DType::Q4_0), 8 * sizeof(BlockQ4_0));
   EXPECT_EQ(interleave_super_bytes(DType::Q8_0), 8 * sizeof(BlockQ8_0));
+  EXPECT_EQ(interleave_super_bytes(DType::Q5_0), 8 * sizeof(BlockQ5_0));
 }
 
 TEST(Repack, RoundTripsAndPlacesEveryByte) {
@@ -62,7 +70,7 @@ TEST(Repack, RoundTripsAndPlacesEveryByte) {
     std::vector<uint8_t> file(3 * sb);
     for (size_t i = 0; i < file.size(); ++i) file[i] = static_cast<uint8_t>(i * 131 + 7);
     std::vector<uint8_t> packed = file;
-    interleave_rows(t, packed.data(), packed.size());
+    interleave_rows(t, 3 * 256, packed.data(), packed.size());
     for (size_t s = 0; s < 3; ++s) {
       const uint8_t* f = file.data() + s * sb;
       const uint8_t* p = packed.data() + s * sb;
@@ -78,6 +86,53 @@ TEST(Repack, RoundTripsAndPlacesEveryByte) {
     file_form_row(view, 0, back.data());
     EXPECT_EQ(file, back);
   }
+}
+
+// Two super-blocks (one row of 512) of random bytes, and their interleaved form.
+struct Packed {
+  std::vector<uint8_t> file, packed;
+};
+
+Packed random_pair_packed(DType t, uint32_t seed) {
+  Packed p{std::vector<uint8_t>(2 * interleave_super_bytes(t)), {}};
+  std::mt19937 rng(seed);
+  for (auto& b : p.file) b = static_cast<uint8_t>(rng());
+  p.packed = p.file;
+  interleave_rows(t, 512, p.packed.data(), p.packed.size());
+  return p;
+}
+
+// file_form_row gives the file's bytes back.
+void expect_round_trip(DType t, const Packed& p) {
+  const MatrixView view{t, 1, 512, p.file.size(), p.packed.data(), true};
+  std::vector<uint8_t> back(p.file.size());
+  file_form_row(view, 0, back.data());
+  EXPECT_EQ(p.file, back);
+}
+
+// Q5_0: every element's code (four low bits and the fifth) and every block's scale where the header says,
+// and the way back.
+TEST(Repack, Q5_0CodesSitAtTheirDocumentedPositions) {
+  const DType t = DType::Q5_0;
+  const size_t bytes = interleave_super_bytes(t);
+  const Packed pk = random_pair_packed(t, 13);
+  for (size_t s = 0; s < 2; ++s) {
+    const uint8_t* f = pk.file.data() + s * bytes;
+    const uint8_t* p = pk.packed.data() + s * bytes;
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* blk = f + static_cast<size_t>(j) * sizeof(BlockQ5_0);
+      EXPECT_EQ(0, std::memcmp(p + 2 * j, blk + offsetof(BlockQ5_0, d), 2)) << "scale of block " << j;
+      for (int e = 0; e < 32; ++e) {
+        const int file_code = ((blk[offsetof(BlockQ5_0, qs) + e % 16] >> (4 * (e / 16))) & 0xF) |
+                              (((blk[offsetof(BlockQ5_0, qh) + e / 8] >> (e % 8)) & 1) << 4);
+        const int q = e / 8, pos = 8 * j + e % 8;
+        const int packed_code = ((p[48 + 64 * (q % 2) + pos] >> (4 * (q / 2))) & 0xF) |
+                                (((p[16 + pos % 32] >> (q + 4 * (pos / 32))) & 1) << 4);
+        EXPECT_EQ(file_code, packed_code) << "element " << e << " of block " << j;
+      }
+    }
+  }
+  expect_round_trip(t, pk);
 }
 
 // Element e's code in a K-quant super-block of the file's form and of the interleaved one (as repack.h
@@ -134,38 +189,37 @@ TEST(Repack, KQuantCodesSitAtTheirDocumentedPositions) {
     SCOPED_TRACE(std::string(dtype_name(t)));
     const size_t bytes = interleave_super_bytes(t);
     const auto [codes_begin, codes_end] = code_bytes(t);
-    std::vector<uint8_t> file(2 * bytes);
-    std::mt19937 rng(11);
-    for (auto& b : file) b = static_cast<uint8_t>(rng());
-    std::vector<uint8_t> packed = file;
-    interleave_rows(t, packed.data(), packed.size());
+    const Packed pk = random_pair_packed(t, 11);
     for (size_t s = 0; s < 2; ++s) {
-      const uint8_t* f = file.data() + s * bytes;
-      const uint8_t* p = packed.data() + s * bytes;
+      const uint8_t* f = pk.file.data() + s * bytes;
+      const uint8_t* p = pk.packed.data() + s * bytes;
       for (size_t b = 0; b < bytes; ++b) {
         const bool code = b >= codes_begin && b < codes_end;
         EXPECT_TRUE(code || f[b] == p[b]) << "byte " << b;
       }
       for (int e = 0; e < 256; ++e) EXPECT_EQ(file_code(t, f, e), packed_code(t, p, e)) << "element " << e;
     }
-    const MatrixView view{t, 1, 512, 2 * bytes, packed.data(), true};
-    std::vector<uint8_t> back(file.size());
-    file_form_row(view, 0, back.data());
-    EXPECT_EQ(file, back);
+    expect_round_trip(t, pk);
   }
 }
 
 TEST(Repack, MatmulIsBitIdenticalToTheFileFormOnEveryTarget) {
   ThreadPool pool(2);
-  for (DType t :
-       {DType::Q4_0, DType::Q8_0, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
-    for (int64_t k : {256, 2048, 5632}) {
+  for (DType t : {DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K,
+                  DType::Q6_K}) {
+    for (int64_t k : {256, 896, 2048, 5632, 5664}) {
+      if (!can_interleave(t, k)) continue;  // 896 and 5664: the legacy types' partial last super-blocks
       const int64_t n = 45;
       const std::vector<uint8_t> file = quantized_rows(t, n, k, 3);
       std::vector<uint8_t> packed = file;
-      interleave_rows(t, packed.data(), packed.size());
+      interleave_rows(t, k, packed.data(), packed.size());
       const size_t rb = row_bytes(t, k);
       const MatrixView a{t, n, k, rb, file.data()}, b{t, n, k, rb, packed.data(), true};
+      std::vector<uint8_t> back(rb);
+      for (int64_t r : {int64_t{0}, n - 1}) {
+        file_form_row(b, r, back.data());
+        EXPECT_EQ(0, std::memcmp(back.data(), file.data() + static_cast<size_t>(r) * rb, rb)) << "row " << r;
+      }
       std::mt19937 rng(5);
       std::normal_distribution<float> dist(0.0f, 1.0f);
       std::vector<float> x(static_cast<size_t>(70 * k));

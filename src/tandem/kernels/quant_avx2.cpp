@@ -611,9 +611,9 @@ constexpr int64_t kStateFloats = 8;
 alignas(64) constexpr float kZeroState[kDirectRows * kStateFloats] = {};
 
 // Signed: nullptr (this target has no signed form; see quant_layout.h).
-// kTail: the last of the n_super super-blocks is read from part.tail.
+// With a TailLoad (tail_loader), the last of the n_super super-blocks is read from part.tail by it.
 template <int NR, void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold, auto Signed,
-          bool kTail = false>
+          auto TailLoad = nullptr, auto /*TailSigned: no signed forms here*/ = nullptr>
 void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x_stride, float* y,
                  int64_t y_stride, const TilePart& part) {
   // The accumulators start from the state, or from a zero state on a row's first part: one form of start.
@@ -627,9 +627,18 @@ void direct_tile(const uint8_t* w, int64_t n_super, const ActSuper* x, int64_t x
   for (int64_t s = 0; s < n_super; ++s) {
     const uint8_t* row_s = w + s * kSuperBytes;
     prefetch_ahead<kSuperBytes>(row_s, part.prefetch);
+    constexpr bool kTail = !std::is_null_pointer_v<decltype(TailLoad)>;
     const uint8_t* ws = kTail && s == n_super - 1 ? part.tail : row_s;
     SuperRegs wr;
-    Load(ws, wr);
+    if constexpr (kTail && TailLoad != Load) {
+      if (ws == part.tail) {
+        TailLoad(ws, wr);
+      } else {
+        Load(ws, wr);
+      }
+    } else {
+      Load(ws, wr);
+    }
     accumulate_rows<NR, kFold>(wr.u, wr.a, wr.b, x + s, x_stride, acc);
   }
   if (part.last) {
@@ -680,20 +689,37 @@ bool with_loader(DType type, bool interleaved, Fn&& fn) {
   }
 }
 
-// Whether a loader reads the file form of a legacy block type, whose rows may end in a partial super-block
-// (direct_width): their tiles are also built with a tail (quant_direct_x86.inc).
+// The loader that tiles of rows whose last super-block is partial (direct_width) read that super-block with,
+// from its padded copy in the file's form (quant_direct_x86.inc): a legacy type's file-form loader itself,
+// and for a repacked form (whose partial last super-block keeps the file's form, repack.h) the file form's
+// loader, which gives the same registers; nullptr for the loaders of whole super-blocks only. tail_signed:
+// the same for a signed form (none here).
 template <auto Load>
-constexpr bool loads_legacy_file() {
-  return Load == &load_q4_0_super || Load == &load_q8_0_super ||
-         Load == &load_legacy_super<BlockQ4_1, true, false> ||
-         Load == &load_legacy_super<BlockQ5_0, false, true> ||
-         Load == &load_legacy_super<BlockQ5_1, true, true>;
+constexpr auto tail_loader() {
+  if constexpr (Load == &load_q4_0x_super) {
+    return &load_q4_0_super;
+  } else if constexpr (Load == &load_q8_0x_super) {
+    return &load_q8_0_super;
+  } else if constexpr (Load == &load_q4_0_super || Load == &load_q8_0_super ||
+                       Load == &load_legacy_super<BlockQ4_1, true, false> ||
+                       Load == &load_legacy_super<BlockQ5_0, false, true> ||
+                       Load == &load_legacy_super<BlockQ5_1, true, true>) {
+    return Load;
+  } else {
+    return nullptr;
+  }
+}
+
+template <auto Signed>
+constexpr auto tail_signed() {
+  return Signed;
 }
 
 #include "tandem/kernels/quant_direct_x86.inc"
 
-int64_t direct_max_rows(DType type, bool /*interleaved: both forms*/, int64_t k, bool signed_q8) {
-  if (!direct_width(type, k)) return 0;
+int64_t direct_max_rows(DType type, bool interleaved, int64_t k, bool signed_q8) {
+  // Repacked Q5_0 (repacked where the AVX-512 kernels run) has no loader here: it takes the unpacked path.
+  if (!direct_width(type, k) || (interleaved && type == DType::Q5_0)) return 0;
   if (type == DType::Q4_0 || (type == DType::Q8_0 && signed_q8)) return kDirectRows;
   if (type == DType::Q6_K) return kDirectRows;
   if (type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1 || type == DType::Q2_K ||

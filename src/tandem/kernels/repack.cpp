@@ -33,10 +33,11 @@ int codes_per_block(DType type) {
 }  // namespace
 
 bool can_interleave(DType type, int64_t cols) {
-  const bool has_form = type == DType::Q4_0 || type == DType::Q8_0 || type == DType::Q2_K ||
-                        type == DType::Q3_K || type == DType::Q4_K || type == DType::Q5_K ||
-                        type == DType::Q6_K;
-  return has_form && cols > 0 && cols % kSuper == 0;
+  const bool legacy = type == DType::Q4_0 || type == DType::Q5_0 || type == DType::Q8_0;
+  const bool k_quant = type == DType::Q2_K || type == DType::Q3_K || type == DType::Q4_K ||
+                       type == DType::Q5_K || type == DType::Q6_K;
+  if (legacy) return cols >= kSuper && cols % kQK == 0;
+  return k_quant && cols > 0 && cols % kSuper == 0;
 }
 
 bool repack_pays(DType type, int64_t cols) {
@@ -44,7 +45,9 @@ bool repack_pays(DType type, int64_t cols) {
   // Only the x86 targets decode the repacked forms in registers; the others would read them back through the
   // file form on every matmul.
   const bool avx512 = best == Target::kAVX512 || best == Target::kAVX512VBMI;
-  return can_interleave(type, cols) && (best == Target::kAVX2 || avx512);
+  // Q5_0's form, and rows with a partial last super-block, have direct kernels under AVX-512 only.
+  const bool avx2 = best == Target::kAVX2 && type != DType::Q5_0 && cols % kSuper == 0;
+  return can_interleave(type, cols) && (avx2 || avx512);
 }
 
 size_t interleave_super_bytes(DType type) {
@@ -53,6 +56,7 @@ size_t interleave_super_bytes(DType type) {
   if (type == DType::Q4_K) return sizeof(BlockQ4_K);
   if (type == DType::Q5_K) return sizeof(BlockQ5_K);
   if (type == DType::Q6_K) return sizeof(BlockQ6_K);
+  if (type == DType::Q5_0) return 8 * sizeof(BlockQ5_0);
   TANDEM_CHECK(type == DType::Q4_0 || type == DType::Q8_0, "no interleaved form for this type");
   return 8 * block_bytes(type);
 }
@@ -222,10 +226,48 @@ void pack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
   }
 }
 
+// Q5_0 (repack.h): element 32j + t of block j has its low four bits in nibble t / 16 of code byte t % 16
+// and its fifth bit at bit t of the block's qh word; in the interleaved form it is quarter q = t / 8 of
+// position p = 8j + t % 8 (block order, quant_layout.h), whose fifth bit sits at bit q + 4 (p / 32) of byte
+// 16 + p % 32.
+constexpr size_t kQ5Plane = 16, kQ5Codes = 48;
+
+void pack_q5_0(const uint8_t* in, uint8_t* out) {
+  std::memset(out + kQ5Plane, 0, kQ5Codes - kQ5Plane);
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t* b = in + static_cast<size_t>(j) * sizeof(BlockQ5_0);
+    std::memcpy(out + 2 * j, b + offsetof(BlockQ5_0, d), 2);
+    for (int h = 0; h < 2; ++h)
+      std::memcpy(out + kQ5Codes + 64 * h + 8 * j, b + offsetof(BlockQ5_0, qs) + 8 * h, 8);
+    uint32_t qh;
+    std::memcpy(&qh, b + offsetof(BlockQ5_0, qh), 4);
+    for (int t = 0; t < 32; ++t) {
+      const int q = t / 8, p = 8 * j + t % 8;
+      out[kQ5Plane + p % 32] |= static_cast<uint8_t>(((qh >> t) & 1) << (q + 4 * (p / 32)));
+    }
+  }
+}
+
+void unpack_q5_0(const uint8_t* in, uint8_t* out) {
+  for (int j = 0; j < 8; ++j) {
+    uint8_t* b = out + static_cast<size_t>(j) * sizeof(BlockQ5_0);
+    std::memcpy(b + offsetof(BlockQ5_0, d), in + 2 * j, 2);
+    for (int h = 0; h < 2; ++h)
+      std::memcpy(b + offsetof(BlockQ5_0, qs) + 8 * h, in + kQ5Codes + 64 * h + 8 * j, 8);
+    uint32_t qh = 0;
+    for (int t = 0; t < 32; ++t) {
+      const int q = t / 8, p = 8 * j + t % 8;
+      qh |= static_cast<uint32_t>((in[kQ5Plane + p % 32] >> (q + 4 * (p / 32))) & 1) << t;
+    }
+    std::memcpy(b + offsetof(BlockQ5_0, qh), &qh, 4);
+  }
+}
+
 }  // namespace
 
 // Code bytes move in 8-byte units: unit h of block j (bytes 8h..8h+7) sits at 16 + 64h + 8j.
 void interleave_super(DType type, const uint8_t* in, uint8_t* out) {
+  if (type == DType::Q5_0) return pack_q5_0(in, out);
   if (type != DType::Q4_0 && type != DType::Q8_0) return pack_k_planes(type, in, out);
   const size_t bb = block_bytes(type);
   const int units = codes_per_block(type) / 8;
@@ -237,6 +279,7 @@ void interleave_super(DType type, const uint8_t* in, uint8_t* out) {
 }
 
 void deinterleave_super(DType type, const uint8_t* in, uint8_t* out) {
+  if (type == DType::Q5_0) return unpack_q5_0(in, out);
   if (type != DType::Q4_0 && type != DType::Q8_0) return unpack_k_planes(type, in, out);
   const size_t bb = block_bytes(type);
   const int units = codes_per_block(type) / 8;
@@ -247,15 +290,18 @@ void deinterleave_super(DType type, const uint8_t* in, uint8_t* out) {
   }
 }
 
-void interleave_rows(DType type, uint8_t* data, size_t bytes) {
-  const size_t sb = interleave_super_bytes(type);
-  TANDEM_CHECK(bytes % sb == 0, "interleave_rows: not whole super-blocks");
+void interleave_rows(DType type, int64_t cols, uint8_t* data, size_t bytes) {
+  TANDEM_CHECK(can_interleave(type, cols), "interleave_rows: no interleaved form for this type and width");
+  const size_t sb = interleave_super_bytes(type), rb = row_bytes(type, cols);
+  const size_t whole = static_cast<size_t>(cols / kSuper) * sb;  // a partial last super-block stays
+  TANDEM_CHECK(bytes % rb == 0, "interleave_rows: not whole rows");
   uint8_t tmp[8 * sizeof(BlockQ8_0)];
   static_assert(sizeof(tmp) >= sizeof(BlockQ6_K));
-  for (size_t o = 0; o < bytes; o += sb) {
-    std::memcpy(tmp, data + o, sb);
-    interleave_super(type, tmp, data + o);
-  }
+  for (size_t r = 0; r < bytes; r += rb)
+    for (size_t o = r; o < r + whole; o += sb) {
+      std::memcpy(tmp, data + o, sb);
+      interleave_super(type, tmp, data + o);
+    }
 }
 
 void file_form_row(const MatrixView& w, int64_t r, uint8_t* out) {
@@ -265,7 +311,9 @@ void file_form_row(const MatrixView& w, int64_t r, uint8_t* out) {
     return;
   }
   const size_t sb = interleave_super_bytes(w.type);
-  for (size_t o = 0; o < w.row_bytes; o += sb) deinterleave_super(w.type, row + o, out + o);
+  const size_t whole = static_cast<size_t>(w.cols / kSuper) * sb;
+  for (size_t o = 0; o < whole; o += sb) deinterleave_super(w.type, row + o, out + o);
+  std::memcpy(out + whole, row + whole, w.row_bytes - whole);  // a partial last super-block, as in the file
 }
 
 }  // namespace tandem::kernels

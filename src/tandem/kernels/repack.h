@@ -3,12 +3,19 @@
 // and no gathering or permuting. Only the matmul kernels read a repacked matrix (MatrixView::interleaved);
 // each result is bit-identical to the file form's.
 //
-// Per super-block (rows must be whole super-blocks, cols % 256 == 0):
+// Per super-block. Rows of the K-quants are whole super-blocks (cols % 256 == 0); those of the legacy types
+// (Q4_0, Q5_0, Q8_0) may end in a partial super-block (any whole number of 32-element blocks from 256 on),
+// which keeps the file's form behind the repacked whole ones:
 //   Q4_0 (144 bytes)
 //     [0, 16)    the 8 f16 scales, block j at 2j
 //     [16, 80)   code bytes 0..7 of block j at 16 + 8j: quarters 0 (low nibbles) and 2 (high) of block order
 //                (quant_layout.h)
 //     [80, 144)  code bytes 8..15 of block j at 80 + 8j: quarters 1 and 3
+//   Q5_0 (176 bytes)
+//     [0, 16)    the 8 f16 scales
+//     [16, 48)   the fifth bits: that of quarter q of position p = 8j + i (element 32j + 8q + i, block order)
+//                at bit q + 4 (p / 32) of byte 16 + p % 32 (as Q5_K's plane)
+//     [48, 176)  the code bytes' nibbles as Q4_0's [16, 144)
 //   Q8_0 (272 bytes)
 //     [0, 16)    the 8 f16 scales
 //     [16, 272)  quarter q (codes 8q..8q+7 of block j, signed as in the file) at 16 + 64q + 8j
@@ -51,10 +58,11 @@ namespace tandem::kernels {
 bool can_interleave(DType type, int64_t cols);
 // Whether the loader repacks such a matrix for the best kernels of this CPU: never for the scalar and NEON
 // kernels (they would read the repacked form through the file's, super-block by super-block); every type with
-// a form under AVX2 and AVX-512. (Q4_0 under AVX-512 kept the file form while weights were read from a file
-// mapping, where one row measured 1.09x the time repacked; with the weights copied into 2 MB pages
-// (gguf/mapped_file.h) synthetic TinyLlama decodes in 0.90-0.97x the time repacked, windows of 2 to 8 rows
-// 0.92-0.97x; under AVX2 the repacked form takes 0.73-0.87x.)
+// a form under AVX-512, and under AVX2 every type but Q5_0 and rows with a partial last super-block, which
+// its kernels would read through the file form. (Q4_0 under AVX-512 kept the file form while weights were
+// read from a file mapping, where one row measured 1.09x the time repacked; with the weights copied into 2 MB
+// pages (gguf/mapped_file.h) synthetic TinyLlama decodes in 0.90-0.97x the time repacked, windows of 2 to 8
+// rows 0.92-0.97x; under AVX2 the repacked form takes 0.73-0.87x.)
 bool repack_pays(DType type, int64_t cols);
 // Bytes of one super-block of `type` (84 to 272).
 size_t interleave_super_bytes(DType type);
@@ -63,8 +71,8 @@ size_t interleave_super_bytes(DType type);
 void interleave_super(DType type, const uint8_t* in, uint8_t* out);
 void deinterleave_super(DType type, const uint8_t* in, uint8_t* out);
 
-// Every super-block of the `bytes` bytes at data (whole rows), in place.
-void interleave_rows(DType type, uint8_t* data, size_t bytes);
+// Every whole super-block of the `bytes` bytes at data (whole rows of `cols` elements), in place.
+void interleave_rows(DType type, int64_t cols, uint8_t* data, size_t bytes);
 // One row of a matrix (interleaved or not) in the file's form: out [w.row_bytes].
 void file_form_row(const MatrixView& w, int64_t r, uint8_t* out);
 

@@ -186,7 +186,7 @@ void repack(const gguf::File& file, MatrixView& m) {
   if (m.empty() || m.interleaved || !kernels::repack_pays(m.type, m.cols)) return;
   uint8_t* bytes = file.writable(m.data, m.bytes());
   if (!bytes) return;
-  kernels::interleave_rows(m.type, bytes, m.bytes());
+  kernels::interleave_rows(m.type, m.cols, bytes, m.bytes());
   file.seal(m.data, m.bytes());
   m.interleaved = true;
 }
