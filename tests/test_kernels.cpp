@@ -274,10 +274,10 @@ TEST(Kernels, DirectKernelsAreBitIdenticalToUnpackAndDot) {
       // 2304 and 5632: windows past the column-chunk threshold (several chunks, several blocks of weight rows
       // at 5632). The legacy types also at widths with a partial last super-block (its copy padded with zero
       // blocks, quant_direct_x86.inc): under one super-block, Qwen2.5-0.5B's 896, and 5664 (past the
-      // column-chunk threshold, which such rows do not take).
+      // column-chunk threshold, which such rows do not take); 480 for a partial super-block of 7 blocks.
       // Both forms of the types with a repacked one (kernels/repack.h).
       std::vector<int64_t> widths = {256, 768, 2304, 5632};
-      if (is_legacy(t)) widths.insert(widths.end(), {32, 96, 896, 5664});
+      if (is_legacy(t)) widths.insert(widths.end(), {32, 96, 480, 896, 5664});
       for (int64_t k : widths)
         for (bool interleaved : {false, true}) {
           if (interleaved && !can_interleave(t, k)) continue;

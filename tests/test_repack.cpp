@@ -207,8 +207,8 @@ TEST(Repack, MatmulIsBitIdenticalToTheFileFormOnEveryTarget) {
   ThreadPool pool(2);
   for (DType t : {DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K,
                   DType::Q6_K}) {
-    for (int64_t k : {256, 896, 2048, 5632, 5664}) {
-      if (!can_interleave(t, k)) continue;  // 896 and 5664: the legacy types' partial last super-blocks
+    for (int64_t k : {256, 480, 896, 2048, 5632, 5664}) {
+      if (!can_interleave(t, k)) continue;  // 480, 896, 5664: the legacy types' partial last super-blocks
       const int64_t n = 45;
       const std::vector<uint8_t> file = quantized_rows(t, n, k, 3);
       std::vector<uint8_t> packed = file;

@@ -555,20 +555,15 @@ bool with_loader(DType type, bool interleaved, Fn&& fn) {
 }
 
 // The loader that tiles of rows whose last super-block is partial (direct_width) read that super-block with,
-// from its padded copy in the file's form (quant_direct_x86.inc): a legacy type's file-form loader itself,
-// and for a repacked form (whose partial last super-block keeps the file's form, repack.h) the file form's
-// loader, which gives the same registers; nullptr for the loaders of whole super-blocks only. tail_signed:
-// the same for a signed form (none here).
+// from its copy padded with zero blocks (quant_direct_x86.inc): a legacy type's file-form loader itself;
+// nullptr for the others (repacked rows with a partial last super-block take the unpacked path here:
+// direct_max_rows). tail_signed: the same for a signed form (none here).
 template <auto Load>
 constexpr auto tail_loader() {
-  if constexpr (Load == &load_q4_0x_super) {
-    return &load_q4_0_super;
-  } else if constexpr (Load == &load_q8_0x_super) {
-    return &load_q8_0_super;
-  } else if constexpr (Load == &load_q4_0_super || Load == &load_q8_0_super ||
-                       Load == &load_legacy_super<BlockQ4_1, true, false> ||
-                       Load == &load_legacy_super<BlockQ5_0, false, true> ||
-                       Load == &load_legacy_super<BlockQ5_1, true, true>) {
+  if constexpr (Load == &load_q4_0_super || Load == &load_q8_0_super ||
+                Load == &load_legacy_super<BlockQ4_1, true, false> ||
+                Load == &load_legacy_super<BlockQ5_0, false, true> ||
+                Load == &load_legacy_super<BlockQ5_1, true, true>) {
     return Load;
   } else {
     return nullptr;
@@ -583,8 +578,9 @@ constexpr auto tail_signed() {
 #include "tandem/kernels/quant_direct_x86.inc"
 
 int64_t direct_max_rows(DType type, bool interleaved, int64_t k, bool signed_q8) {
-  // Repacked Q5_0 (repacked where the AVX-512 kernels run) has no loader here: it takes the unpacked path.
-  if (!direct_width(type, k) || (interleaved && type == DType::Q5_0)) return 0;
+  // Repacked Q5_0, and repacked rows with a partial last super-block (repacked where the AVX-512 kernels
+  // run), have no loader here: they take the unpacked path.
+  if (!direct_width(type, k) || (interleaved && (type == DType::Q5_0 || k % kSuper != 0))) return 0;
   if (type == DType::Q4_0 || (type == DType::Q8_0 && signed_q8)) return kDirectRows;
   if (type == DType::Q6_K) return kDirectRows;
   if (type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1 || type == DType::Q2_K ||

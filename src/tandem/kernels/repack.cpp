@@ -263,7 +263,47 @@ void unpack_q5_0(const uint8_t* in, uint8_t* out) {
   }
 }
 
+// The 64-byte code planes of a repacked legacy super-block: their count and the first one's offset.
+std::pair<int, size_t> code_planes(DType type) {
+  if (type == DType::Q8_0) return {4, kScaleBytes};
+  return {2, type == DType::Q5_0 ? kQ5Codes : kScaleBytes};
+}
+
+// The fifth-bit plane's nibble of position p (Q5_0): quarters 0..3 at bits 0..3.
+int fifth_nibble(const uint8_t* plane, int p) {
+  return (plane[p % 32] >> (4 * (p / 32))) & 0xF;
+}
+
+// A whole repacked super-block whose blocks from `blocks` on are zero -> the partial form (repack.h).
+void pack_tail(DType type, int blocks, const uint8_t* in, uint8_t* out) {
+  const auto n = static_cast<size_t>(blocks);
+  const auto [planes, first] = code_planes(type);
+  std::memcpy(out, in, 2 * n);
+  for (int c = 0; c < planes; ++c)
+    std::memcpy(out + 2 * n + 8 * n * static_cast<size_t>(c), in + first + 64 * static_cast<size_t>(c),
+                8 * n);
+  if (type != DType::Q5_0) return;
+  uint8_t* bits = out + 18 * n;
+  for (int p = 0; p < 8 * blocks; p += 2)
+    bits[p / 2] =
+        static_cast<uint8_t>(fifth_nibble(in + kQ5Plane, p) | (fifth_nibble(in + kQ5Plane, p + 1) << 4));
+}
+
 }  // namespace
+
+void expand_tail(DType type, int blocks, const uint8_t* tail, uint8_t* out) {
+  const auto n = static_cast<size_t>(blocks);
+  const auto [planes, first] = code_planes(type);
+  std::memset(out, 0, interleave_super_bytes(type));
+  std::memcpy(out, tail, 2 * n);
+  for (int c = 0; c < planes; ++c)
+    std::memcpy(out + first + 64 * static_cast<size_t>(c), tail + 2 * n + 8 * n * static_cast<size_t>(c),
+                8 * n);
+  if (type != DType::Q5_0) return;
+  const uint8_t* bits = tail + 18 * n;
+  for (int p = 0; p < 8 * blocks; ++p)
+    out[kQ5Plane + p % 32] |= static_cast<uint8_t>(((bits[p / 2] >> (4 * (p % 2))) & 0xF) << (4 * (p / 32)));
+}
 
 // Code bytes move in 8-byte units: unit h of block j (bytes 8h..8h+7) sits at 16 + 64h + 8j.
 void interleave_super(DType type, const uint8_t* in, uint8_t* out) {
@@ -297,11 +337,19 @@ void interleave_rows(DType type, int64_t cols, uint8_t* data, size_t bytes) {
   TANDEM_CHECK(bytes % rb == 0, "interleave_rows: not whole rows");
   uint8_t tmp[8 * sizeof(BlockQ8_0)];
   static_assert(sizeof(tmp) >= sizeof(BlockQ6_K));
-  for (size_t r = 0; r < bytes; r += rb)
+  uint8_t padded[8 * sizeof(BlockQ8_0)];
+  const int tail_blocks = static_cast<int>(cols % kSuper / kQK);
+  for (size_t r = 0; r < bytes; r += rb) {
     for (size_t o = r; o < r + whole; o += sb) {
       std::memcpy(tmp, data + o, sb);
       interleave_super(type, tmp, data + o);
     }
+    if (tail_blocks == 0) continue;
+    std::memset(tmp, 0, sb);
+    std::memcpy(tmp, data + r + whole, rb - whole);
+    interleave_super(type, tmp, padded);
+    pack_tail(type, tail_blocks, padded, data + r + whole);
+  }
 }
 
 void file_form_row(const MatrixView& w, int64_t r, uint8_t* out) {
@@ -313,7 +361,11 @@ void file_form_row(const MatrixView& w, int64_t r, uint8_t* out) {
   const size_t sb = interleave_super_bytes(w.type);
   const size_t whole = static_cast<size_t>(w.cols / kSuper) * sb;
   for (size_t o = 0; o < whole; o += sb) deinterleave_super(w.type, row + o, out + o);
-  std::memcpy(out + whole, row + whole, w.row_bytes - whole);  // a partial last super-block, as in the file
+  if (whole == w.row_bytes) return;
+  uint8_t padded[8 * sizeof(BlockQ8_0)], file[8 * sizeof(BlockQ8_0)];
+  expand_tail(w.type, static_cast<int>(w.cols % kSuper / kQK), row + whole, padded);
+  deinterleave_super(w.type, padded, file);
+  std::memcpy(out + whole, file, w.row_bytes - whole);
 }
 
 }  // namespace tandem::kernels

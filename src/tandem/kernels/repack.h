@@ -4,8 +4,11 @@
 // each result is bit-identical to the file form's.
 //
 // Per super-block. Rows of the K-quants are whole super-blocks (cols % 256 == 0); those of the legacy types
-// (Q4_0, Q5_0, Q8_0) may end in a partial super-block (any whole number of 32-element blocks from 256 on),
-// which keeps the file's form behind the repacked whole ones:
+// (Q4_0, Q5_0, Q8_0) may end in a partial super-block (any whole number of 32-element blocks from 256 on): of
+// n < 8 blocks, in the same bytes as in the file, laid out as the repacked super-block that has those blocks
+// and zero ones after them, cut short: its n scales (2n bytes), then the first 8n bytes of each 64-byte code
+// plane in order, then for Q5_0 the fifth bits of positions 0..8n-1 (4n bytes, position p at bit 4 (p % 2) +
+// q of byte p / 2 for quarter q), so that masked loads read it as that super-block (expand_tail).
 //   Q4_0 (144 bytes)
 //     [0, 16)    the 8 f16 scales, block j at 2j
 //     [16, 80)   code bytes 0..7 of block j at 16 + 8j: quarters 0 (low nibbles) and 2 (high) of block order
@@ -70,6 +73,9 @@ size_t interleave_super_bytes(DType type);
 // One super-block, file form -> interleaved form and back (in != out).
 void interleave_super(DType type, const uint8_t* in, uint8_t* out);
 void deinterleave_super(DType type, const uint8_t* in, uint8_t* out);
+// A repacked row's partial last super-block of `blocks` blocks -> the whole repacked super-block with zero
+// blocks after them (out [interleave_super_bytes(type)]).
+void expand_tail(DType type, int blocks, const uint8_t* tail, uint8_t* out);
 
 // Every whole super-block of the `bytes` bytes at data (whole rows of `cols` elements), in place.
 void interleave_rows(DType type, int64_t cols, uint8_t* data, size_t bytes);
