@@ -86,8 +86,10 @@ void quant_rows(const QuantKernels& qk, const MatrixView& w, const ActSuper* act
   // More rows than one direct pass takes (direct_pass_rows) go in passes of near-equal size (9 rows: 4 + 5,
   // not 8 + 1: a pass of one or two rows decodes every weight super-block for too few rows), all passes over
   // one block of kOutputGrain weight rows before the next, so that later passes read those rows from the L2
-  // cache (over a thread's whole share, 1-2 MB at TinyLlama's FFN, they came from memory again).
-  if (const int64_t direct = qk.direct_pass_rows(w.type, w.interleaved, K, signed_codes); direct > 0) {
+  // cache (over a thread's whole share, 1-2 MB at TinyLlama's FFN, they came from memory again). Targets
+  // whose direct kernels take no passes (QuantKernels::direct_prefill) unpack the rows of wider matmuls.
+  const int64_t direct = qk.direct_pass_rows(w.type, w.interleaved, K, signed_codes);
+  if (direct > 0 && (n_rows <= direct || qk.direct_prefill)) {
     const int64_t passes = (n_rows + direct - 1) / direct;
     const int64_t block = passes == 1 ? o1 - o0 : kOutputGrain;
     for (int64_t b0 = o0; b0 < o1; b0 += block) {

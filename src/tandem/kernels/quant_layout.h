@@ -153,6 +153,9 @@ struct QuantKernels {
   // times, with the multiply-add instructions of this target's dot kernels; sums[c] = iterations * sum(u *
   // s_c) modulo 2^32 (dot_probe_reference).
   void (*dot_probe)(const uint8_t* u, const int8_t* s, int64_t iterations, uint32_t* sums);
+  // Whether matmuls of more rows than direct_pass_rows (prefill) take the direct kernels too, in passes, or
+  // the unpacked path.
+  bool direct_prefill = true;
 };
 
 constexpr int kDotProbeChains = 16;
