@@ -70,7 +70,7 @@ single_threaded+=':Kernels.GroupedAttentionPrimitivesEqualSeparateCalls:Kernels.
 single_threaded+=':Kernels.SoftmaxMatchesTheFormulaOnEveryHighwayTarget:Kernels.DotProbeSumsEqualTheReference'
 single_threaded+=':Kernels.DimMajorScoresMatchTheReferenceOnEveryHighwayTarget'
 single_threaded+=':Kernels.FloatTilesKeepEachOutputsBitsOnEveryHighwayTarget'
-single_threaded+=':Kernels.DirectKernelsAreBitIdenticalToUnpackAndDot'
+single_threaded+=':Kernels.DirectKernelsAreBitIdenticalToUnpackAndDot:Kernels.QuantizedMatmulRowsKeepTheirBitsInEveryWindow'
 qemu=(qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu max)
 "${qemu[@]}" build-arm64/tests/test_kernels --gtest_list_tests >/dev/null ||
   unavailable "qemu-aarch64 cannot run the arm64 test binary"

@@ -421,6 +421,44 @@ TEST(Kernels, QuantizedMatmulMatchesReferences) {
   }
 }
 
+// Batch invariance at the matmul level, on one thread (no worker threads: the ARM check runs it under
+// qemu-user): each activation row's outputs keep the bits they have alone in every window and prefill size,
+// whichever kernels the row count picks (direct tiles, pair tiles, column chunks, passes, the unpacked path).
+TEST(Kernels, QuantizedMatmulRowsKeepTheirBitsInEveryWindow) {
+  ThreadPool pool(1);
+  for (Target target : runnable_targets()) {
+    for (DType t : kQuantTypes) {
+      std::vector<int64_t> widths = {512, 5632};
+      if (is_legacy(t)) widths.push_back(480);
+      for (int64_t k : widths) {
+        SCOPED_TRACE(std::string(target_name(target)) + " " + std::string(dtype_name(t)) +
+                     " k=" + std::to_string(k));
+        const int64_t n = 19, max_rows = 70;
+        const auto xbuf = make_activations(max_rows, k, 37);
+        const float* x = xbuf.data() + 1;
+        MatmulScratch scratch(pool.size(), k, max_rows, target);
+        for (bool interleaved : {false, true}) {  // both forms of the types with a repacked one (repack.h)
+          if (interleaved && !can_interleave(t, k)) continue;
+          TestMatrix m = make_matrix(t, n, k, 31);
+          if (interleaved) {
+            interleave_rows(t, k, m.storage.data() + misalign(t), m.view.bytes());
+            m.view.interleaved = true;
+          }
+          std::vector<float> alone(static_cast<size_t>(max_rows * n));
+          for (int64_t r = 0; r < max_rows; ++r)
+            matmul(m.view, x + r * k, 1, alone.data() + r * n, pool, scratch);
+          for (int64_t rows : {2, 3, 4, 5, 8, 9, 16, 17, 70}) {
+            std::vector<float> got(static_cast<size_t>(rows * n));
+            matmul(m.view, x, rows, got.data(), pool, scratch);
+            EXPECT_EQ(0, std::memcmp(got.data(), alone.data(), got.size() * sizeof(float)))
+                << "rows=" << rows << (interleaved ? " interleaved" : "");
+          }
+        }
+      }
+    }
+  }
+}
+
 // Runs fn once per Highway target this machine supports (then restores normal dispatch).
 template <typename Fn>
 void for_each_hwy_target(Fn&& fn) {
