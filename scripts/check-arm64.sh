@@ -57,7 +57,7 @@ fi
 
 cmake -S . -B build-arm64 -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DTANDEM_BENCH=OFF \
   >/dev/null
-ninja -C build-arm64 tandem tests/test_kernels
+ninja -C build-arm64 tandem tests/test_kernels tests/test_attention_kernels
 
 # Tests that start no threads: qemu-user cannot be relied on to run threads on every host (seen: a new
 # thread never starting).
@@ -74,5 +74,7 @@ single_threaded+=':Kernels.DirectKernelsAreBitIdenticalToUnpackAndDot:Kernels.Qu
 qemu=(qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu max)
 "${qemu[@]}" build-arm64/tests/test_kernels --gtest_list_tests >/dev/null ||
   unavailable "qemu-aarch64 cannot run the arm64 test binary"
-timeout 600 "${qemu[@]}" build-arm64/tests/test_kernels --gtest_filter="$single_threaded" --gtest_brief=1
+for binary in test_kernels test_attention_kernels; do
+  timeout 600 "${qemu[@]}" "build-arm64/tests/$binary" --gtest_filter="$single_threaded" --gtest_brief=1
+done
 echo "check-arm64: the 64-bit ARM build and its single-threaded kernel tests passed" >&2

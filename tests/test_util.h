@@ -1,8 +1,13 @@
 // Shared helpers for the test suite.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <cstdint>
 #include <string>
 #include <utility>
+
+#include "hwy/targets.h"
 
 namespace tandem::testing {
 
@@ -12,5 +17,16 @@ std::string shared_path(const std::string& relative);
 
 // Runs a shell command; its standard output and exit status (-1 when it did not exit normally).
 std::pair<std::string, int> run_command(const std::string& command);
+
+// Runs fn once per Highway target this machine supports (then restores normal dispatch).
+template <typename Fn>
+void for_each_hwy_target(Fn&& fn) {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    fn();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
 
 }  // namespace tandem::testing
