@@ -23,6 +23,9 @@
 //                      of 64 dims, in blocks of 16 positions as the paged cache holds them (TinyLlama: G = 8)
 //   AttentionDotsDimMajor/G  the same scores from key blocks stored dimension-major (the f16 key cache)
 //   AttentionValues/G  the weighted sum of the same rows' values for G heads
+//   AttendWindow/ROWS/CTX/TOGETHER  attention of a window of ROWS rows (one KV head of TinyLlama's layer: 8
+//                      query heads of 64 dims, f16 cache of CTX positions), its rows' queries sharing each
+//                      pass over the cache (TOGETHER 1, cache::attend_rows) or one row at a time (0)
 // Weights are in the form the model loader leaves them in (repacked where kernels/repack.h says it pays).
 // Bytes/s counts weight bytes, so decode-class numbers compare directly with memory bandwidth.
 #include <benchmark/benchmark.h>
@@ -36,6 +39,7 @@
 #endif
 #include <vector>
 
+#include "tandem/cache/attention.h"
 #include "tandem/kernels/float_kernels.h"
 #include "tandem/kernels/key_blocks.h"
 #include "tandem/kernels/matmul.h"
@@ -409,6 +413,47 @@ void BM_AttentionValues(benchmark::State& state) {
   state.SetLabel("items = weighted rows");
 }
 BENCHMARK(BM_AttentionValues)->Arg(1)->Arg(2)->Arg(4)->Arg(6)->Arg(8);
+
+void BM_AttendWindow(benchmark::State& state) {
+  const int64_t rows = state.range(0), ctx = state.range(1), G = 8, dim = 64;
+  const bool together = state.range(2) != 0;
+  model::Config c;
+  c.n_layer = 1;
+  c.n_head = static_cast<int>(G);
+  c.n_head_kv = 1;
+  c.head_dim = c.head_dim_v = static_cast<int>(dim);
+  cache::KvCache kv(c, ctx, cache::KvType::kF16);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> k(static_cast<size_t>(dim)), v(static_cast<size_t>(dim));
+  kv.prepare_append(0, ctx);
+  for (int64_t p = 0; p < ctx; ++p) {
+    for (auto& e : k) e = dist(rng);
+    for (auto& e : v) e = dist(rng);
+    kv.store(0, p, k.data(), v.data());
+  }
+  std::vector<float> q(static_cast<size_t>(rows * G * dim)), out(q.size());
+  for (auto& e : q) e = 0.125f * dist(rng);
+  std::vector<float> scores(static_cast<size_t>(cache::kMaxWindowQueries * ctx));
+  const cache::AttentionParams params{0.125f, 0.0f};
+  const int64_t last = ctx - rows;
+  for (auto _ : state) {
+    if (together) {
+      cache::attend_rows(kv, 0, 0, q.data(), rows, G, {G * dim, dim, G * dim, dim}, 0, last, params,
+                         scores.data(), ctx, out.data());
+    } else {
+      for (int64_t r = 0; r < rows; ++r)
+        cache::attend_group(kv, 0, 0, q.data() + r * G * dim, G, dim, 0, last + r, params, scores.data(), ctx,
+                            out.data() + r * G * dim, dim);
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * rows);
+  state.SetLabel("items = window rows");
+}
+BENCHMARK(BM_AttendWindow)
+    ->ArgsProduct({{1, 4, 8}, {256, 1024, 4096}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
 
 void matmul_args(benchmark::internal::Benchmark* b) {
   for (int t = 0; t < static_cast<int>(std::size(kTypes)); ++t)

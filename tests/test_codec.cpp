@@ -1,6 +1,6 @@
 // KV codecs: round-trip error bounds per type, orthogonal rotations, attention reads (dots / accumulate) that
-// match the decoded rows, row results independent of how many rows one call covers, and the rotation's
-// benefit on vectors with an outlier channel.
+// match the decoded rows, row results independent of how many rows one call covers (and of how many
+// window rows share a pass, attend_rows), and the rotation's benefit on vectors with an outlier channel.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -329,6 +329,44 @@ TEST(KvCodec, CacheAnchorsEachBlockAtItsFirstKey) {
         double ref = 0;
         for (int64_t j = first; j < n; ++j) ref += p[j - first] / sum * v[j * width + h * c.head_dim + i];
         EXPECT_NEAR(out[i], ref, tol) << kv_type_name(t) << " head " << h;
+      }
+    }
+  }
+}
+
+// A window's rows attended together (attend_rows: consecutive positions, row i up to last + i) give each row
+// and head the bits of attend() alone, in one pass or several (more queries than one pass holds, or more
+// heads than it holds), with first > 0 and spans across block boundaries, for every cache type.
+TEST(KvCodec, WindowRowsAttendTogetherAsAlone) {
+  for (const int n_q : {3, 8, 70}) {
+    tandem::model::Config c;
+    c.n_layer = 1;
+    c.n_head = n_q;
+    c.n_head_kv = 1;
+    c.head_dim = c.head_dim_v = 32;
+    for (KvType t : kTypes) {
+      tandem::cache::KvCache cache(c, 96, t);
+      const int64_t n = 90, dim = c.head_dim;
+      const auto k = gaussian(static_cast<size_t>(n * dim), 41);
+      const auto v = gaussian(static_cast<size_t>(n * dim), 42);
+      cache.prepare_append(0, n);
+      for (int64_t j = 0; j < n; ++j) cache.store(0, j, k.data() + j * dim, v.data() + j * dim);
+      const tandem::cache::AttentionParams params{0.2f, 0.0f};
+      for (const int64_t rows : {1, 5, 12}) {
+        const int64_t first = 3, last = n - rows;
+        const auto q = gaussian(static_cast<size_t>(rows * n_q * dim), 43);
+        std::vector<float> scores(static_cast<size_t>(tandem::cache::kMaxWindowQueries * n)),
+            together(q.size()), alone(static_cast<size_t>(dim));
+        tandem::cache::attend_rows(cache, 0, 0, q.data(), rows, n_q, {n_q * dim, dim, n_q * dim, dim}, first,
+                                   last, params, scores.data(), n, together.data());
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t h = 0; h < n_q; ++h) {
+            const int64_t at = (i * n_q + h) * dim;
+            tandem::cache::attend(cache, 0, 0, q.data() + at, first, last + i, params, scores.data(),
+                                  alone.data());
+            ASSERT_EQ(std::memcmp(alone.data(), together.data() + at, sizeof(float) * dim), 0)
+                << kv_type_name(t) << " heads " << n_q << " rows " << rows << " row " << i << " head " << h;
+          }
       }
     }
   }

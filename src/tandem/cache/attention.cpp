@@ -20,35 +20,33 @@ void attend(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q
   attend_group(cache, layer, kv_head, q, 1, 0, first, last, params, scores, last - first + 1, out, 0);
 }
 
-void attend_group(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t n_q,
-                  int64_t q_stride, int64_t first, int64_t last, const AttentionParams& params, float* scores,
-                  int64_t scores_stride, float* out, int64_t out_stride) {
-  TANDEM_CHECK(first >= 0 && first <= last && last < cache.length(), "attention span outside the cache");
-  TANDEM_CHECK(last - first + 1 <= scores_stride, "attention scores scratch too small");
-  // More heads than the scratch holds: in groups (each head's result is the same either way).
-  for (; n_q > kMaxGroupQueries; n_q -= kMaxGroupQueries) {
-    attend_group(cache, layer, kv_head, q, kMaxGroupQueries, q_stride, first, last, params, scores,
-                 scores_stride, out, out_stride);
-    q += kMaxGroupQueries * q_stride;
-    scores += kMaxGroupQueries * scores_stride;
-    out += kMaxGroupQueries * out_stride;
-  }
+namespace {
+
+// Stack scratch of one pass (attend_pass): prepared queries and value sums.
+constexpr int64_t kPreparedFloats = 16384, kAccFloats = 8192;
+
+// One pass of attend_rows over [first, last + n_rows - 1] for n_rows * n_q queries that fit the scratch.
+void attend_pass(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t n_rows,
+                 int64_t n_q, const WindowLayout& lay, int64_t first, int64_t last,
+                 const AttentionParams& params, float* scores, int64_t scores_stride, float* out) {
   const KvStore& store = cache.store();
   const KvCodec& kc = store.key_codec();
   const KvCodec& vc = store.value_codec();
   const KeyAnchor* anchor = store.key_anchor();
   const BlockPool& pool = cache.pool_of(layer);
-  const int64_t B = store.block_size(), count = last - first + 1;
-  float prepared[kMaxGroupQueries * 2 * kMaxHeadDim];
-  const int64_t ps = kc.prepared_size();
-  for (int64_t h = 0; h < n_q; ++h) kc.prepare_query(q + h * q_stride, kv_head, prepared + h * ps);
+  const int64_t B = store.block_size(), span_last = last + n_rows - 1, nq = n_rows * n_q;
+  const int64_t ps = kc.prepared_size(), dv = vc.dim();
+  float prepared[kPreparedFloats];
+  // Query j = i * n_q + h: row i, head h.
+  const auto query = [&](int64_t j) { return q + (j / n_q) * lay.q_row + (j % n_q) * lay.q_head; };
+  for (int64_t j = 0; j < nq; ++j) kc.prepare_query(query(j), kv_head, prepared + j * ps);
 
   // Scores block by block: each run of positions lies in one block, rows consecutive. A sequence's blocks lie
   // apart in the pool, so each is prefetched into L1 while the one before it is scored (and its values while
   // the one before is weighed): a decode step at context 2000 took 0.81-0.93x the time, at 256 0.96x.
   // Further ahead, the keys and then the values of the span, in the order the two loops read them, are
   // prefetched into L2 kAheadBytes ahead of the block being read (the weights streaming through every layer
-  // have evicted them since the last step).
+  // have evicted them since the last step). Row i's scores past last + i are computed and never read.
   const size_t key_block_bytes = static_cast<size_t>(B) * kc.row_bytes();
   const size_t value_block_bytes = static_cast<size_t>(B) * vc.row_bytes();
   const auto prefetch_l1 = [](const uint8_t* p, size_t bytes) {
@@ -57,7 +55,7 @@ void attend_group(const KvCache& cache, int64_t layer, int64_t kv_head, const fl
   const auto prefetch_l2 = [](const uint8_t* p, size_t bytes) {
     for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
   };
-  const int64_t b0 = first / B, nb = last / B - b0 + 1;
+  const int64_t b0 = first / B, nb = span_last / B - b0 + 1;
   const auto ahead =
       static_cast<int64_t>(kAheadBytes / std::max<size_t>(64, std::max(key_block_bytes, value_block_bytes)));
   int64_t fetched = 0;  // entries of [keys of blocks b0.., values of blocks b0..] prefetched into L2
@@ -72,40 +70,82 @@ void attend_group(const KvCache& cache, int64_t layer, int64_t kv_head, const fl
       }
     }
   };
-  const auto next_block = [&](int64_t pos) { return pos <= last ? cache.block_of(layer, pos) : -1; };
-  for (int64_t pos = first; pos <= last;) {
-    const int64_t off = pos % B, n = std::min(B - off, last - pos + 1);
+  const auto next_block = [&](int64_t pos) { return pos <= span_last ? cache.block_of(layer, pos) : -1; };
+  for (int64_t pos = first; pos <= span_last;) {
+    const int64_t off = pos % B, n = std::min(B - off, span_last - pos + 1);
     const int32_t blk = cache.block_of(layer, pos);
     TANDEM_CHECK(blk >= 0, "attention reads a released block");
     prefetch_ahead(pos / B - b0);
     if (const int32_t next = next_block(pos + n); next >= 0)
       prefetch_l1(pool.keys(next, layer, kv_head), key_block_bytes);
     float* s = scores + (pos - first);
-    kc.dots_in_block(prepared, n_q, ps, pool.keys(blk, layer, kv_head), B, off, n, s, scores_stride);
+    kc.dots_in_block(prepared, nq, ps, pool.keys(blk, layer, kv_head), B, off, n, s, scores_stride);
     if (anchor)
-      for (int64_t h = 0; h < n_q; ++h) {
-        const float qa = anchor->dot(q + h * q_stride, pool.anchor(blk, layer, kv_head));
-        for (int64_t j = 0; j < n; ++j) s[h * scores_stride + j] += qa;
+      for (int64_t j = 0; j < nq; ++j) {
+        const float qa = anchor->dot(query(j), pool.anchor(blk, layer, kv_head));
+        for (int64_t t = 0; t < n; ++t) s[j * scores_stride + t] += qa;
       }
     pos += n;
   }
-  for (int64_t h = 0; h < n_q; ++h)
-    kernels::softmax(scores + h * scores_stride, count, params.scale, params.softcap);
+  for (int64_t j = 0; j < nq; ++j)
+    kernels::softmax(scores + j * scores_stride, last + j / n_q - first + 1, params.scale, params.softcap);
 
-  float acc[kMaxGroupQueries * kMaxHeadDim];
-  std::fill_n(acc, n_q * vc.dim(), 0.0f);
-  for (int64_t pos = first; pos <= last;) {
-    const int64_t off = pos % B, n = std::min(B - off, last - pos + 1);
+  // Values: the positions every row attends, for all queries; then each later position for the rows that
+  // reach it (a suffix of the queries). Every query's value rows are added in position order either way.
+  float acc[kAccFloats];
+  std::fill_n(acc, nq * dv, 0.0f);
+  for (int64_t pos = first; pos <= span_last;) {
+    const int64_t off = pos % B, n = std::min(B - off, span_last - pos + 1);
     const int32_t blk = cache.block_of(layer, pos);
     prefetch_ahead(nb + pos / B - b0);
     if (const int32_t next = next_block(pos + n); next >= 0)
       prefetch_l1(pool.values(next, layer, kv_head), value_block_bytes);
-    vc.accumulate_group(scores + (pos - first), n_q, scores_stride,
-                        pool.values(blk, layer, kv_head) + static_cast<size_t>(off) * vc.row_bytes(), n, acc,
-                        vc.dim());
+    const uint8_t* rows = pool.values(blk, layer, kv_head) + static_cast<size_t>(off) * vc.row_bytes();
+    const int64_t shared =
+        std::clamp<int64_t>(last - pos + 1, 0, n);  // positions of this run every row takes
+    if (shared > 0) vc.accumulate_group(scores + (pos - first), nq, scores_stride, rows, shared, acc, dv);
+    for (int64_t t = shared; t < n; ++t) {
+      const int64_t j0 = (pos + t - last) * n_q;  // the first query whose row reaches pos + t
+      vc.accumulate_group(scores + j0 * scores_stride + (pos + t - first), nq - j0, scores_stride,
+                          rows + static_cast<size_t>(t) * vc.row_bytes(), 1, acc + j0 * dv, dv);
+    }
     pos += n;
   }
-  for (int64_t h = 0; h < n_q; ++h) vc.finish_values(acc + h * vc.dim(), kv_head, out + h * out_stride);
+  for (int64_t j = 0; j < nq; ++j)
+    vc.finish_values(acc + j * dv, kv_head, out + (j / n_q) * lay.out_row + (j % n_q) * lay.out_head);
+}
+
+}  // namespace
+
+void attend_group(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t n_q,
+                  int64_t q_stride, int64_t first, int64_t last, const AttentionParams& params, float* scores,
+                  int64_t scores_stride, float* out, int64_t out_stride) {
+  attend_rows(cache, layer, kv_head, q, 1, n_q, WindowLayout{0, q_stride, 0, out_stride}, first, last, params,
+              scores, scores_stride, out);
+}
+
+void attend_rows(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t n_rows,
+                 int64_t n_q, const WindowLayout& layout, int64_t first, int64_t last,
+                 const AttentionParams& params, float* scores, int64_t scores_stride, float* out) {
+  TANDEM_CHECK(n_rows >= 1 && n_q >= 1, "attention needs a query");
+  TANDEM_CHECK(first >= 0 && first <= last && last + n_rows - 1 < cache.length(),
+               "attention span outside the cache");
+  TANDEM_CHECK(last + n_rows - first <= scores_stride, "attention scores scratch too small");
+  const KvStore& store = cache.store();
+  const int64_t per_pass = std::min({kMaxWindowQueries, kPreparedFloats / store.key_codec().prepared_size(),
+                                     kAccFloats / store.value_codec().dim()});
+  if (n_q > per_pass) {  // more heads than one pass holds: each row alone, its heads in groups
+    for (int64_t i = 0; i < n_rows; ++i)
+      for (int64_t h = 0; h < n_q; h += per_pass)
+        attend_pass(cache, layer, kv_head, q + i * layout.q_row + h * layout.q_head, 1,
+                    std::min(per_pass, n_q - h), layout, first, last + i, params, scores, scores_stride,
+                    out + i * layout.out_row + h * layout.out_head);
+    return;
+  }
+  const int64_t rows_per_pass = per_pass / n_q;
+  for (int64_t i = 0; i < n_rows; i += rows_per_pass)
+    attend_pass(cache, layer, kv_head, q + i * layout.q_row, std::min(rows_per_pass, n_rows - i), n_q, layout,
+                first, last + i, params, scores, scores_stride, out + i * layout.out_row);
 }
 
 }  // namespace tandem::cache

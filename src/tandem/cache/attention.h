@@ -21,16 +21,33 @@ struct AttentionParams {
 void attend(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t first, int64_t last,
             const AttentionParams& params, float* scores, float* out);
 
-// Queries that share one pass over the cache rows in attend_group.
-constexpr int64_t kMaxGroupQueries = 8;
+// Queries (rows by heads) that share one pass over the cache rows (attend_group, attend_rows).
+constexpr int64_t kMaxWindowQueries = 64;
 
 // attend() for n_q query heads that share KV head `kv_head` (grouped-query attention): query h at
 // q + h * q_stride, its scores scratch at scores + h * scores_stride (at least last - first + 1 floats), its
 // output at out + h * out_stride. Where the codecs have grouped forms, each cache row is read and decoded
-// once for up to kMaxGroupQueries queries; each head's result is bit-identical to attend() (which is this
+// once for up to kMaxWindowQueries queries; each head's result is bit-identical to attend() (which is this
 // with one head).
 void attend_group(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t n_q,
                   int64_t q_stride, int64_t first, int64_t last, const AttentionParams& params, float* scores,
                   int64_t scores_stride, float* out, int64_t out_stride);
+
+// Where attend_rows finds row i's queries and puts its outputs: head h at q + i * q_row + h * q_head, out +
+// i * out_row + h * out_head.
+struct WindowLayout {
+  int64_t q_row, q_head, out_row, out_head;
+};
+
+// attend_group() for the n_q heads of each of n_rows consecutive positions of one sequence (a verify window
+// or a prompt chunk): row i attends [first, last + i]. The rows' queries share each pass over the cache
+// rows, up to kMaxWindowQueries at a time (a window of 8 rows reads its span once instead of 8 times);
+// query (i, h) takes the scores scratch at scores + (i * n_q + h) * scores_stride (at least last + n_rows -
+// first floats), for the first min(n_rows * n_q, kMaxWindowQueries) queries (one pass at a time). Each result
+// is bit-identical to attend(): the same dot products, the softmax over the row's own span, and its value
+// rows added in position order.
+void attend_rows(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t n_rows,
+                 int64_t n_q, const WindowLayout& layout, int64_t first, int64_t last,
+                 const AttentionParams& params, float* scores, int64_t scores_stride, float* out);
 
 }  // namespace tandem::cache

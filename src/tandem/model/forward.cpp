@@ -35,6 +35,7 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
   alloc(ffn_gate_, c.n_ff);
   alloc(ffn_up_, c.n_ff);
   alloc(rope_cs_, std::max<int64_t>(c.n_rot, 2));
+  runs_.reserve(static_cast<size_t>(max_rows));
 }
 
 void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
@@ -83,7 +84,9 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
   if (static_cast<int64_t>(need_scores) > scores_stride_) {
     // Grows only when a longer context is first used; steady-state decoding does not allocate.
     scores_stride_ = static_cast<int64_t>(std::max(need_scores, size_t{256}));
-    scores_.assign(static_cast<size_t>(scores_stride_ * cache::kMaxGroupQueries * pool_.size()), 0.0f);
+    const int64_t heads = std::min(c.n_head / c.n_head_kv, cache::kMaxWindowQueries);
+    window_queries_ = std::clamp(kScoresBudget / scores_stride_, heads, cache::kMaxWindowQueries);
+    scores_.assign(static_cast<size_t>(scores_stride_ * window_queries_ * pool_.size()), 0.0f);
   }
 
   // Embeddings.
@@ -197,21 +200,40 @@ void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* con
   const int64_t group = c.n_head / c.n_head_kv;
   cache::AttentionParams params{c.attn_scale, c.attn_softcap};
   const bool sliding = c.sliding(layer);
-  // One task per (row, KV head, chunk of the query heads sharing it): each cache row is decoded once for
-  // the chunk's heads (cache::attend_group), with the bits of one head at a time.
-  const int64_t chunk = std::min(group, cache::kMaxGroupQueries);
-  const int64_t chunks = (group + chunk - 1) / chunk;
-  pool_.parallel_for_dynamic(R * c.n_head_kv * chunks, 1, [&](int64_t t0, int64_t t1, int thread) {
-    float* scores = scores_.data() + thread * scores_stride_ * cache::kMaxGroupQueries;
+  const auto first_of = [&](const Row& row) {
+    return sliding ? std::max<int64_t>(0, row.pos - c.sliding_window + 1) : 0;
+  };
+  // Runs of rows at consecutive positions of one sequence from one first position (a verify window, a
+  // prompt chunk), as many as the scores scratch holds: their queries share each pass over the cache rows
+  // (cache::attend_rows), with the bits of one row and head at a time.
+  const int64_t max_run = std::max<int64_t>(1, window_queries_ / group);
+  runs_.clear();
+  for (int64_t r = 0; r < R; ++r) {
+    const Row& row = rows[static_cast<size_t>(r)];
+    if (!runs_.empty()) {
+      const Run& run = runs_.back();
+      const Row& prev = rows[static_cast<size_t>(run.row + run.n - 1)];
+      if (run.n < max_run && prev.seq == row.seq && prev.pos + 1 == row.pos &&
+          first_of(prev) == first_of(row)) {
+        ++runs_.back().n;
+        continue;
+      }
+    }
+    runs_.push_back({r, 1});
+  }
+  // One task per run and KV head.
+  const auto n_runs = static_cast<int64_t>(runs_.size());
+  const cache::WindowLayout layout{c.q_dim(), c.head_dim, c.n_head * c.head_dim_v, c.head_dim_v};
+  pool_.parallel_for_dynamic(n_runs * c.n_head_kv, 1, [&](int64_t t0, int64_t t1, int thread) {
+    float* scores = scores_.data() + thread * scores_stride_ * window_queries_;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r = t / (c.n_head_kv * chunks), kvh = (t / chunks) % c.n_head_kv;
-      const int64_t h0 = kvh * group + (t % chunks) * chunk, nq = std::min(chunk, (kvh + 1) * group - h0);
-      const Row& row = rows[static_cast<size_t>(r)];
+      const Run& run = runs_[static_cast<size_t>(t / c.n_head_kv)];
+      const int64_t kvh = t % c.n_head_kv, h0 = kvh * group;
+      const Row& row = rows[static_cast<size_t>(run.row)];
       const cache::KvCache& kv = *caches[static_cast<size_t>(row.seq)];
-      const int64_t first = sliding ? std::max<int64_t>(0, row.pos - c.sliding_window + 1) : 0;
-      cache::attend_group(kv, layer, kvh, q_.data() + r * c.q_dim() + h0 * c.head_dim, nq, c.head_dim, first,
-                          row.pos, params, scores, scores_stride_,
-                          att_.data() + r * c.n_head * c.head_dim_v + h0 * c.head_dim_v, c.head_dim_v);
+      cache::attend_rows(kv, layer, kvh, q_.data() + run.row * c.q_dim() + h0 * c.head_dim, run.n, group,
+                         layout, first_of(row), row.pos, params, scores, scores_stride_,
+                         att_.data() + run.row * c.n_head * c.head_dim_v + h0 * c.head_dim_v);
     }
   });
 }

@@ -96,8 +96,19 @@ class Forward {
   std::vector<float> rope_cs_;   // [max_rows, n_rot]: cos/sin of each row's position (kernels::rope_angles)
   // Activations, [max_rows, width] each.
   std::vector<float> x_, xb_, q_, k_, v_, att_, ffn_gate_, ffn_up_;
-  std::vector<float> scores_;  // [threads, max context] attention scratch
+  // Attention scratch: per thread, window_queries_ rows of scores_stride_ (the longest context so far)
+  // floats.
+  std::vector<float> scores_;
   int64_t scores_stride_ = 0;
+  // Queries of one attention pass (cache::attend_rows): up to cache::kMaxWindowQueries, fewer where their
+  // scores would pass kScoresBudget floats per thread (long contexts), at least one row's heads.
+  int64_t window_queries_ = 1;
+  static constexpr int64_t kScoresBudget = int64_t{1} << 20;
+  // Rows of one attention pass: `n` rows from `row`, consecutive positions of one sequence (attention()).
+  struct Run {
+    int64_t row, n;
+  };
+  std::vector<Run> runs_;         // [max_rows] capacity
   std::vector<int64_t> lengths_;  // per sequence, while validating a batch
   std::vector<int64_t> firsts_;   // per sequence, its lowest row position in a batch
   PhaseTimes* times_ = nullptr;   // borrowed; null: untimed
