@@ -47,19 +47,24 @@ TEST(Repack, WholeSuperBlocksOfTheTypesWithARepackedForm) {
   EXPECT_FALSE(can_interleave(DType::Q8_0, 224));   // under one super-block
   EXPECT_FALSE(can_interleave(DType::Q4_0, 2056));  // not whole blocks
   EXPECT_FALSE(can_interleave(DType::Q4_K, 2304 + 32));
-  EXPECT_FALSE(can_interleave(DType::Q4_1, 2048));
+  EXPECT_TRUE(can_interleave(DType::Q4_1, 2048));
+  EXPECT_TRUE(can_interleave(DType::Q5_1, 896));
+  EXPECT_FALSE(can_interleave(DType::Q4_1, 2056));
   EXPECT_TRUE(can_interleave(DType::Q4_K, 2048));
   EXPECT_TRUE(can_interleave(DType::Q6_K, 2048));
   EXPECT_TRUE(can_interleave(DType::Q3_K, 2048));
   EXPECT_TRUE(can_interleave(DType::Q5_K, 2048));
   EXPECT_TRUE(can_interleave(DType::Q2_K, 2048));
   EXPECT_TRUE(can_interleave(DType::Q5_0, 2048));
-  EXPECT_FALSE(can_interleave(DType::Q5_1, 2048));
+  EXPECT_TRUE(can_interleave(DType::Q5_1, 2048));
+  EXPECT_FALSE(can_interleave(DType::F16, 2048));
   EXPECT_EQ(interleave_super_bytes(DType::Q3_K), sizeof(BlockQ3_K));
   EXPECT_EQ(interleave_super_bytes(DType::Q5_K), sizeof(BlockQ5_K));
   EXPECT_EQ(interleave_super_bytes(DType::Q4_0), 8 * sizeof(BlockQ4_0));
   EXPECT_EQ(interleave_super_bytes(DType::Q8_0), 8 * sizeof(BlockQ8_0));
   EXPECT_EQ(interleave_super_bytes(DType::Q5_0), 8 * sizeof(BlockQ5_0));
+  EXPECT_EQ(interleave_super_bytes(DType::Q4_1), 8 * sizeof(BlockQ4_1));
+  EXPECT_EQ(interleave_super_bytes(DType::Q5_1), 8 * sizeof(BlockQ5_1));
 }
 
 TEST(Repack, RoundTripsAndPlacesEveryByte) {
@@ -110,29 +115,42 @@ void expect_round_trip(DType t, const Packed& p) {
   EXPECT_EQ(p.file, back);
 }
 
-// Q5_0: every element's code (four low bits and the fifth) and every block's scale where the header says,
-// and the way back.
-TEST(Repack, Q5_0CodesSitAtTheirDocumentedPositions) {
-  const DType t = DType::Q5_0;
+// Q4_1, Q5_0 and Q5_1: every element's code (four low bits and the fifth) and every block's scale and minimum
+// where the header says, and the way back.
+template <typename Block, bool kMin, bool kFifth>
+void expect_legacy_codes_where_documented(DType t) {
+  SCOPED_TRACE(std::string(dtype_name(t)));
   const size_t bytes = interleave_super_bytes(t);
+  const size_t plane = kMin ? 32 : 16, codes = kMin ? (kFifth ? 64 : 32) : 48;
   const Packed pk = random_pair_packed(t, 13);
   for (size_t s = 0; s < 2; ++s) {
     const uint8_t* f = pk.file.data() + s * bytes;
     const uint8_t* p = pk.packed.data() + s * bytes;
     for (int j = 0; j < 8; ++j) {
-      const uint8_t* blk = f + static_cast<size_t>(j) * sizeof(BlockQ5_0);
-      EXPECT_EQ(0, std::memcmp(p + 2 * j, blk + offsetof(BlockQ5_0, d), 2)) << "scale of block " << j;
+      const uint8_t* blk = f + static_cast<size_t>(j) * sizeof(Block);
+      EXPECT_EQ(0, std::memcmp(p + 2 * j, blk + offsetof(Block, d), 2)) << "scale of block " << j;
+      if constexpr (kMin) {
+        EXPECT_EQ(0, std::memcmp(p + 16 + 2 * j, blk + offsetof(Block, m), 2)) << "minimum of block " << j;
+      }
       for (int e = 0; e < 32; ++e) {
-        const int file_code = ((blk[offsetof(BlockQ5_0, qs) + e % 16] >> (4 * (e / 16))) & 0xF) |
-                              (((blk[offsetof(BlockQ5_0, qh) + e / 8] >> (e % 8)) & 1) << 4);
+        int file_code = (blk[offsetof(Block, qs) + e % 16] >> (4 * (e / 16))) & 0xF;
         const int q = e / 8, pos = 8 * j + e % 8;
-        const int packed_code = ((p[48 + 64 * (q % 2) + pos] >> (4 * (q / 2))) & 0xF) |
-                                (((p[16 + pos % 32] >> (q + 4 * (pos / 32))) & 1) << 4);
+        int packed_code = (p[codes + 64 * (q % 2) + pos] >> (4 * (q / 2))) & 0xF;
+        if constexpr (kFifth) {
+          file_code |= ((blk[offsetof(Block, qh) + e / 8] >> (e % 8)) & 1) << 4;
+          packed_code |= ((p[plane + pos % 32] >> (q + 4 * (pos / 32))) & 1) << 4;
+        }
         EXPECT_EQ(file_code, packed_code) << "element " << e << " of block " << j;
       }
     }
   }
   expect_round_trip(t, pk);
+}
+
+TEST(Repack, LegacyCodesSitAtTheirDocumentedPositions) {
+  expect_legacy_codes_where_documented<BlockQ4_1, true, false>(DType::Q4_1);
+  expect_legacy_codes_where_documented<BlockQ5_0, false, true>(DType::Q5_0);
+  expect_legacy_codes_where_documented<BlockQ5_1, true, true>(DType::Q5_1);
 }
 
 // Element e's code in a K-quant super-block of the file's form and of the interleaved one (as repack.h
@@ -205,8 +223,8 @@ TEST(Repack, KQuantCodesSitAtTheirDocumentedPositions) {
 
 TEST(Repack, MatmulIsBitIdenticalToTheFileFormOnEveryTarget) {
   ThreadPool pool(2);
-  for (DType t : {DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K,
-                  DType::Q6_K}) {
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K, DType::Q3_K,
+                  DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     for (int64_t k : {256, 480, 896, 2048, 5632, 5664}) {
       if (!can_interleave(t, k)) continue;  // 480, 896, 5664: the legacy types' partial last super-blocks
       const int64_t n = 45;

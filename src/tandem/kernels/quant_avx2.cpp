@@ -578,9 +578,10 @@ constexpr auto tail_signed() {
 #include "tandem/kernels/quant_direct_x86.inc"
 
 int64_t direct_max_rows(DType type, bool interleaved, int64_t k, bool signed_q8) {
-  // Repacked Q5_0, and repacked rows with a partial last super-block (repacked where the AVX-512 kernels
-  // run), have no loader here: they take the unpacked path.
-  if (!direct_width(type, k) || (interleaved && (type == DType::Q5_0 || k % kSuper != 0))) return 0;
+  // Repacked Q4_1, Q5_0 and Q5_1, and repacked rows with a partial last super-block (repacked where the
+  // AVX-512 kernels run), have no loader here: they take the unpacked path.
+  const bool no_form = type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1 || k % kSuper != 0;
+  if (!direct_width(type, k) || (interleaved && no_form)) return 0;
   if (type == DType::Q4_0 || (type == DType::Q8_0 && signed_q8)) return kDirectRows;
   if (type == DType::Q6_K) return kDirectRows;
   if (type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1 || type == DType::Q2_K ||

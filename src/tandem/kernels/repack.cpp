@@ -13,27 +13,44 @@
 namespace tandem::kernels {
 namespace {
 
-constexpr size_t kScaleBytes = 16;  // the 8 f16 scales at the head of an interleaved super-block
+// The repacked legacy forms (repack.h): per block of the file, its f16 scale (and minimum), its code bytes
+// and, for Q5_0 and Q5_1, its fifth bits; in the repacked super-block the 8 scales, then the 8 minimums, then
+// the fifth-bit plane, then the 64-byte code planes.
+struct LegacyForm {
+  size_t block;  // bytes of one block in the file
+  size_t qs;     // offset of the code bytes in a file block
+  size_t qh;     // offset of the fifth bits in a file block (Q5_0, Q5_1), else 0
+  bool min;      // a minimum beside the scale (Q4_1, Q5_1), at byte 2 of a file block
+  int units;     // 8-byte code units per block: 2 (4-bit codes) or 4 (Q8_0)
+  size_t plane;  // offset of the fifth-bit plane (32 bytes) in the repacked super-block, else 0
+  size_t codes;  // offset of the first code plane in the repacked super-block
+};
 
-// Block size in the file and the offset of code byte i of block j in the interleaved form.
-size_t block_bytes(DType type) {
-  return type == DType::Q4_0 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
+LegacyForm legacy_form(DType type) {
+  switch (type) {
+    case DType::Q4_0:
+      return {sizeof(BlockQ4_0), offsetof(BlockQ4_0, qs), 0, false, 2, 0, 16};
+    case DType::Q4_1:
+      return {sizeof(BlockQ4_1), offsetof(BlockQ4_1, qs), 0, true, 2, 0, 32};
+    case DType::Q5_0:
+      return {sizeof(BlockQ5_0), offsetof(BlockQ5_0, qs), offsetof(BlockQ5_0, qh), false, 2, 16, 48};
+    case DType::Q5_1:
+      return {sizeof(BlockQ5_1), offsetof(BlockQ5_1, qs), offsetof(BlockQ5_1, qh), true, 2, 32, 64};
+    default:
+      TANDEM_CHECK(type == DType::Q8_0, "no repacked legacy form for this type");
+      return {sizeof(BlockQ8_0), offsetof(BlockQ8_0, qs), 0, false, 4, 0, 16};
+  }
 }
 
-size_t code_offset(int j, int i) {
-  // Q4_0: byte halves i / 8 (64 bytes each); Q8_0: quarters i / 8. Both: 8 bytes per block within.
-  return kScaleBytes + 64 * static_cast<size_t>(i / 8) + 8 * static_cast<size_t>(j) +
-         static_cast<size_t>(i % 8);
-}
-
-int codes_per_block(DType type) {
-  return type == DType::Q4_0 ? kQK / 2 : kQK;
+bool legacy_type(DType type) {
+  return type == DType::Q4_0 || type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1 ||
+         type == DType::Q8_0;
 }
 
 }  // namespace
 
 bool can_interleave(DType type, int64_t cols) {
-  const bool legacy = type == DType::Q4_0 || type == DType::Q5_0 || type == DType::Q8_0;
+  const bool legacy = legacy_type(type);
   const bool k_quant = type == DType::Q2_K || type == DType::Q3_K || type == DType::Q4_K ||
                        type == DType::Q5_K || type == DType::Q6_K;
   if (legacy) return cols >= kSuper && cols % kQK == 0;
@@ -45,8 +62,10 @@ bool repack_pays(DType type, int64_t cols) {
   // Only the x86 targets decode the repacked forms in registers; the others would read them back through the
   // file form on every matmul.
   const bool avx512 = best == Target::kAVX512 || best == Target::kAVX512VBMI;
-  // Q5_0's form, and rows with a partial last super-block, have direct kernels under AVX-512 only.
-  const bool avx2 = best == Target::kAVX2 && type != DType::Q5_0 && cols % kSuper == 0;
+  // The forms of Q4_1, Q5_0 and Q5_1, and rows with a partial last super-block, have direct kernels under
+  // AVX-512 only.
+  const bool avx2 = best == Target::kAVX2 &&
+                    (type == DType::Q4_0 || type == DType::Q8_0 || !legacy_type(type)) && cols % kSuper == 0;
   return can_interleave(type, cols) && (avx2 || avx512);
 }
 
@@ -56,9 +75,8 @@ size_t interleave_super_bytes(DType type) {
   if (type == DType::Q4_K) return sizeof(BlockQ4_K);
   if (type == DType::Q5_K) return sizeof(BlockQ5_K);
   if (type == DType::Q6_K) return sizeof(BlockQ6_K);
-  if (type == DType::Q5_0) return 8 * sizeof(BlockQ5_0);
-  TANDEM_CHECK(type == DType::Q4_0 || type == DType::Q8_0, "no interleaved form for this type");
-  return 8 * block_bytes(type);
+  TANDEM_CHECK(legacy_type(type), "no interleaved form for this type");
+  return 8 * legacy_form(type).block;
 }
 
 namespace {
@@ -226,108 +244,104 @@ void pack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
   }
 }
 
-// Q5_0 (repack.h): element 32j + t of block j has its low four bits in nibble t / 16 of code byte t % 16
-// and its fifth bit at bit t of the block's qh word; in the interleaved form it is quarter q = t / 8 of
-// position p = 8j + t % 8 (block order, quant_layout.h), whose fifth bit sits at bit q + 4 (p / 32) of byte
-// 16 + p % 32.
-constexpr size_t kQ5Plane = 16, kQ5Codes = 48;
-
-void pack_q5_0(const uint8_t* in, uint8_t* out) {
-  std::memset(out + kQ5Plane, 0, kQ5Codes - kQ5Plane);
+// The legacy types (repack.h): code byte i of block j to 8-byte unit i / 8 of the code planes, at
+// position 8j + i % 8; a fifth bit, that of element 32j + t (bit t of the block's qh word), is quarter q = t
+// / 8 of position p = 8j + t % 8 (block order, quant_layout.h), kept at bit q + 4 (p / 32) of byte p % 32 of
+// the fifth-bit plane.
+void pack_legacy(DType type, const uint8_t* in, uint8_t* out) {
+  const LegacyForm f = legacy_form(type);
+  if (f.plane) std::memset(out + f.plane, 0, 32);
   for (int j = 0; j < 8; ++j) {
-    const uint8_t* b = in + static_cast<size_t>(j) * sizeof(BlockQ5_0);
-    std::memcpy(out + 2 * j, b + offsetof(BlockQ5_0, d), 2);
-    for (int h = 0; h < 2; ++h)
-      std::memcpy(out + kQ5Codes + 64 * h + 8 * j, b + offsetof(BlockQ5_0, qs) + 8 * h, 8);
+    const uint8_t* b = in + static_cast<size_t>(j) * f.block;
+    std::memcpy(out + 2 * j, b, 2);
+    if (f.min) std::memcpy(out + 16 + 2 * j, b + 2, 2);
+    for (int h = 0; h < f.units; ++h) std::memcpy(out + f.codes + 64 * h + 8 * j, b + f.qs + 8 * h, 8);
+    if (!f.plane) continue;
     uint32_t qh;
-    std::memcpy(&qh, b + offsetof(BlockQ5_0, qh), 4);
+    std::memcpy(&qh, b + f.qh, 4);
     for (int t = 0; t < 32; ++t) {
       const int q = t / 8, p = 8 * j + t % 8;
-      out[kQ5Plane + p % 32] |= static_cast<uint8_t>(((qh >> t) & 1) << (q + 4 * (p / 32)));
+      out[f.plane + p % 32] |= static_cast<uint8_t>(((qh >> t) & 1) << (q + 4 * (p / 32)));
     }
   }
 }
 
-void unpack_q5_0(const uint8_t* in, uint8_t* out) {
+void unpack_legacy(DType type, const uint8_t* in, uint8_t* out) {
+  const LegacyForm f = legacy_form(type);
   for (int j = 0; j < 8; ++j) {
-    uint8_t* b = out + static_cast<size_t>(j) * sizeof(BlockQ5_0);
-    std::memcpy(b + offsetof(BlockQ5_0, d), in + 2 * j, 2);
-    for (int h = 0; h < 2; ++h)
-      std::memcpy(b + offsetof(BlockQ5_0, qs) + 8 * h, in + kQ5Codes + 64 * h + 8 * j, 8);
+    uint8_t* b = out + static_cast<size_t>(j) * f.block;
+    std::memcpy(b, in + 2 * j, 2);
+    if (f.min) std::memcpy(b + 2, in + 16 + 2 * j, 2);
+    for (int h = 0; h < f.units; ++h) std::memcpy(b + f.qs + 8 * h, in + f.codes + 64 * h + 8 * j, 8);
+    if (!f.plane) continue;
     uint32_t qh = 0;
     for (int t = 0; t < 32; ++t) {
       const int q = t / 8, p = 8 * j + t % 8;
-      qh |= static_cast<uint32_t>((in[kQ5Plane + p % 32] >> (q + 4 * (p / 32))) & 1) << t;
+      qh |= static_cast<uint32_t>((in[f.plane + p % 32] >> (q + 4 * (p / 32))) & 1) << t;
     }
-    std::memcpy(b + offsetof(BlockQ5_0, qh), &qh, 4);
+    std::memcpy(b + f.qh, &qh, 4);
   }
 }
 
-// The 64-byte code planes of a repacked legacy super-block: their count and the first one's offset.
-std::pair<int, size_t> code_planes(DType type) {
-  if (type == DType::Q8_0) return {4, kScaleBytes};
-  return {2, type == DType::Q5_0 ? kQ5Codes : kScaleBytes};
-}
-
-// The fifth-bit plane's nibble of position p (Q5_0): quarters 0..3 at bits 0..3.
+// The fifth-bit plane's nibble of position p: quarters 0..3 at bits 0..3.
 int fifth_nibble(const uint8_t* plane, int p) {
   return (plane[p % 32] >> (4 * (p / 32))) & 0xF;
+}
+
+// Offsets in a partial last super-block of n blocks (repack.h): its n scales, n minimums (Q4_1, Q5_1), the
+// first 8n bytes of each code plane, then the fifth bits (Q5_0, Q5_1).
+struct TailForm {
+  size_t mins, codes, bits;
+};
+
+TailForm tail_form(const LegacyForm& f, size_t n) {
+  const size_t codes = (f.min ? 4 : 2) * n;
+  return {2 * n, codes, codes + 8 * n * static_cast<size_t>(f.units)};
 }
 
 // A whole repacked super-block whose blocks from `blocks` on are zero -> the partial form (repack.h).
 void pack_tail(DType type, int blocks, const uint8_t* in, uint8_t* out) {
   const auto n = static_cast<size_t>(blocks);
-  const auto [planes, first] = code_planes(type);
+  const LegacyForm f = legacy_form(type);
+  const TailForm t = tail_form(f, n);
   std::memcpy(out, in, 2 * n);
-  for (int c = 0; c < planes; ++c)
-    std::memcpy(out + 2 * n + 8 * n * static_cast<size_t>(c), in + first + 64 * static_cast<size_t>(c),
+  if (f.min) std::memcpy(out + t.mins, in + 16, 2 * n);
+  for (int c = 0; c < f.units; ++c)
+    std::memcpy(out + t.codes + 8 * n * static_cast<size_t>(c), in + f.codes + 64 * static_cast<size_t>(c),
                 8 * n);
-  if (type != DType::Q5_0) return;
-  uint8_t* bits = out + 18 * n;
+  if (!f.plane) return;
+  uint8_t* bits = out + t.bits;
   for (int p = 0; p < 8 * blocks; p += 2)
     bits[p / 2] =
-        static_cast<uint8_t>(fifth_nibble(in + kQ5Plane, p) | (fifth_nibble(in + kQ5Plane, p + 1) << 4));
+        static_cast<uint8_t>(fifth_nibble(in + f.plane, p) | (fifth_nibble(in + f.plane, p + 1) << 4));
 }
 
 }  // namespace
 
 void expand_tail(DType type, int blocks, const uint8_t* tail, uint8_t* out) {
   const auto n = static_cast<size_t>(blocks);
-  const auto [planes, first] = code_planes(type);
+  const LegacyForm f = legacy_form(type);
+  const TailForm t = tail_form(f, n);
   std::memset(out, 0, interleave_super_bytes(type));
   std::memcpy(out, tail, 2 * n);
-  for (int c = 0; c < planes; ++c)
-    std::memcpy(out + first + 64 * static_cast<size_t>(c), tail + 2 * n + 8 * n * static_cast<size_t>(c),
+  if (f.min) std::memcpy(out + 16, tail + t.mins, 2 * n);
+  for (int c = 0; c < f.units; ++c)
+    std::memcpy(out + f.codes + 64 * static_cast<size_t>(c), tail + t.codes + 8 * n * static_cast<size_t>(c),
                 8 * n);
-  if (type != DType::Q5_0) return;
-  const uint8_t* bits = tail + 18 * n;
+  if (!f.plane) return;
+  const uint8_t* bits = tail + t.bits;
   for (int p = 0; p < 8 * blocks; ++p)
-    out[kQ5Plane + p % 32] |= static_cast<uint8_t>(((bits[p / 2] >> (4 * (p % 2))) & 0xF) << (4 * (p / 32)));
+    out[f.plane + p % 32] |= static_cast<uint8_t>(((bits[p / 2] >> (4 * (p % 2))) & 0xF) << (4 * (p / 32)));
 }
 
-// Code bytes move in 8-byte units: unit h of block j (bytes 8h..8h+7) sits at 16 + 64h + 8j.
 void interleave_super(DType type, const uint8_t* in, uint8_t* out) {
-  if (type == DType::Q5_0) return pack_q5_0(in, out);
-  if (type != DType::Q4_0 && type != DType::Q8_0) return pack_k_planes(type, in, out);
-  const size_t bb = block_bytes(type);
-  const int units = codes_per_block(type) / 8;
-  for (int j = 0; j < 8; ++j) {
-    const uint8_t* b = in + static_cast<size_t>(j) * bb;
-    std::memcpy(out + 2 * j, b, 2);
-    for (int h = 0; h < units; ++h) std::memcpy(out + code_offset(j, 8 * h), b + 2 + 8 * h, 8);
-  }
+  if (legacy_type(type)) return pack_legacy(type, in, out);
+  pack_k_planes(type, in, out);
 }
 
 void deinterleave_super(DType type, const uint8_t* in, uint8_t* out) {
-  if (type == DType::Q5_0) return unpack_q5_0(in, out);
-  if (type != DType::Q4_0 && type != DType::Q8_0) return unpack_k_planes(type, in, out);
-  const size_t bb = block_bytes(type);
-  const int units = codes_per_block(type) / 8;
-  for (int j = 0; j < 8; ++j) {
-    uint8_t* b = out + static_cast<size_t>(j) * bb;
-    std::memcpy(b, in + 2 * j, 2);
-    for (int h = 0; h < units; ++h) std::memcpy(b + 2 + 8 * h, in + code_offset(j, 8 * h), 8);
-  }
+  if (legacy_type(type)) return unpack_legacy(type, in, out);
+  unpack_k_planes(type, in, out);
 }
 
 void interleave_rows(DType type, int64_t cols, uint8_t* data, size_t bytes) {

@@ -4,21 +4,30 @@
 // each result is bit-identical to the file form's.
 //
 // Per super-block. Rows of the K-quants are whole super-blocks (cols % 256 == 0); those of the legacy types
-// (Q4_0, Q5_0, Q8_0) may end in a partial super-block (any whole number of 32-element blocks from 256 on): of
-// n < 8 blocks, in the same bytes as in the file, laid out as the repacked super-block that has those blocks
-// and zero ones after them, cut short: its n scales (2n bytes), then the first 8n bytes of each 64-byte code
-// plane in order, then for Q5_0 the fifth bits of positions 0..8n-1 (4n bytes, position p at bit 4 (p % 2) +
-// q of byte p / 2 for quarter q), so that masked loads read it as that super-block (expand_tail).
+// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) may end in a partial super-block (any whole number of 32-element blocks from
+// 256 on): of n < 8 blocks, in the same bytes as in the file, laid out as the repacked super-block that has
+// those blocks and zero ones after them, cut short: its n scales (2n bytes), for Q4_1 and Q5_1 its n
+// minimums (2n bytes), then the first 8n bytes of each 64-byte code plane in order, then for Q5_0 and Q5_1
+// the fifth bits of positions 0..8n-1 (4n bytes, position p at bit 4 (p % 2) + q of byte p / 2 for quarter
+// q), so that masked loads read it as that super-block (expand_tail).
 //   Q4_0 (144 bytes)
 //     [0, 16)    the 8 f16 scales, block j at 2j
 //     [16, 80)   code bytes 0..7 of block j at 16 + 8j: quarters 0 (low nibbles) and 2 (high) of block order
 //                (quant_layout.h)
 //     [80, 144)  code bytes 8..15 of block j at 80 + 8j: quarters 1 and 3
+//   Q4_1 (160 bytes)
+//     [0, 16)    the 8 f16 scales
+//     [16, 32)   the 8 f16 minimums, block j at 16 + 2j
+//     [32, 160)  the code bytes as Q4_0's [16, 144)
 //   Q5_0 (176 bytes)
 //     [0, 16)    the 8 f16 scales
 //     [16, 48)   the fifth bits: that of quarter q of position p = 8j + i (element 32j + 8q + i, block order)
 //                at bit q + 4 (p / 32) of byte 16 + p % 32 (as Q5_K's plane)
 //     [48, 176)  the code bytes' nibbles as Q4_0's [16, 144)
+//   Q5_1 (192 bytes)
+//     [0, 32)    the scales and minimums as Q4_1's
+//     [32, 64)   the fifth bits as Q5_0's [16, 48)
+//     [64, 192)  the code bytes as Q4_0's [16, 144)
 //   Q8_0 (272 bytes)
 //     [0, 16)    the 8 f16 scales
 //     [16, 272)  quarter q (codes 8q..8q+7 of block j, signed as in the file) at 16 + 64q + 8j
@@ -61,11 +70,11 @@ namespace tandem::kernels {
 bool can_interleave(DType type, int64_t cols);
 // Whether the loader repacks such a matrix for the best kernels of this CPU: never for the scalar and NEON
 // kernels (they would read the repacked form through the file's, super-block by super-block); every type with
-// a form under AVX-512, and under AVX2 every type but Q5_0 and rows with a partial last super-block, which
-// its kernels would read through the file form. (Q4_0 under AVX-512 kept the file form while weights were
-// read from a file mapping, where one row measured 1.09x the time repacked; with the weights copied into 2 MB
-// pages (gguf/mapped_file.h) synthetic TinyLlama decodes in 0.90-0.97x the time repacked, windows of 2 to 8
-// rows 0.92-0.97x; under AVX2 the repacked form takes 0.73-0.87x.)
+// a form under AVX-512, and under AVX2 every type but Q4_1, Q5_0 and Q5_1 and rows with a partial last
+// super-block, which its kernels would read through the file form. (Q4_0 under AVX-512 kept the file form
+// while weights were read from a file mapping, where one row measured 1.09x the time repacked; with the
+// weights copied into 2 MB pages (gguf/mapped_file.h) synthetic TinyLlama decodes in 0.90-0.97x the time
+// repacked, windows of 2 to 8 rows 0.92-0.97x; under AVX2 the repacked form takes 0.73-0.87x.)
 bool repack_pays(DType type, int64_t cols);
 // Bytes of one super-block of `type` (84 to 272).
 size_t interleave_super_bytes(DType type);
