@@ -10,6 +10,9 @@
 //                      per row and super-block at either row length
 //   MatmulKCold2/TYPE/ROWS/K  MatmulK with the weights streaming from memory (copies in turn, 96 MB or
 //                      more), on two threads as the model runs them: MatmulK's matrices fit in a large L3
+//   MatmulWidth/TYPE/ROWS/K  512 weight rows of K elements (768, 896, 1024) in cache, one thread: rows of a
+//                      partial last super-block (896) against whole ones, per byte
+//   MatmulWidthCold2/TYPE/ROWS/K  the same, 2048 rows from memory on two threads
 //   MatmulHotTarget/TYPE/ROWS/TARGET  MatmulHot on one given SIMD target (0 scalar, 1 AVX2, 2 AVX-512), to
 //                      compare the targets a CPU can run
 //   Unpack/TYPE        decoding one 2048-element weight row into the kernel form
@@ -155,6 +158,16 @@ void BM_MatmulKCold2(benchmark::State& state) {
   const int64_t k = state.range(2);
   run_matmul(state, kN, best_target(), k, 2, true);
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * state.range(1) * kN * (k / 256));
+}
+
+// Model widths that are not whole super-blocks (Qwen2.5-0.5B's 896 beside 768 and 1024) for the same bytes
+// per second: 512 weight rows in cache on one thread, and 2048 from memory on two.
+void BM_MatmulWidth(benchmark::State& state) {
+  run_matmul(state, 512, best_target(), state.range(2));
+}
+
+void BM_MatmulWidthCold2(benchmark::State& state) {
+  run_matmul(state, kN, best_target(), state.range(2), 2, true);
 }
 
 void BM_Unpack(benchmark::State& state) {
@@ -464,6 +477,11 @@ void k_args(benchmark::internal::Benchmark* b) {
     for (int rows : {1, 4, 5, 8})
       for (int k : {2048, 5632}) b->Args({t, rows, k});
 }
+void width_args(benchmark::internal::Benchmark* b) {
+  for (int t : {3, 4, 6})  // Q8_0, Q4_0, Q5_0
+    for (int rows : {1, 4})
+      for (int k : {768, 896, 1024}) b->Args({t, rows, k});
+}
 void cold_args(benchmark::internal::Benchmark* b) {
   for (int t : {3, 4, 10, 12})  // Q8_0, Q4_0, Q4_K, Q6_K
     for (int rows : {1, 4, 8}) b->Args({t, rows});
@@ -488,6 +506,8 @@ BENCHMARK(BM_MatmulCold)->Apply(cold_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatmulCold2)->Apply(cold_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_MatmulK)->Apply(k_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatmulKCold2)->Apply(k_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_MatmulWidth)->Apply(width_args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MatmulWidthCold2)->Apply(width_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_MatmulHotTarget)->Apply(matmul_target_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Unpack)->Apply(unpack_args);
 BENCHMARK(BM_DotRows)->Apply(dot_args);
