@@ -462,9 +462,10 @@ constexpr int64_t kDirectRowsOffset = 5;
 
 // No tiles of two weight rows on this target (quant_direct_x86.inc). Not measured here: with 16 vector
 // registers, two weight rows' codes and accumulators would leave few for the activations.
-template <void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold, auto Signed>
+template <void (*Load)(const uint8_t*, SuperRegs&), int64_t kSuperBytes, int kFold, auto Signed,
+          auto TailLoad = nullptr, auto TailSigned = nullptr>
 int64_t pair_rows(const uint8_t*, int64_t, int64_t, int64_t, const ActSuper*, int64_t, int64_t, float*,
-                  int64_t) {
+                  int64_t, int = 0) {
   return 0;
 }
 
