@@ -473,7 +473,7 @@ void matmul_args(benchmark::internal::Benchmark* b) {
     for (int rows : {1, 2, 4, 6, 8, 12, 16, 64}) b->Args({t, rows});
 }
 void k_args(benchmark::internal::Benchmark* b) {
-  for (int t : {3, 4, 5, 6, 10, 11, 12})  // Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K
+  for (int t : {3, 4, 5, 6, 8, 10, 11, 12})  // Q8_0, Q4_0, Q4_1, Q5_0, Q2_K, Q4_K, Q5_K, Q6_K
     for (int rows : {1, 4, 5, 8})
       for (int k : {2048, 5632}) b->Args({t, rows, k});
 }
