@@ -21,6 +21,8 @@
 //                      prefill kernels need four per 256 weights per activation row, so this bounds them.
 //   RowWorkFloor       the window kernels' per-row work alone (loads, vpdpbusd, convert, scaling), weights in
 //                      registers: the floor of MatmulHot at 8 rows, without the decoding of the weights.
+//   RowWorkFloorPair<2>  the same for the pair tiles (two weight rows sharing each activation load), and
+//                      RowWorkFloorPair<1> for a layout not built, one lane per block over two super-blocks
 //   RowWorkFloorAvx2<NR>  the same for the AVX2 Q4_0 tiles (vpmaddubsw, vpmaddwd) at NR rows
 //   AttentionDots/G    attention scores of G query heads sharing one KV head against 256 cached f16 key rows
 //                      of 64 dims, in blocks of 16 positions as the paged cache holds them (TinyLlama: G = 8)
@@ -251,6 +253,53 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void row_work(int64_t n, 
   for (int r = 1; r < 8; ++r) acc[0] = _mm512_add_ps(acc[0], acc[r]);
   *out = _mm512_reduce_add_ps(acc[0]);
 }
+
+// The pair tiles' per-row work (accumulate_signed with two weight rows), weights in registers: per two
+// super-blocks (kSupers = 2; n counts super-blocks), activation row and weight row, eight vpdpbusd, and per
+// super-block one convert, scale multiply and FMA, each 32-element block's sum split over two lanes
+// (kBlockLanes 2, as the kernels hold them). With kBlockLanes 1, the floor of a layout not built: one lane
+// per block across two super-blocks (the codes of block b in lane b of eight vectors), so one convert,
+// multiply and FMA per two super-blocks. 8 activation rows stay in L1. Items = rows x weight rows x
+// super-blocks.
+template <int kBlockLanes>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void row_work_pair(int64_t n, const uint8_t* act,
+                                                                          float* out) {
+  constexpr int kNR = 8, kVecs = 8, kStep = kVecs * 64 + 64;  // codes of two super-blocks, then the scales
+  constexpr int kConverts = kBlockLanes;  // per two super-blocks, activation row and weight row
+  __m512 acc[2][kNR];
+  for (auto& row : acc)
+    for (__m512& a : row) a = _mm512_setzero_ps();
+  __m512i w[2][kVecs], init[2];
+  __m512 a[2][kConverts];
+  for (int i = 0; i < 2; ++i) {
+    for (int v = 0; v < kVecs; ++v) w[i][v] = _mm512_set1_epi8(static_cast<char>(v + i + 1));
+    init[i] = _mm512_set1_epi32(i);
+    for (int c = 0; c < kConverts; ++c) a[i][c] = _mm512_set1_ps(0.5f + static_cast<float>(i + c));
+  }
+  for (int64_t it = 0; it < n; it += 2) {
+    // Weights of new super-blocks (the compiler may assume nothing of them).
+    for (int i = 0; i < 2; ++i) {
+      __asm__ volatile("" : "+v"(w[i][0]), "+v"(w[i][1]), "+v"(w[i][2]), "+v"(w[i][3]), "+r"(act));
+      __asm__ volatile("" : "+v"(w[i][4]), "+v"(w[i][5]), "+v"(w[i][6]), "+v"(w[i][7]), "+v"(init[i]));
+    }
+    for (int r = 0; r < kNR; ++r) {
+      const uint8_t* x = act + kStep * r;
+      for (int c = 0; c < kConverts; ++c) {
+        constexpr int kPer = kVecs / kConverts;  // vectors per convert
+        __m512i sum[2] = {init[0], init[1]};
+        for (int v = c * kPer; v < (c + 1) * kPer; ++v) {
+          const __m512i q = _mm512_load_si512(x + 64 * v);
+          for (int i = 0; i < 2; ++i) sum[i] = _mm512_dpbusd_epi32(sum[i], q, w[i][v]);
+        }
+        const __m512 d = _mm512_load_ps(reinterpret_cast<const float*>(x + kVecs * 64));
+        for (int i = 0; i < 2; ++i)
+          acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i]), _mm512_mul_ps(a[i][c], d), acc[i][r]);
+      }
+    }
+  }
+  for (int r = 0; r < kNR; ++r) acc[0][0] = _mm512_add_ps(acc[0][0], _mm512_add_ps(acc[0][r], acc[1][r]));
+  *out = _mm512_reduce_add_ps(acc[0][0]);
+}
 #pragma GCC diagnostic pop
 
 bool runs_avx512_vnni() {
@@ -258,22 +307,36 @@ bool runs_avx512_vnni() {
   return std::find(t.begin(), t.end(), Target::kAVX512) != t.end();
 }
 
-void BM_RowWorkFloor(benchmark::State& state) {
+// Times fn(4096, activations, &sink) on an aligned buffer of `bytes` activation bytes, `items` per call.
+template <typename Fn>
+void time_row_work(benchmark::State& state, size_t bytes, Fn fn, int64_t items, const char* label) {
   if (!runs_avx512_vnni()) {
     state.SkipWithError("no AVX-512 VNNI on this CPU");
     return;
   }
-  std::vector<uint8_t> buf(8 * 384 + 64, 1);
+  std::vector<uint8_t> buf(bytes + 64, 1);
   const uint8_t* act = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
   float sink = 0;
   for (auto _ : state) {
-    row_work(4096, act, &sink);
+    fn(4096, act, &sink);
     benchmark::DoNotOptimize(sink);
   }
-  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * 4096 * 8);
-  state.SetLabel("items = rows x super-blocks");
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * items);
+  state.SetLabel(label);
+}
+
+void BM_RowWorkFloor(benchmark::State& state) {
+  time_row_work(state, 8 * 384, row_work, 4096 * 8, "items = rows x super-blocks");
 }
 BENCHMARK(BM_RowWorkFloor);
+
+template <int kBlockLanes>
+void BM_RowWorkFloorPair(benchmark::State& state) {
+  time_row_work(state, 8 * 576, row_work_pair<kBlockLanes>, 4096 * 8 * 2,
+                "items = rows x weight rows x super-blocks");
+}
+BENCHMARK(BM_RowWorkFloorPair<2>);
+BENCHMARK(BM_RowWorkFloorPair<1>);
 
 void BM_VnniPeak(benchmark::State& state) {
   if (!runs_avx512_vnni()) {
