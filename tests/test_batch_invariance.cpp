@@ -176,6 +176,13 @@ TEST(BatchInvariance, ForwardLogitsDoNotDependOnTheWindow) {
             0, std::memcmp(got.data(), want.data() + i * static_cast<size_t>(V), got.size() * sizeof(float)))
             << type << " window=" << window << " at token " << i;
       }
+      // One token at a time, the forwards took both prefetch reaches of the decode kernels (the tuner tries
+      // each), with the same bits.
+      const kernels::PrefetchTuner& tuner = s.forward().reach_tuner();
+      if (window == 1) {
+        EXPECT_GT(tuner.forwards(PrefetchReach::kNear), 0) << type;
+        EXPECT_GT(tuner.forwards(PrefetchReach::kFar), 0) << type;
+      }
     }
   }
   fs::remove_all(dir);

@@ -302,10 +302,13 @@ TEST(Kernels, DirectKernelsAreBitIdenticalToUnpackAndDot) {
               qk.unpack_row(t, interleaved, m.view.row(o), k, signed_codes, buf.data());
               qk.dot_rows(buf.data(), ns, act.data(), ns, rows, t, signed_codes, want.data() + o, n);
             }
-            qk.direct_rows(t, interleaved, m.view.row(0), static_cast<int64_t>(m.view.row_bytes), n, k,
-                           act.data(), ns, rows, got.data(), n);
-            EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
-                << "rows=" << rows;
+            for (const PrefetchReach reach : {PrefetchReach::kNear, PrefetchReach::kFar}) {
+              std::fill(got.begin(), got.end(), -1.0f);
+              qk.direct_rows(t, interleaved, m.view.row(0), static_cast<int64_t>(m.view.row_bytes), n, k,
+                             act.data(), ns, rows, got.data(), n, reach);
+              EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+                  << "rows=" << rows << " far=" << (reach == PrefetchReach::kFar);
+            }
           }
         }
     }

@@ -16,6 +16,7 @@
 #include "tandem/engine/session.h"
 #include "tandem/kernels/cpu_target.h"
 #include "tandem/kernels/peak.h"
+#include "tandem/kernels/prefetch_tuner.h"
 #include "tandem/kernels/stream.h"
 #include "tandem/speculative/calibration.h"
 #include "tandem/util/error.h"
@@ -132,12 +133,17 @@ void add_bench_command(CLI::App& app) {
     std::vector<double> steps;
     session.eval(tokens(1, c.n_vocab, 1));  // warm the 1-row path
     session.truncate(base);
+    // How many timed steps the decode kernels' prefetch tuner ran with the far reach
+    // (kernels/prefetch_tuner.h).
+    const kernels::PrefetchTuner& tuner = session.forward().reach_tuner();
+    const int64_t far_before = tuner.forwards(kernels::PrefetchReach::kFar);
     for (int i = 0; i < o->decode_tokens; ++i) {
       const auto t = tokens(1, c.n_vocab, 100 + i);
       const auto t0 = Clock::now();
       session.eval(t);
       steps.push_back(seconds_since(t0));
     }
+    const int64_t far_steps = tuner.forwards(kernels::PrefetchReach::kFar) - far_before;
     session.truncate(base);
     bandwidth = std::max(bandwidth, measure_bandwidth());
     // Steps over their total time, as a user's generation sees them: a median would hide the machine's
@@ -230,8 +236,11 @@ void add_bench_command(CLI::App& app) {
     std::printf("weights          %s\n",
                 model->file().copied() ? "copied into memory" : "mapped from the file");
     std::printf(
-        "decode           %.2f tok/s at context %lld  (median step %.2f tok/s; %.1f MB read per token)\n",
-        decode_tps, static_cast<long long>(ctx), decode_median_tps, bytes_per_token / 1e6);
+        "decode           %.2f tok/s at context %lld  (median step %.2f tok/s; %.1f MB read per token; %lld "
+        "of "
+        "%zu steps prefetching far)\n",
+        decode_tps, static_cast<long long>(ctx), decode_median_tps, bytes_per_token / 1e6,
+        static_cast<long long>(far_steps), steps.size());
     std::printf(
         "roofline         %.3f  (against the passes beside each round of steps: median %.3f, %.3f-%.3f)\n",
         roofline, decode_beside, *std::min_element(beside.begin(), beside.end()),
@@ -294,6 +303,7 @@ void add_bench_command(CLI::App& app) {
       j["bandwidth_passes_gbs"] = bandwidth_passes;
       j["decode_tps"] = decode_tps;
       j["decode_median_tps"] = decode_median_tps;
+      j["decode_far_prefetch_steps"] = far_steps;
       j["weights"] = model->file().copied() ? "copied" : "mapped";
       j["roofline_fraction"] = roofline;
       j["roofline_beside"] = decode_beside;

@@ -77,7 +77,7 @@ void float_matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y,
 
 // Output rows [o0, o1) of one quantized matrix over activations already quantized.
 void quant_rows(const QuantKernels& qk, const MatrixView& w, const ActSuper* act, int64_t n_rows, float* y,
-                int64_t o0, int64_t o1, UnpackedSuper* buf) {
+                int64_t o0, int64_t o1, UnpackedSuper* buf, PrefetchReach reach) {
   const int64_t N = w.rows, K = w.cols, ns = super_count(K);
   const bool signed_codes = w.type == DType::Q8_0 && qk.signed_q8;
   // Decode and verify windows: one pass over the weights, each weight row decoded once for all rows (straight
@@ -97,7 +97,7 @@ void quant_rows(const QuantKernels& qk, const MatrixView& w, const ActSuper* act
       for (int64_t p = 0, r0 = 0; p < passes; ++p) {
         const int64_t nr = (n_rows - r0) / (passes - p);
         qk.direct_rows(w.type, w.interleaved, w.row(b0), static_cast<int64_t>(w.row_bytes), b1 - b0, K,
-                       act + r0 * ns, ns, nr, y + r0 * N + b0, N);
+                       act + r0 * ns, ns, nr, y + r0 * N + b0, N, reach);
         r0 += nr;
       }
     }
@@ -163,7 +163,7 @@ void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t n_row
       const int64_t b = std::max(u0, first), e = std::min(u1, first + n);
       if (b < e)
         quant_rows(qk, *o.w, act, n_rows, o.y, (b - first) * kOutputGrain,
-                   std::min(o.w->rows, (e - first) * kOutputGrain), buf);
+                   std::min(o.w->rows, (e - first) * kOutputGrain), buf, scratch.prefetch_reach());
       first += n;
     }
   });

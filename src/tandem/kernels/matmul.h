@@ -45,6 +45,9 @@ class MatmulScratch {
   }
   // Grows the activation buffer (called outside the steady state only: the first call with more rows).
   void reserve_rows(int64_t rows);
+  // The one-row kernels' prefetch distance for the matmuls that take this scratch (PrefetchReach).
+  PrefetchReach prefetch_reach() const { return reach_; }
+  void set_prefetch_reach(PrefetchReach reach) { reach_ = reach; }
 
  private:
   std::vector<ActSuper> act_;
@@ -53,6 +56,7 @@ class MatmulScratch {
   int64_t max_cols_ = 0;
   int64_t max_rows_ = 0;
   Target target_ = Target::kScalar;
+  PrefetchReach reach_ = PrefetchReach::kNear;
 };
 
 // y[r][o] = sum_k W[o][k] * x[r][k]

@@ -432,6 +432,10 @@ constexpr bool l2_prefetch(int, int64_t) {
   return false;
 }
 constexpr int64_t kL2PrefetchBytes = kPrefetchBytes;
+// One distance (PrefetchReach::kFar is kNear): no longer one measured on an AVX2 machine.
+constexpr int64_t far_prefetch_bytes(int, int64_t) {
+  return 0;
+}
 
 // Direct kernels: weight rows straight from their file bytes, each super-block decoded into registers and
 // applied to up to kDirectRows activation rows, with no unpack buffer (decode and small verify windows).

@@ -40,8 +40,18 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
 
 void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
                   const CaptureFn* capture) {
-  timed(&PhaseTimes::total_s, [&] { run_untimed(rows, caches, logits, capture); });
-  if (times_ != nullptr) ++times_->forwards;
+  // A forward of one row (a decode step) takes the decode kernels' prefetch reach from the tuner and reports
+  // its time back (kernels/prefetch_tuner.h).
+  const bool one_row = rows.size() == 1;
+  if (one_row) scratch_.set_prefetch_reach(reach_tuner_.begin());
+  const auto t0 = std::chrono::steady_clock::now();
+  run_untimed(rows, caches, logits, capture);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (one_row) reach_tuner_.end(seconds);
+  if (times_ != nullptr) {
+    times_->total_s += seconds;
+    ++times_->forwards;
+  }
 }
 
 void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,

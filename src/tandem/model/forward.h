@@ -11,6 +11,7 @@
 
 #include "tandem/cache/kv_cache.h"
 #include "tandem/kernels/matmul.h"
+#include "tandem/kernels/prefetch_tuner.h"
 #include "tandem/model/model.h"
 #include "tandem/util/thread_pool.h"
 
@@ -55,6 +56,10 @@ class Forward {
   // included).
   void head(const float* hidden, int64_t n, float* logits);
 
+  // The decode kernels' prefetch reach so far: the one that measured faster, and the forwards timed with each
+  // (kernels/prefetch_tuner.h).
+  const kernels::PrefetchTuner& reach_tuner() const { return reach_tuner_; }
+
   // Accumulate where each forward's time goes into *times (borrowed; it must outlive the timing), or stop
   // timing (nullptr, the default).
   void set_phase_times(PhaseTimes* times) { times_ = times; }
@@ -92,6 +97,7 @@ class Forward {
   ThreadPool& pool_;
   int64_t max_rows_;
   kernels::MatmulScratch scratch_;
+  kernels::PrefetchTuner reach_tuner_;
   std::vector<float> inv_freq_;  // [n_rot / 2]
   std::vector<float> rope_cs_;   // [max_rows, n_rot]: cos/sin of each row's position (kernels::rope_angles)
   // Activations, [max_rows, width] each.
