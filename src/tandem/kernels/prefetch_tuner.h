@@ -4,10 +4,12 @@
 // on the machine: on this project's development machine kind the memory moves between a slow and a fast
 // state within seconds, and the far reach decodes about 9% faster in the fast state and about 9% slower in
 // the slow one (kernels/quant_avx512.inc, far_prefetch_bytes). So each forward that runs one row takes the
-// reach whose latest measured forward was faster, and every kExplore-th one tries the other, so that a change
-// of state shows within kExplore forwards. The best reach is measured on every forward it runs, and its time
-// is smoothed (half the weight to the newest); the other's is its single latest time. Outputs never depend on
-// the reach. Not thread safe: one tuner per Forward.
+// current reach, and every kExplore-th one tries the other. The current reach's estimated time is smoothed
+// over the forwards it runs (a quarter of the weight to the newest); a try replaces the other's estimate,
+// and a try that beats the current reach is confirmed by a second one right after (their mean decides). The
+// tuner switches when the other's estimate is kMargin below the current's. A change of state thus shows
+// within about kExplore forwards, and the noise of single forwards on a shared machine does not flip the
+// reach back and forth. Outputs never depend on the reach. Not thread safe: one tuner per Forward.
 #pragma once
 
 #include <cstdint>
@@ -18,27 +20,32 @@ namespace tandem::kernels {
 
 class PrefetchTuner {
  public:
-  // One forward in kExplore tries the reach that is not the best.
+  // One forward in kExplore tries the reach that is not the current one.
   static constexpr int64_t kExplore = 16;
+  // How much faster a try of the other reach must measure (twice) to take over.
+  static constexpr double kMargin = 0.03;
 
   // The reach for the next one-row forward (the first two forwards try each reach once).
   PrefetchReach begin();
   // The measured time of the forward that begin() chose the reach for.
   void end(double seconds);
 
-  // The reach that measured faster so far.
-  PrefetchReach best() const;
+  // The reach that the forwards take between tries: the faster one so far.
+  PrefetchReach best() const { return current_; }
   // Forwards timed so far with each reach.
   int64_t forwards(PrefetchReach reach) const { return forwards_[index(reach)]; }
 
  private:
   static constexpr int index(PrefetchReach reach) { return reach == PrefetchReach::kFar ? 1 : 0; }
 
-  double seconds_[2] = {0, 0};  // per reach: latest time (smoothed for the best), 0 before any
+  double seconds_[2] = {0, 0};  // per reach: estimated time of a forward
   int64_t forwards_[2] = {0, 0};
   int64_t started_ = 0;  // forwards begun
+  PrefetchReach current_ = PrefetchReach::kNear;
   PrefetchReach pending_ = PrefetchReach::kNear;
-  bool exploring_ = false;  // the pending forward tries the reach that is not the best
+  bool trying_ = false;  // the pending forward tries the reach that is not the current one
+  double first_try_ =
+      0;  // the time of a try that beat the current reach, awaiting its confirmation (0: none)
 };
 
 }  // namespace tandem::kernels
