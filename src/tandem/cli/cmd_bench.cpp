@@ -236,9 +236,8 @@ void add_bench_command(CLI::App& app) {
     std::printf("weights          %s\n",
                 model->file().copied() ? "copied into memory" : "mapped from the file");
     std::printf(
-        "decode           %.2f tok/s at context %lld  (median step %.2f tok/s; %.1f MB read per token; %lld "
-        "of "
-        "%zu steps prefetching far)\n",
+        "decode           %.2f tok/s at context %lld  (median step %.2f tok/s; %.1f MB read per token; "
+        "%lld of %zu steps prefetching far)\n",
         decode_tps, static_cast<long long>(ctx), decode_median_tps, bytes_per_token / 1e6,
         static_cast<long long>(far_steps), steps.size());
     std::printf(

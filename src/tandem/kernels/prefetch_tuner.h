@@ -5,11 +5,12 @@
 // state within seconds, and the far reach decodes about 9% faster in the fast state and about 9% slower in
 // the slow one (kernels/quant_avx512.inc, far_prefetch_bytes). So each forward that runs one row takes the
 // current reach, and every kExplore-th one tries the other. The current reach's estimated time is smoothed
-// over the forwards it runs (a quarter of the weight to the newest); a try replaces the other's estimate,
-// and a try that beats the current reach is confirmed by a second one right after (their mean decides). The
-// tuner switches when the other's estimate is kMargin below the current's. A change of state thus shows
+// over the forwards it runs (a quarter of the weight to the newest). A try replaces the other's estimate,
+// but a try that beats the current estimate by kMargin is confirmed by a second one right after: the reach
+// changes when the mean of the two is kMargin below the current estimate. A change of state thus shows
 // within about kExplore forwards, and the noise of single forwards on a shared machine does not flip the
-// reach back and forth. Outputs never depend on the reach. Not thread safe: one tuner per Forward.
+// reach back and forth (tests/test_prefetch_tuner.cpp). Outputs never depend on the reach. Not thread safe:
+// one tuner per Forward.
 #pragma once
 
 #include <cstdint>
@@ -44,8 +45,8 @@ class PrefetchTuner {
   PrefetchReach current_ = PrefetchReach::kNear;
   PrefetchReach pending_ = PrefetchReach::kNear;
   bool trying_ = false;  // the pending forward tries the reach that is not the current one
-  double first_try_ =
-      0;  // the time of a try that beat the current reach, awaiting its confirmation (0: none)
+  // The time of a try that beat the current reach, awaiting its confirmation (0: none).
+  double first_try_ = 0;
 };
 
 }  // namespace tandem::kernels
