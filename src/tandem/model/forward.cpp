@@ -40,14 +40,15 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
 
 void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
                   const CaptureFn* capture) {
-  // A forward of one row (a decode step) takes the decode kernels' prefetch reach from the tuner and reports
-  // its time back (kernels/prefetch_tuner.h).
-  const bool one_row = rows.size() == 1;
-  if (one_row) scratch_.set_prefetch_reach(reach_tuner_.begin());
+  // A forward of one or two rows (a decode step, a short verify window) takes the kernels' prefetch reach
+  // from the tuner of its width and reports its time back (kernels/prefetch_tuner.h).
+  const auto width = static_cast<int64_t>(rows.size());
+  kernels::PrefetchTuner* tuner = width <= kTunedWidths ? &reach_tuners_[width - 1] : nullptr;
+  scratch_.set_prefetch_reach(tuner != nullptr ? tuner->begin() : kernels::PrefetchReach::kNear);
   const auto t0 = std::chrono::steady_clock::now();
   run_untimed(rows, caches, logits, capture);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (one_row) reach_tuner_.end(seconds);
+  if (tuner != nullptr) tuner->end(seconds);
   if (times_ != nullptr) {
     times_->total_s += seconds;
     ++times_->forwards;

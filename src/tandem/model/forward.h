@@ -56,9 +56,10 @@ class Forward {
   // included).
   void head(const float* hidden, int64_t n, float* logits);
 
-  // The decode kernels' prefetch reach so far: the one that measured faster, and the forwards timed with each
-  // (kernels/prefetch_tuner.h).
-  const kernels::PrefetchTuner& reach_tuner() const { return reach_tuner_; }
+  // The kernels' prefetch reach for forwards of `width` rows (1 or 2, kTunedWidths; wider ones take the near
+  // reach): the one that measured faster, and the forwards timed with each (kernels/prefetch_tuner.h).
+  static constexpr int64_t kTunedWidths = 2;
+  const kernels::PrefetchTuner& reach_tuner(int64_t width = 1) const { return reach_tuners_[width - 1]; }
 
   // Accumulate where each forward's time goes into *times (borrowed; it must outlive the timing), or stop
   // timing (nullptr, the default).
@@ -97,9 +98,9 @@ class Forward {
   ThreadPool& pool_;
   int64_t max_rows_;
   kernels::MatmulScratch scratch_;
-  kernels::PrefetchTuner reach_tuner_;
-  std::vector<float> inv_freq_;  // [n_rot / 2]
-  std::vector<float> rope_cs_;   // [max_rows, n_rot]: cos/sin of each row's position (kernels::rope_angles)
+  kernels::PrefetchTuner reach_tuners_[kTunedWidths];  // by width - 1
+  std::vector<float> inv_freq_;                        // [n_rot / 2]
+  std::vector<float> rope_cs_;  // [max_rows, n_rot]: cos/sin of each row's position (kernels::rope_angles)
   // Activations, [max_rows, width] each.
   std::vector<float> x_, xb_, q_, k_, v_, att_, ffn_gate_, ffn_up_;
   // Attention scratch: per thread, window_queries_ rows of scores_stride_ (the longest context so far)
