@@ -45,7 +45,7 @@ class MatmulScratch {
   }
   // Grows the activation buffer (called outside the steady state only: the first call with more rows).
   void reserve_rows(int64_t rows);
-  // The one-row kernels' prefetch distance for the matmuls that take this scratch (PrefetchReach).
+  // The direct kernels' prefetch reach for the matmuls that take this scratch (PrefetchReach).
   PrefetchReach prefetch_reach() const { return reach_; }
   void set_prefetch_reach(PrefetchReach reach) { reach_ = reach; }
 

@@ -115,10 +115,10 @@ bool per_super_activations(DType t);
 // Whether matmul takes the quantized path for this weight type (else the float path: F32, F16, BF16).
 bool is_quantized_weight(DType t);
 
-// How far ahead of their reads the one-row (decode) direct kernels prefetch the weights: the target's
-// measured distance, or a longer one where the target has one (AVX-512: twice as far, for every type but
-// Q8_0). Which is faster changes with the machine's memory state, so a PrefetchTuner (prefetch_tuner.h)
-// picks it by measuring forwards. Results never depend on it.
+// How far ahead of their reads the direct kernels of decode and two-row windows prefetch the weights: the
+// target's measured distance, or a longer one where the target has one (AVX-512: twice as far into L2 for one
+// row of every type but Q8_0, and for two rows of Q4_0). Which is faster changes with the machine's memory
+// state, so a PrefetchTuner (prefetch_tuner.h) picks it by measuring forwards. Results never depend on it.
 enum class PrefetchReach : uint8_t { kNear, kFar };
 
 // One SIMD target's quantized kernels. The unpack and activation quantization give bit-identical results on
@@ -145,8 +145,8 @@ struct QuantKernels {
   // Direct kernels (optional): the dot products of n_out weight rows (row_bytes apart) straight from their
   // file bytes, each super-block decoded into registers and never stored, for windows of up to
   // direct_max_rows rows (0: no direct kernel for this type and k): y[r * y_stride + o] for o < n_out, r <
-  // n_rows. Each result is bit-identical to unpack_row + dot_rows. reach: the one-row kernels' prefetch
-  // distance (PrefetchReach).
+  // n_rows. Each result is bit-identical to unpack_row + dot_rows. reach: the prefetch distance of the
+  // one- and two-row kernels (PrefetchReach).
   int64_t (*direct_max_rows)(DType type, bool interleaved, int64_t k, bool signed_q8);
   // The most rows one pass of the direct kernels should take (at most direct_max_rows): fewer where the
   // activations of more rows would not stay in the L1 cache beside the weights (wider windows then run in
