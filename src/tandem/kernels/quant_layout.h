@@ -117,8 +117,9 @@ bool is_quantized_weight(DType t);
 
 // How far ahead of their reads the direct kernels of decode and two-row windows prefetch the weights: the
 // target's measured distance, or a longer one where the target has one (AVX-512: twice as far into L2 for one
-// row of every type but Q8_0, and for two rows of Q4_0). Which is faster changes with the machine's memory
-// state, so a PrefetchTuner (prefetch_tuner.h) picks it by measuring forwards. Results never depend on it.
+// row of every type but Q8_0, and for two rows of Q4_0 and the types without a fixed offset). Which is faster
+// changes with the machine's memory state, so a PrefetchTuner (prefetch_tuner.h) picks it by measuring
+// forwards. Results never depend on it.
 enum class PrefetchReach : uint8_t { kNear, kFar };
 
 // One SIMD target's quantized kernels. The unpack and activation quantization give bit-identical results on
