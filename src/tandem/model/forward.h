@@ -98,9 +98,10 @@ class Forward {
   ThreadPool& pool_;
   int64_t max_rows_;
   kernels::MatmulScratch scratch_;
-  kernels::PrefetchTuner reach_tuners_[kTunedWidths];  // by width - 1
-  std::vector<float> inv_freq_;                        // [n_rot / 2]
-  std::vector<float> rope_cs_;  // [max_rows, n_rot]: cos/sin of each row's position (kernels::rope_angles)
+  // The prefetch reach tuners of forwards of one and two rows (index width - 1).
+  kernels::PrefetchTuner reach_tuners_[kTunedWidths];
+  std::vector<float> inv_freq_;  // [n_rot / 2]
+  std::vector<float> rope_cs_;   // [max_rows, n_rot]: cos/sin of each row's position (kernels::rope_angles)
   // Activations, [max_rows, width] each.
   std::vector<float> x_, xb_, q_, k_, v_, att_, ffn_gate_, ffn_up_;
   // Attention scratch: per thread, window_queries_ rows of scores_stride_ (the longest context so far)
