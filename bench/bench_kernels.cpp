@@ -16,6 +16,9 @@
 //   MatmulHotTarget/TYPE/ROWS/TARGET  MatmulHot on one given SIMD target (0 scalar, 1 AVX2, 2 AVX-512), to
 //                      compare the targets a CPU can run
 //   Unpack/TYPE        decoding one 2048-element weight row into the kernel form
+//   QuantizeRow/K/PER_SUPER  quantizing one activation row of K elements (per-32 scales for the legacy types,
+//                      PER_SUPER 0; per-256 for the K-quants, 1), best target: one- and two-row matmuls do
+//                      it on the calling thread while the others wait
 //   DotRows/TYPE/ROWS  the integer dot product of one unpacked row with ROWS activation rows
 //   VnniPeak           peak vpdpbusd (512-bit) throughput of one core: 16 independent chains. The window and
 //                      prefill kernels need four per 256 weights per activation row, so this bounds them.
@@ -186,6 +189,21 @@ void BM_Unpack(benchmark::State& state) {
   }
   state.SetLabel(std::string(dtype_name(t)) + " " + std::string(target_name(target)));
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(w.view.row_bytes));
+}
+
+void BM_QuantizeRow(benchmark::State& state) {
+  const int64_t k = state.range(0);
+  const bool per_super = state.range(1) != 0;
+  const Target target = best_target();
+  const QuantKernels& qk = quant_kernels(target);
+  const auto x = make_activations(1, k);
+  std::vector<ActSuper> out(static_cast<size_t>(super_count(k)));
+  for (auto _ : state) {
+    qk.quantize_row(x.data(), k, per_super, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(std::string(target_name(target)));
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * k);
 }
 
 void BM_DotRows(benchmark::State& state) {
@@ -573,6 +591,7 @@ BENCHMARK(BM_MatmulWidth)->Apply(width_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatmulWidthCold2)->Apply(width_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_MatmulHotTarget)->Apply(matmul_target_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Unpack)->Apply(unpack_args);
+BENCHMARK(BM_QuantizeRow)->ArgsProduct({{2048, 5632}, {0, 1}});
 BENCHMARK(BM_DotRows)->Apply(dot_args);
 
 }  // namespace

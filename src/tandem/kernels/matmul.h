@@ -29,8 +29,13 @@ namespace tandem::kernels {
 constexpr int64_t kMaxWindowRows = 16;  // 2..16 rows: a verify window
 constexpr int64_t kPrefillChunk = 64;   // many rows: activation rows per pass over the weights
 
+// Calls of at most this many rows (decode, short windows) quantize their activations on every thread into
+// its own copy (MatmulScratch::own_activations): see matmul_group.
+constexpr int64_t kOwnActivationRows = 4;
+
 // Scratch for matmul, sized once for the widest matrix and the most rows (no allocation per call):
-// quantized activations [max_rows][super_count(max_cols)] and, per thread, one unpacked weight row.
+// quantized activations [max_rows][super_count(max_cols)], per thread one unpacked weight row and its own
+// copy of the activations of up to kOwnActivationRows rows.
 class MatmulScratch {
  public:
   MatmulScratch() = default;
@@ -43,6 +48,18 @@ class MatmulScratch {
   UnpackedSuper* unpack_buffer(int thread) {
     return unpacked_.data() + static_cast<size_t>(thread) * supers_;
   }
+  // Thread `thread`'s own activations [kOwnActivationRows][super_count(max_cols)]. fill_own(thread, call)
+  // is true once per call number for each thread (the first time that thread asks): it then quantizes
+  // them. Each thread touches only its own entry, a cache line apart from the others'.
+  ActSuper* own_activations(int thread) { return own_[static_cast<size_t>(thread)].act.data(); }
+  bool fill_own(int thread, uint64_t call) {
+    uint64_t& last = own_[static_cast<size_t>(thread)].call;
+    if (last == call) return false;
+    last = call;
+    return true;
+  }
+  // A new call number for fill_own (on the calling thread, before the parallel region).
+  uint64_t next_call() { return ++calls_; }
   // Grows the activation buffer (called outside the steady state only: the first call with more rows).
   void reserve_rows(int64_t rows);
   // The direct kernels' prefetch reach for the matmuls that take this scratch (PrefetchReach).
@@ -50,8 +67,14 @@ class MatmulScratch {
   void set_prefetch_reach(PrefetchReach reach) { reach_ = reach; }
 
  private:
+  struct alignas(64) OwnActivations {
+    std::vector<ActSuper> act;
+    uint64_t call = 0;
+  };
   std::vector<ActSuper> act_;
   std::vector<UnpackedSuper> unpacked_;
+  std::vector<OwnActivations> own_;
+  uint64_t calls_ = 0;
   size_t supers_ = 0;  // super_count(max_cols)
   int64_t max_cols_ = 0;
   int64_t max_rows_ = 0;
