@@ -1,6 +1,7 @@
-// Attention and activation kernels (Highway, runtime dispatch): scores, value accumulation, softmax, SiLU and
-// dimension-major key blocks against formulas in double precision and against separate calls, on every
-// Highway target the machine supports. Single-threaded, so that the ARM check runs them under qemu-user.
+// Attention and activation kernels (Highway, runtime dispatch): scores, value accumulation, softmax, SiLU,
+// RMS norm and dimension-major key blocks against formulas in double precision and against separate calls, on
+// every Highway target the machine supports. Single-threaded, so that the ARM check runs them under
+// qemu-user.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include "hwy/targets.h"
 #include "tandem/kernels/float_kernels.h"
 #include "tandem/kernels/key_blocks.h"
+#include "tandem/kernels/ops.h"
 #include "tandem/tensor/fp16.h"
 #include "test_util.h"
 
@@ -129,6 +131,31 @@ TEST(Kernels, SiluMulMatchesTheScalarFormula) {
       const double want = static_cast<double>(g[i]) / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
       EXPECT_NEAR(out[i], want, 4e-7 * std::fabs(want) + 1e-30) << "n=" << n << " i=" << i;
     }
+  }
+}
+
+// rms_norm against the formula with one running double sum: lengths with and without a tail past the eight
+// partial sums, with and without weights; in place, the same bits.
+TEST(Kernels, RmsNormMatchesTheFormula) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  for (int64_t n : {1, 5, 8, 13, 64, 2048, 2053}) {
+    std::vector<float> x(static_cast<size_t>(n)), w(x.size()), y(x.size()), z(x.size());
+    for (auto& v : x) v = dist(rng);
+    for (auto& v : w) v = dist(rng);
+    double sum = 0;
+    for (float v : x) sum += static_cast<double>(v) * v;
+    const double scale = 1.0 / std::sqrt(sum / static_cast<double>(n) + 1e-5);
+    rms_norm(x.data(), w.data(), y.data(), n, 1e-5f);
+    rms_norm(x.data(), nullptr, z.data(), n, 1e-5f);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double want = x[i] * scale;
+      EXPECT_NEAR(z[i], want, 1e-6 * std::fabs(want) + 1e-30) << "n=" << n << " i=" << i;
+      EXPECT_NEAR(y[i], want * w[i], 1e-6 * std::fabs(want * w[i]) + 1e-30) << "n=" << n << " i=" << i;
+    }
+    std::vector<float> in_place = x;
+    rms_norm(in_place.data(), w.data(), in_place.data(), n, 1e-5f);
+    EXPECT_EQ(in_place, y) << "n=" << n;
   }
 }
 

@@ -7,7 +7,7 @@
 namespace tandem::kernels {
 
 // y = x / sqrt(mean(x^2) + eps) * w   (w may be null: no scaling). x and y may alias. Sum of squares in
-// double.
+// double, in eight interleaved partial sums combined pairwise (the same order on every target).
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
 
 // Rotary position embedding, in place. Rotates the first n_rot dims of a head vector:
