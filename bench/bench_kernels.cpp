@@ -17,8 +17,8 @@
 //                      compare the targets a CPU can run
 //   Unpack/TYPE        decoding one 2048-element weight row into the kernel form
 //   QuantizeRow/K/PER_SUPER  quantizing one activation row of K elements (per-32 scales for the legacy types,
-//                      PER_SUPER 0; per-256 for the K-quants, 1), best target: one- and two-row matmuls do
-//                      it on the calling thread while the others wait
+//                      PER_SUPER 0; per-256 for the K-quants, 1), best target: matmuls of up to four rows
+//                      do it on every thread (kOwnActivationRows), wider ones once per row
 //   DotRows/TYPE/ROWS  the integer dot product of one unpacked row with ROWS activation rows
 //   VnniPeak           peak vpdpbusd (512-bit) throughput of one core: 16 independent chains. The window and
 //                      prefill kernels need four per 256 weights per activation row, so this bounds them.
