@@ -27,7 +27,7 @@ class PrefetchTuner {
   // How much faster a try of the other reach must measure (twice) to take over.
   static constexpr double kMargin = 0.03;
 
-  // The reach for the next one-row forward (the first two forwards try each reach once).
+  // The reach for the next forward of the tuner's width (the first two forwards try each reach once).
   PrefetchReach begin();
   // The measured time of the forward that begin() chose the reach for.
   void end(double seconds);

@@ -43,7 +43,7 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
   // A forward of one or two rows (a decode step, a short verify window) takes the kernels' prefetch reach
   // from the tuner of its width and reports its time back (kernels/prefetch_tuner.h).
   const auto width = static_cast<int64_t>(rows.size());
-  kernels::PrefetchTuner* tuner = width <= kTunedWidths ? &reach_tuners_[width - 1] : nullptr;
+  kernels::PrefetchTuner* tuner = width >= 1 && width <= kTunedWidths ? &reach_tuners_[width - 1] : nullptr;
   scratch_.set_prefetch_reach(tuner != nullptr ? tuner->begin() : kernels::PrefetchReach::kNear);
   const auto t0 = std::chrono::steady_clock::now();
   run_untimed(rows, caches, logits, capture);
