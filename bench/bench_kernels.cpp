@@ -508,6 +508,31 @@ void BM_AttentionValues(benchmark::State& state) {
 }
 BENCHMARK(BM_AttentionValues)->Arg(1)->Arg(2)->Arg(4)->Arg(6)->Arg(8);
 
+// One layer's new K or V of a decode step (four KV heads of 64) into f16 cache bits: the kernel
+// (kernels::f32_to_f16, arg 1) against the scalar reference element by element (arg 0).
+void BM_KvStoreF16(benchmark::State& state) {
+  constexpr int64_t kN = 256;
+  std::vector<float> x(kN);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (auto& v : x) v = dist(rng);
+  std::vector<uint8_t> out(2 * kN);
+  for (auto _ : state) {
+    if (state.range(0) == 1) {
+      f32_to_f16(x.data(), kN, out.data());
+    } else {
+      for (int64_t i = 0; i < kN; ++i) {
+        const uint16_t h = f32_to_fp16(x[static_cast<size_t>(i)]);
+        std::memcpy(out.data() + 2 * i, &h, 2);
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * kN);
+}
+BENCHMARK(BM_KvStoreF16)->Arg(0)->Arg(1);
+
 void BM_AttendWindow(benchmark::State& state) {
   const int64_t rows = state.range(0), ctx = state.range(1), G = 8, dim = 64;
   const bool together = state.range(2) != 0;

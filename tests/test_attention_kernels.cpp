@@ -1,11 +1,12 @@
 // Attention and activation kernels (Highway, runtime dispatch): scores, value accumulation, softmax, SiLU,
-// RMS norm and dimension-major key blocks against formulas in double precision and against separate calls, on
-// every Highway target the machine supports. Single-threaded, so that the ARM check runs them under
-// qemu-user.
+// RMS norm, dimension-major key blocks and the f16 store against formulas in double precision, the scalar
+// reference and separate calls, on every Highway target the machine supports. Single-threaded, so that the
+// ARM check runs them under qemu-user.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <utility>
 #include <vector>
@@ -239,4 +240,55 @@ TEST(Kernels, DimMajorScoresMatchTheReferenceOnEveryHighwayTarget) {
       hwy::SetSupportedTargetsForTest(0);
     }
   }
+}
+
+// The f16 KV store (f32_to_f16) against the scalar reference, bit for bit, on every Highway target: every
+// half value, its f32 neighbours and the midpoints to the next half (ties both ways), overflow to infinity,
+// f32 subnormals, NaNs with assorted payloads and signs, and random bit patterns; lengths that leave a tail
+// after whole vectors, written at an odd byte offset.
+TEST(Kernels, F32ToF16MatchesTheScalarConversionOnEveryHighwayTarget) {
+  std::vector<float> xs;
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = fp16_to_f32(static_cast<uint16_t>(h));
+    xs.push_back(f);
+    xs.push_back(std::nextafter(f, 0.0f));
+    xs.push_back(std::nextafter(f, std::copysign(HUGE_VALF, f)));
+    if ((h & 0x7C00) != 0x7C00 && (h & 0x7FFF) != 0x7BFF) {
+      const float mid = 0.5f * (f + fp16_to_f32(static_cast<uint16_t>(h + 1)));  // exact in f32
+      xs.push_back(mid);
+      xs.push_back(std::nextafter(mid, 0.0f));
+      xs.push_back(std::nextafter(mid, std::copysign(HUGE_VALF, mid)));
+    }
+  }
+  for (uint32_t bits : {0x477FEFFFu, 0x477FF000u, 0x477FFFFFu, 0x7F7FFFFFu, 0x00000001u, 0x007FFFFFu,
+                        0x33000000u, 0x33000001u, 0x32FFFFFFu, 0x7F800001u, 0x7FBFFFFFu, 0x7FC00000u,
+                        0x7FFFFFFFu, 0xFF800001u, 0xFFC00001u, 0xFFFFE000u}) {
+    xs.push_back(bits_to_f32(bits));
+    xs.push_back(bits_to_f32(bits ^ 0x80000000u));
+  }
+  std::mt19937 rng(11);
+  for (int i = 0; i < (1 << 18); ++i) xs.push_back(bits_to_f32(static_cast<uint32_t>(rng())));
+  std::vector<uint16_t> want(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) want[i] = f32_to_fp16(xs[i]);
+
+  std::vector<uint8_t> out(2 * xs.size() + 1);
+  tandem::testing::for_each_hwy_target([&] {
+    std::fill(out.begin(), out.end(), uint8_t{0xA5});
+    f32_to_f16(xs.data(), static_cast<int64_t>(xs.size()), out.data() + 1);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      uint16_t got;
+      std::memcpy(&got, out.data() + 1 + 2 * i, 2);
+      ASSERT_EQ(got, want[i]) << "element " << i << " bits " << std::hex << f32_to_bits(xs[i]);
+    }
+    for (int64_t n : {0, 1, 7, 15, 17, 33}) {
+      std::fill(out.begin(), out.end(), uint8_t{0xA5});
+      f32_to_f16(xs.data() + 5, n, out.data());
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t got;
+        std::memcpy(&got, out.data() + 2 * i, 2);
+        ASSERT_EQ(got, want[static_cast<size_t>(5 + i)]) << "n " << n << " element " << i;
+      }
+      EXPECT_EQ(out[static_cast<size_t>(2 * n)], 0xA5) << "n " << n << ": wrote past the end";
+    }
+  });
 }

@@ -125,9 +125,7 @@ class F16Codec final : public KvCodec {
  public:
   explicit F16Codec(int64_t dim)
       : KvCodec(KvType::kF16, dim, static_cast<size_t>(dim) * 2, dim), table_(half_table()) {}
-  void encode(const float* x, int64_t, uint8_t* row) const override {
-    for (int64_t i = 0; i < dim(); ++i) store_u16(row + 2 * i, f32_to_fp16(x[i]));
-  }
+  void encode(const float* x, int64_t, uint8_t* row) const override { kernels::f32_to_f16(x, dim(), row); }
   void decode(const uint8_t* row, int64_t, float* x) const override {
     for (int64_t i = 0; i < dim(); ++i) x[i] = table_[load_u16(row + 2 * i)];
   }
@@ -186,8 +184,10 @@ class F16KeyCodec final : public KvCodec {
   }
   void encode_in_block(const float* x, int64_t, uint8_t* block, int64_t block_rows,
                        int64_t off) const override {
+    uint8_t h[2 * kMaxHeadDim];
+    kernels::f32_to_f16(x, dim(), h);
     for (int64_t i = 0; i < dim(); ++i)
-      store_u16(block + 2 * static_cast<size_t>(i * block_rows + off), f32_to_fp16(x[i]));
+      std::memcpy(block + 2 * static_cast<size_t>(i * block_rows + off), h + 2 * i, 2);
   }
   void dots_in_block(const float* q, int64_t G, int64_t q_stride, const uint8_t* block, int64_t block_rows,
                      int64_t off, int64_t n, float* s, int64_t s_stride) const override {
@@ -440,7 +440,7 @@ KeyAnchor::KeyAnchor(int64_t dim) : dim_(dim), table_(half_table()) {
 }
 
 void KeyAnchor::set(const float* k, uint8_t* anchor) const {
-  for (int64_t i = 0; i < dim_; ++i) store_u16(anchor + 2 * i, f32_to_fp16(k[i]));
+  kernels::f32_to_f16(k, dim_, anchor);
 }
 
 void KeyAnchor::subtract(const uint8_t* anchor, const float* k, float* out) const {

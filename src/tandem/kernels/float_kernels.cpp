@@ -393,6 +393,31 @@ void AccumulateF32(const float* p, const float* rows, int64_t n, int64_t dim, fl
   accumulate_t<DType::F32>(p, reinterpret_cast<const uint8_t*>(rows), n, dim, acc);
 }
 
+void F32ToF16(const float* HWY_RESTRICT x, int64_t n, uint8_t* HWY_RESTRICT out) {
+  int64_t i = 0;
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)) || \
+    (HWY_TARGET == HWY_NEON && (__ARM_FP & 2))
+  // Highway's conversion for targets without these instructions truncates, so only these take it.
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const auto sign = hn::Set(du, 0x80000000u), quiet_nan = hn::Set(du, 0x7FC00000u);
+  const auto lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (; i + lanes <= n; i += lanes) {
+    const auto v = hn::LoadU(df, x + i);
+    // A NaN as the default quiet one with its sign, which converts to the sign and 0x7E00 (the hardware
+    // would keep part of another NaN's payload).
+    const auto canonical = hn::IfThenElse(
+        hn::IsNaN(v), hn::BitCast(df, hn::Or(hn::And(hn::BitCast(du, v), sign), quiet_nan)), v);
+    hn::StoreU(hn::DemoteTo(dh, canonical), dh, reinterpret_cast<hwy::float16_t*>(out + 2 * i));
+  }
+#endif
+  for (; i < n; ++i) {
+    const uint16_t h = f32_to_fp16(x[i]);
+    std::memcpy(out + 2 * i, &h, 2);
+  }
+}
+
 void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
   const DF df;
   const size_t lanes = hn::Lanes(df);
@@ -474,6 +499,7 @@ HWY_EXPORT(DotsF32);
 HWY_EXPORT(AccumulateF16);
 HWY_EXPORT(AccumulateF32);
 HWY_EXPORT(SiluMul);
+HWY_EXPORT(F32ToF16);
 HWY_EXPORT(Softmax);
 HWY_EXPORT(DotsGroupF16);
 HWY_EXPORT(DotsGroupF32);
@@ -508,6 +534,10 @@ void accumulate_group_f16(const float* p, int64_t G, int64_t p_stride, const uin
 void accumulate_group_f32(const float* p, int64_t G, int64_t p_stride, const float* rows, int64_t n,
                           int64_t dim, float* acc, int64_t acc_stride) {
   HWY_DYNAMIC_DISPATCH(AccumulateGroupF32)(p, G, p_stride, rows, n, dim, acc, acc_stride);
+}
+
+void f32_to_f16(const float* x, int64_t n, uint8_t* out) {
+  HWY_DYNAMIC_DISPATCH(F32ToF16)(x, n, out);
 }
 
 void silu_mul(const float* gate, const float* up, float* out, int64_t n) {

@@ -34,6 +34,11 @@ void accumulate_group_f16(const float* p, int64_t G, int64_t p_stride, const uin
 void accumulate_group_f32(const float* p, int64_t G, int64_t p_stride, const float* rows, int64_t n,
                           int64_t dim, float* acc, int64_t acc_stride);
 
+// The f16 bits of n floats into out (2n bytes, any alignment, host byte order): fp16.h's f32_to_fp16 bits
+// (round to nearest even; every NaN becomes its sign and 0x7E00), in hardware where the target converts
+// (F16C on x86-64 from AVX2 on, NEON), else element by element. The f16 KV cache's store.
+void f32_to_f16(const float* x, int64_t n, uint8_t* out);
+
 // out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i], with a vectorized exp (within one
 // ulp of the library's; -gate is capped at 88, where the result is already 0 to single precision). Element
 // by element, so a row's result never depends on the others. out may alias gate.
