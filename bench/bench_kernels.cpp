@@ -318,6 +318,75 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void row_work_pair(int64_
   for (int r = 0; r < kNR; ++r) acc[0][0] = _mm512_add_ps(acc[0][0], _mm512_add_ps(acc[0][r], acc[1][r]));
   *out = _mm512_reduce_add_ps(acc[0][0]);
 }
+
+// 16-byte pieces into one vector (as the one-row tiles read repacked codes: load64_by16).
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) inline __m512i pieces64(const uint8_t* p) {
+  const auto q = [p](int i) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i)); };
+  return _mm512_inserti32x4(
+      _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(q(0)), q(1), 1), q(2), 2), q(3), 3);
+}
+
+// A one-row Q4_0 tile in cache over repacked weight rows in two layouts of the same bytes, each row's result
+// reduced at its end (kLanes: the 32-element block's lanes). kLanes 2: the kernels' form (direct_tile<1>
+// with load_q4_0x_super<true>), per 144-byte super-block the 8 scales converted and permuted onto their two
+// lane groups, two code vectors in pieces split into four nibble quarters, four vpdpbusd from the -8 fold's
+// offset sums, the activation scales, a multiply, a convert and an FMA. kLanes 1: a layout not built, one
+// lane per block across two super-blocks (288 bytes: the 16 scales, then four code vectors whose lane b holds
+// block b's bytes 4v..4v+3), so per two super-blocks one scale convert (no permute), one offset-sum and one
+// activation-scale load, one multiply, convert and FMA. Three L2 prefetches per 144 bytes (five per 288), as
+// the tile issues them 6 KB ahead. Items = weight rows x super-blocks.
+template <int kLanes>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void one_row_q4_0(int64_t rows, int64_t n_super,
+                                                                         const uint8_t* w, const uint8_t* act,
+                                                                         float* out) {
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const __m512i spread = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const int64_t row_bytes = n_super * 144;
+  for (int64_t o = 0; o < rows; ++o) {
+    const uint8_t* wr = w + o * row_bytes;
+    __m512 acc = _mm512_setzero_ps();
+    if constexpr (kLanes == 2) {
+      for (int64_t s = 0; s < n_super; ++s) {
+        const uint8_t* sb = wr + 144 * s;
+        const uint8_t* x = act + 384 * s;
+        for (int b = 0; b < 144; b += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(sb + 6144 + b), _MM_HINT_T1);
+        const __m512 a = _mm512_permutexvar_ps(
+            spread,
+            _mm512_cvtph_ps(_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb)))));
+        const __m512i lo = pieces64(sb + 16), hi = pieces64(sb + 80);
+        __m512i sum = _mm512_load_si512(x + 256);
+        sum = _mm512_dpbusd_epi32(sum, _mm512_and_si512(lo, nib), _mm512_load_si512(x));
+        sum = _mm512_dpbusd_epi32(sum, _mm512_and_si512(hi, nib), _mm512_load_si512(x + 64));
+        sum = _mm512_dpbusd_epi32(sum, _mm512_and_si512(_mm512_srli_epi16(lo, 4), nib),
+                                  _mm512_load_si512(x + 128));
+        sum = _mm512_dpbusd_epi32(sum, _mm512_and_si512(_mm512_srli_epi16(hi, 4), nib),
+                                  _mm512_load_si512(x + 192));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                              _mm512_mul_ps(a, _mm512_load_ps(reinterpret_cast<const float*>(x + 320))), acc);
+      }
+    } else {
+      for (int64_t s = 0; s < n_super; s += 2) {
+        const uint8_t* sb = wr + 144 * s;
+        const uint8_t* x = act + 384 * s;  // 768 bytes a pair: 8 code vectors, offset sums, scales
+        for (int b = 0; b < 288; b += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(sb + 6144 + b), _MM_HINT_T1);
+        const __m512 a = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb)));
+        __m512i sum = _mm512_load_si512(x + 512);
+        for (int v = 0; v < 4; ++v) {
+          const __m512i p = pieces64(sb + 32 + 64 * v);
+          sum = _mm512_dpbusd_epi32(sum, _mm512_and_si512(p, nib), _mm512_load_si512(x + 64 * v));
+          sum = _mm512_dpbusd_epi32(sum, _mm512_and_si512(_mm512_srli_epi16(p, 4), nib),
+                                    _mm512_load_si512(x + 256 + 64 * v));
+        }
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                              _mm512_mul_ps(a, _mm512_load_ps(reinterpret_cast<const float*>(x + 576))), acc);
+      }
+    }
+    out[o] = _mm512_reduce_add_ps(acc);
+  }
+}
+
 #pragma GCC diagnostic pop
 
 bool runs_avx512_vnni() {
@@ -355,6 +424,34 @@ void BM_RowWorkFloorPair(benchmark::State& state) {
 }
 BENCHMARK(BM_RowWorkFloorPair<2>);
 BENCHMARK(BM_RowWorkFloorPair<1>);
+
+template <int kLanes>
+void BM_OneRowQ4_0Layout(benchmark::State& state) {
+  if (!runs_avx512_vnni()) {
+    state.SkipWithError("no AVX-512 VNNI on this CPU");
+    return;
+  }
+  // TinyLlama's 2048 or 5632 columns (arg): 295 or 811 KB of weights, in L2.
+  const int64_t rows = 256, supers = state.range(0);
+  std::vector<uint8_t> w(rows * supers * 144 + 8192 + 64, 0x37);
+  std::vector<uint8_t> act(supers * 384 + 128, 1);
+  const auto aligned = [](std::vector<uint8_t>& v) {
+    return v.data() + (64 - reinterpret_cast<uintptr_t>(v.data()) % 64) % 64;
+  };
+  uint8_t* wa = aligned(w);
+  // Weight scales zero in either layout (no product is subnormal); the times do not depend on the values.
+  for (int64_t i = 0; i < rows * supers; ++i) std::memset(wa + 144 * i, 0, 32);
+  std::vector<float> out(static_cast<size_t>(rows));
+  for (auto _ : state) {
+    one_row_q4_0<kLanes>(rows, supers, wa, aligned(act), out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * rows * supers);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * rows * supers * 144);
+  state.SetLabel("items = weight rows x super-blocks");
+}
+BENCHMARK(BM_OneRowQ4_0Layout<2>)->Arg(8)->Arg(22);
+BENCHMARK(BM_OneRowQ4_0Layout<1>)->Arg(8)->Arg(22);
 
 void BM_VnniPeak(benchmark::State& state) {
   if (!runs_avx512_vnni()) {
