@@ -292,8 +292,19 @@ HWY_INLINE void accumulate_tile(const float* p, int64_t p_stride, const uint8_t*
     hn::Vec<DF> v[kC];
     for (int c = 0; c < kC; ++c) v[c] = load_w<T>(df, vrow, c0 + c * lanes);
     for (int h = 0; h < kQ; ++h) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+      // The weight broadcast inside each FMA's memory operand ({1to16}), where GCC broadcasts it once into
+      // a register for the kC FMAs: the same products and sums, but no broadcast instructions beside the
+      // FMAs. On the Zen 4, 8 queries' value sums took 0.92-0.94x the time (AttentionValues), one query's
+      // 0.91-0.94x.
+      for (int c = 0; c < kC; ++c)
+        __asm__("vfmadd231ps %[p]%{1to16%}, %[v], %[acc]"
+                : [acc] "+v"(a[h][c].raw)
+                : [v] "v"(v[c].raw), [p] "m"(p[h * p_stride + j]));
+#else
       const auto pj = hn::Set(df, p[h * p_stride + j]);
       for (int c = 0; c < kC; ++c) a[h][c] = hn::MulAdd(pj, v[c], a[h][c]);
+#endif
     }
   }
   for (int h = 0; h < kQ; ++h)
