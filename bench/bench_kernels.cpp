@@ -588,22 +588,28 @@ void BM_AttentionDotsDimMajor(benchmark::State& state) {
 }
 BENCHMARK(BM_AttentionDotsDimMajor)->Arg(1)->Arg(2)->Arg(4)->Arg(6)->Arg(8);
 
+// G queries' value sums over the 16-row blocks, `runs` blocks a call (accumulate_runs_f16, as attention
+// weighs a paged cache's blocks).
 void BM_AttentionValues(benchmark::State& state) {
-  const int64_t G = state.range(0);
+  const int64_t G = state.range(0), per_call = state.range(1);
   AttentionInputs in(G);
   using A = AttentionInputs;
   std::vector<float> acc(static_cast<size_t>(G * A::kDim));
+  std::vector<ValueRun> runs;
+  for (int64_t b = 0; b < A::kPositions; b += A::kBlock)
+    runs.push_back({reinterpret_cast<const uint8_t*>(in.rows.data() + b * A::kDim), A::kBlock, b});
+  const auto n_runs = static_cast<int64_t>(runs.size());
   for (auto _ : state) {
     std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int64_t b = 0; b < A::kPositions; b += A::kBlock)
-      accumulate_group_f16(in.s.data() + b, G, A::kPositions, in.rows.data() + b * A::kDim, A::kBlock,
-                           A::kDim, acc.data(), A::kDim);
+    for (int64_t k = 0; k < n_runs; k += per_call)
+      accumulate_runs_f16(in.s.data(), G, A::kPositions, runs.data() + k, std::min(per_call, n_runs - k),
+                          A::kDim, acc.data(), A::kDim);
     benchmark::DoNotOptimize(acc.data());
   }
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * G * A::kPositions);
   state.SetLabel("items = weighted rows");
 }
-BENCHMARK(BM_AttentionValues)->Arg(1)->Arg(2)->Arg(4)->Arg(6)->Arg(8);
+BENCHMARK(BM_AttentionValues)->ArgsProduct({{1, 2, 4, 6, 8}, {1, 4}});
 
 // One layer's new K or V of a decode step (four KV heads of 64) into f16 cache bits: the kernel
 // (kernels::f32_to_f16, arg 1) against the scalar reference element by element (arg 0).

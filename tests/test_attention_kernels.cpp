@@ -113,6 +113,24 @@ TEST(Kernels, GroupedAttentionPrimitivesEqualSeparateCalls) {
         EXPECT_EQ(g32, one32) << "dim=" << dim << " G=" << G;
         EXPECT_EQ(a16, b16) << "dim=" << dim << " G=" << G;
         EXPECT_EQ(a32, b32) << "dim=" << dim << " G=" << G;
+        // The rows in runs (out of place, each weighted from its own offset) in one call: the bits of one
+        // call per run, and of the grouped call over the rows in order.
+        std::vector<uint16_t> kh_runs(kh.size() + static_cast<size_t>(7 * dim));
+        std::vector<float> kf_runs(kh_runs.size());
+        const int64_t cuts[] = {0, 4, 5, 13};  // runs of 4, 1 and 8 rows, stored 3 rows apart
+        std::vector<ValueRun> r16, r32;
+        for (int k = 0; k < 3; ++k) {
+          const int64_t at = (cuts[k] + 3 * k) * dim, len = cuts[k + 1] - cuts[k];
+          std::copy_n(kh.begin() + cuts[k] * dim, len * dim, kh_runs.begin() + at);
+          std::copy_n(kf.begin() + cuts[k] * dim, len * dim, kf_runs.begin() + at);
+          r16.push_back({reinterpret_cast<const uint8_t*>(kh_runs.data() + at), len, cuts[k]});
+          r32.push_back({reinterpret_cast<const uint8_t*>(kf_runs.data() + at), len, cuts[k]});
+        }
+        std::vector<float> c16(static_cast<size_t>(G * dim), 0.25f), c32(c16);
+        accumulate_runs_f16(p.data(), G, ss, r16.data(), 3, dim, c16.data(), dim);
+        accumulate_runs_f32(p.data(), G, ss, r32.data(), 3, dim, c32.data(), dim);
+        EXPECT_EQ(c16, a16) << "dim=" << dim << " G=" << G;
+        EXPECT_EQ(c32, a32) << "dim=" << dim << " G=" << G;
       });
     }
   }

@@ -118,6 +118,10 @@ class F32Codec final : public KvCodec {
     kernels::accumulate_group_f32(p, G, p_stride, reinterpret_cast<const float*>(rows), n, dim(), acc,
                                   acc_stride);
   }
+  void accumulate_runs(const float* p, int64_t G, int64_t p_stride, const kernels::ValueRun* runs,
+                       int64_t n_runs, float* acc, int64_t acc_stride) const override {
+    kernels::accumulate_runs_f32(p, G, p_stride, runs, n_runs, dim(), acc, acc_stride);
+  }
   void finish_values(const float* acc, int64_t, float* out) const override { std::copy_n(acc, dim(), out); }
 };
 
@@ -146,6 +150,10 @@ class F16Codec final : public KvCodec {
                         float* acc, int64_t acc_stride) const override {
     kernels::accumulate_group_f16(p, G, p_stride, reinterpret_cast<const uint16_t*>(rows), n, dim(), acc,
                                   acc_stride);
+  }
+  void accumulate_runs(const float* p, int64_t G, int64_t p_stride, const kernels::ValueRun* runs,
+                       int64_t n_runs, float* acc, int64_t acc_stride) const override {
+    kernels::accumulate_runs_f16(p, G, p_stride, runs, n_runs, dim(), acc, acc_stride);
   }
   void finish_values(const float* acc, int64_t, float* out) const override { std::copy_n(acc, dim(), out); }
 

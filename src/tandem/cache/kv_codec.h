@@ -43,6 +43,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tandem/kernels/float_kernels.h"
+
 namespace tandem::cache {
 
 enum class KvType { kF32, kF16, kQ8_0, kQ4, kQ4R };
@@ -94,6 +96,14 @@ class KvCodec {
   virtual void accumulate_group(const float* p, int64_t G, int64_t p_stride, const uint8_t* rows, int64_t n,
                                 float* acc, int64_t acc_stride) const {
     for (int64_t h = 0; h < G; ++h) accumulate(p + h * p_stride, rows, n, acc + h * acc_stride);
+  }
+  // accumulate_group over several runs of rows in order (run k weighted from p + runs[k].p_offset): the same
+  // bits as one call per run, which the default makes; codecs with a kernel for it keep the sums in
+  // registers across the runs.
+  virtual void accumulate_runs(const float* p, int64_t G, int64_t p_stride, const kernels::ValueRun* runs,
+                               int64_t n_runs, float* acc, int64_t acc_stride) const {
+    for (int64_t k = 0; k < n_runs; ++k)
+      accumulate_group(p + runs[k].p_offset, G, p_stride, runs[k].rows, runs[k].n, acc, acc_stride);
   }
 
   // A block of the paged cache: block_rows rows of one head from `block` (block_rows * row_bytes() bytes).

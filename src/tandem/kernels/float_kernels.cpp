@@ -276,35 +276,41 @@ void dots_group_t(const float* q, int64_t G, int64_t q_stride, const uint8_t* ro
 #endif
 }
 
-// kQ queries by kC vectors of dims from c0, over all n rows: the accumulators stay in registers, loaded once
-// and stored once. All sizes fixed at compile time: with the counts at run time GCC kept a branch and a flag
-// store per query inside the row loop (AVX2: 8 queries ran at about 4 multiply-adds per cycle).
+// kQ queries by kC vectors of dims from c0, over every row of the runs in order: the accumulators stay in
+// registers, loaded once and stored once across all the runs (a call per 16-row cache block took 1.26-1.29x
+// the time of a call per four for 8 queries, AttentionValues/8/1 against /8/4). All sizes fixed at compile
+// time: with the counts at run time GCC kept a branch and a flag store per query inside the row loop (AVX2: 8
+// queries ran at about 4 multiply-adds per cycle).
 template <DType T, int kQ, int kC>
-HWY_INLINE void accumulate_tile(const float* p, int64_t p_stride, const uint8_t* rows, int64_t n,
+HWY_INLINE void accumulate_tile(const float* p, int64_t p_stride, const ValueRun* runs, int64_t n_runs,
                                 size_t row_bytes, size_t c0, float* acc, int64_t acc_stride) {
   const DF df;
   const size_t lanes = hn::Lanes(df);
   hn::Vec<DF> a[kQ][kC];
   for (int h = 0; h < kQ; ++h)
     for (int c = 0; c < kC; ++c) a[h][c] = hn::LoadU(df, acc + h * acc_stride + c0 + c * lanes);
-  for (int64_t j = 0; j < n; ++j) {
-    const uint8_t* vrow = rows + static_cast<size_t>(j) * row_bytes;
-    hn::Vec<DF> v[kC];
-    for (int c = 0; c < kC; ++c) v[c] = load_w<T>(df, vrow, c0 + c * lanes);
-    for (int h = 0; h < kQ; ++h) {
+  for (int64_t k = 0; k < n_runs; ++k) {
+    const uint8_t* rows = runs[k].rows;
+    const float* pk = p + runs[k].p_offset;
+    for (int64_t j = 0; j < runs[k].n; ++j) {
+      const uint8_t* vrow = rows + static_cast<size_t>(j) * row_bytes;
+      hn::Vec<DF> v[kC];
+      for (int c = 0; c < kC; ++c) v[c] = load_w<T>(df, vrow, c0 + c * lanes);
+      for (int h = 0; h < kQ; ++h) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-      // The weight broadcast inside each FMA's memory operand ({1to16}), where GCC broadcasts it once into
-      // a register for the kC FMAs: the same products and sums, but no broadcast instructions beside the
-      // FMAs. On the Zen 4, 8 queries' value sums took 0.92-0.94x the time (AttentionValues), one query's
-      // 0.91-0.94x.
-      for (int c = 0; c < kC; ++c)
-        __asm__("vfmadd231ps %[p]%{1to16%}, %[v], %[acc]"
-                : [acc] "+v"(a[h][c].raw)
-                : [v] "v"(v[c].raw), [p] "m"(p[h * p_stride + j]));
+        // The weight broadcast inside each FMA's memory operand ({1to16}), where GCC broadcasts it once
+        // into a register for the kC FMAs: the same products and sums, but no broadcast instructions beside
+        // the FMAs. On the Zen 4, 8 queries' value sums took 0.92-0.94x the time (AttentionValues), one
+        // query's 0.91-0.94x.
+        for (int c = 0; c < kC; ++c)
+          __asm__("vfmadd231ps %[p]%{1to16%}, %[v], %[acc]"
+                  : [acc] "+v"(a[h][c].raw)
+                  : [v] "v"(v[c].raw), [p] "m"(pk[h * p_stride + j]));
 #else
-      const auto pj = hn::Set(df, p[h * p_stride + j]);
-      for (int c = 0; c < kC; ++c) a[h][c] = hn::MulAdd(pj, v[c], a[h][c]);
+        const auto pj = hn::Set(df, pk[h * p_stride + j]);
+        for (int c = 0; c < kC; ++c) a[h][c] = hn::MulAdd(pj, v[c], a[h][c]);
 #endif
+      }
     }
   }
   for (int h = 0; h < kQ; ++h)
@@ -314,17 +320,18 @@ HWY_INLINE void accumulate_tile(const float* p, int64_t p_stride, const uint8_t*
 // The last nh < kQ queries of a group by kC vectors: accumulate_tile<T, nh, kC> for nh in R.
 template <DType T, int kC, int... R>
 HWY_INLINE void accumulate_rest(std::integer_sequence<int, R...>, int nh, const float* p, int64_t p_stride,
-                                const uint8_t* rows, int64_t n, size_t row_bytes, size_t c0, float* acc,
+                                const ValueRun* runs, int64_t n_runs, size_t row_bytes, size_t c0, float* acc,
                                 int64_t acc_stride) {
-  ((nh == R + 1 ? accumulate_tile<T, R + 1, kC>(p, p_stride, rows, n, row_bytes, c0, acc, acc_stride)
+  ((nh == R + 1 ? accumulate_tile<T, R + 1, kC>(p, p_stride, runs, n_runs, row_bytes, c0, acc, acc_stride)
                 : void()),
    ...);
 }
 
 // Blocks of kQ queries by kC vectors of dims (accumulate_tile), the last queries of the group in one smaller
-// block. Element by element the additions run in row order, as axpy's, whatever the blocking.
+// block. Element by element the additions run in row order, as axpy's, whatever the blocking and however
+// the rows are split into runs.
 template <DType T, int kQ, int kC>
-void accumulate_blocked(const float* p, int64_t G, int64_t p_stride, const uint8_t* rows, int64_t n,
+void accumulate_blocked(const float* p, int64_t G, int64_t p_stride, const ValueRun* runs, int64_t n_runs,
                         int64_t dim, float* acc, int64_t acc_stride) {
   constexpr size_t es = T == DType::F32 ? 4 : 2;
   const DF df;
@@ -333,23 +340,25 @@ void accumulate_blocked(const float* p, int64_t G, int64_t p_stride, const uint8
   const int64_t tiled_q = G / kQ * kQ;
   for (size_t c0 = 0; c0 < tiled; c0 += kC * lanes) {
     for (int64_t h0 = 0; h0 < tiled_q; h0 += kQ)
-      accumulate_tile<T, kQ, kC>(p + h0 * p_stride, p_stride, rows, n, row_bytes, c0, acc + h0 * acc_stride,
-                                 acc_stride);
+      accumulate_tile<T, kQ, kC>(p + h0 * p_stride, p_stride, runs, n_runs, row_bytes, c0,
+                                 acc + h0 * acc_stride, acc_stride);
     accumulate_rest<T, kC>(std::make_integer_sequence<int, kQ - 1>(), static_cast<int>(G - tiled_q),
-                           p + tiled_q * p_stride, p_stride, rows, n, row_bytes, c0,
+                           p + tiled_q * p_stride, p_stride, runs, n_runs, row_bytes, c0,
                            acc + tiled_q * acc_stride, acc_stride);
   }
   for (size_t c0 = tiled; c0 < full; c0 += lanes)  // vectors past the blocks of kC
     for (int64_t h = 0; h < G; ++h)
-      accumulate_tile<T, 1, 1>(p + h * p_stride, p_stride, rows, n, row_bytes, c0, acc + h * acc_stride,
+      accumulate_tile<T, 1, 1>(p + h * p_stride, p_stride, runs, n_runs, row_bytes, c0, acc + h * acc_stride,
                                acc_stride);
   if (full < d)
-    for (int64_t j = 0; j < n; ++j) {
-      const uint8_t* vrow = rows + static_cast<size_t>(j) * row_bytes;
-      for (size_t i = full; i < d; ++i)
-        for (int64_t h = 0; h < G; ++h)
-          acc[h * acc_stride + static_cast<int64_t>(i)] += p[h * p_stride + j] * scalar_w<T>(vrow, i);
-    }
+    for (int64_t k = 0; k < n_runs; ++k)
+      for (int64_t j = 0; j < runs[k].n; ++j) {
+        const uint8_t* vrow = runs[k].rows + static_cast<size_t>(j) * row_bytes;
+        const float* pk = p + runs[k].p_offset;
+        for (size_t i = full; i < d; ++i)
+          for (int64_t h = 0; h < G; ++h)
+            acc[h * acc_stride + static_cast<int64_t>(i)] += pk[h * p_stride + j] * scalar_w<T>(vrow, i);
+      }
 }
 
 // Groups of 8 queries or more take 8 queries by 2 vectors of 64 bytes (each value row converted once per 8
@@ -358,16 +367,19 @@ void accumulate_blocked(const float* p, int64_t G, int64_t p_stride, const uint8
 // (AVX2, 16 registers) every group takes 4 queries by 2 vectors: 8 by 1 took 1.12-1.17x the time at 8
 // queries (AttentionValues).
 template <DType T>
-void accumulate_group_t(const float* p, int64_t G, int64_t p_stride, const uint8_t* rows, int64_t n,
-                        int64_t dim, float* acc, int64_t acc_stride) {
+void accumulate_runs_t(const float* p, int64_t G, int64_t p_stride, const ValueRun* runs, int64_t n_runs,
+                       int64_t dim, float* acc, int64_t acc_stride) {
 #if HWY_HAVE_SCALABLE
-  for (int64_t h = 0; h < G; ++h) accumulate_t<T>(p + h * p_stride, rows, n, dim, acc + h * acc_stride);
+  for (int64_t k = 0; k < n_runs; ++k)
+    for (int64_t h = 0; h < G; ++h)
+      accumulate_t<T>(p + runs[k].p_offset + h * p_stride, runs[k].rows, runs[k].n, dim,
+                      acc + h * acc_stride);
 #else
   constexpr int kWide = HWY_MAX_BYTES >= 64 ? 1 : 2;  // 64-byte vectors: 1, else the same bytes in 2
   if (G >= 8 && HWY_MAX_BYTES != 32) {
-    accumulate_blocked<T, 8, 2 / kWide>(p, G, p_stride, rows, n, dim, acc, acc_stride);
+    accumulate_blocked<T, 8, 2 / kWide>(p, G, p_stride, runs, n_runs, dim, acc, acc_stride);
   } else {
-    accumulate_blocked<T, 4, 4 / kWide>(p, G, p_stride, rows, n, dim, acc, acc_stride);
+    accumulate_blocked<T, 4, 4 / kWide>(p, G, p_stride, runs, n_runs, dim, acc, acc_stride);
   }
 #endif
 }
@@ -380,15 +392,13 @@ void DotsGroupF32(const float* q, int64_t G, int64_t q_stride, const float* rows
                   float* s, int64_t s_stride) {
   dots_group_t<DType::F32>(q, G, q_stride, reinterpret_cast<const uint8_t*>(rows), n, dim, s, s_stride);
 }
-void AccumulateGroupF16(const float* p, int64_t G, int64_t p_stride, const uint16_t* rows, int64_t n,
-                        int64_t dim, float* acc, int64_t acc_stride) {
-  accumulate_group_t<DType::F16>(p, G, p_stride, reinterpret_cast<const uint8_t*>(rows), n, dim, acc,
-                                 acc_stride);
+void AccumulateRunsF16(const float* p, int64_t G, int64_t p_stride, const ValueRun* runs, int64_t n_runs,
+                       int64_t dim, float* acc, int64_t acc_stride) {
+  accumulate_runs_t<DType::F16>(p, G, p_stride, runs, n_runs, dim, acc, acc_stride);
 }
-void AccumulateGroupF32(const float* p, int64_t G, int64_t p_stride, const float* rows, int64_t n,
-                        int64_t dim, float* acc, int64_t acc_stride) {
-  accumulate_group_t<DType::F32>(p, G, p_stride, reinterpret_cast<const uint8_t*>(rows), n, dim, acc,
-                                 acc_stride);
+void AccumulateRunsF32(const float* p, int64_t G, int64_t p_stride, const ValueRun* runs, int64_t n_runs,
+                       int64_t dim, float* acc, int64_t acc_stride) {
+  accumulate_runs_t<DType::F32>(p, G, p_stride, runs, n_runs, dim, acc, acc_stride);
 }
 
 void DotsF16(const float* q, const uint16_t* rows, int64_t n, int64_t dim, float* s) {
@@ -514,8 +524,8 @@ HWY_EXPORT(F32ToF16);
 HWY_EXPORT(Softmax);
 HWY_EXPORT(DotsGroupF16);
 HWY_EXPORT(DotsGroupF32);
-HWY_EXPORT(AccumulateGroupF16);
-HWY_EXPORT(AccumulateGroupF32);
+HWY_EXPORT(AccumulateRunsF16);
+HWY_EXPORT(AccumulateRunsF32);
 
 void dots_f16(const float* q, const uint16_t* rows, int64_t n, int64_t dim, float* s) {
   HWY_DYNAMIC_DISPATCH(DotsF16)(q, rows, n, dim, s);
@@ -538,13 +548,25 @@ void dots_group_f32(const float* q, int64_t G, int64_t q_stride, const float* ro
                     float* s, int64_t s_stride) {
   HWY_DYNAMIC_DISPATCH(DotsGroupF32)(q, G, q_stride, rows, n, dim, s, s_stride);
 }
+// The grouped forms as one run.
 void accumulate_group_f16(const float* p, int64_t G, int64_t p_stride, const uint16_t* rows, int64_t n,
                           int64_t dim, float* acc, int64_t acc_stride) {
-  HWY_DYNAMIC_DISPATCH(AccumulateGroupF16)(p, G, p_stride, rows, n, dim, acc, acc_stride);
+  const ValueRun run{reinterpret_cast<const uint8_t*>(rows), n, 0};
+  accumulate_runs_f16(p, G, p_stride, &run, 1, dim, acc, acc_stride);
 }
 void accumulate_group_f32(const float* p, int64_t G, int64_t p_stride, const float* rows, int64_t n,
                           int64_t dim, float* acc, int64_t acc_stride) {
-  HWY_DYNAMIC_DISPATCH(AccumulateGroupF32)(p, G, p_stride, rows, n, dim, acc, acc_stride);
+  const ValueRun run{reinterpret_cast<const uint8_t*>(rows), n, 0};
+  accumulate_runs_f32(p, G, p_stride, &run, 1, dim, acc, acc_stride);
+}
+
+void accumulate_runs_f16(const float* p, int64_t G, int64_t p_stride, const ValueRun* runs, int64_t n_runs,
+                         int64_t dim, float* acc, int64_t acc_stride) {
+  HWY_DYNAMIC_DISPATCH(AccumulateRunsF16)(p, G, p_stride, runs, n_runs, dim, acc, acc_stride);
+}
+void accumulate_runs_f32(const float* p, int64_t G, int64_t p_stride, const ValueRun* runs, int64_t n_runs,
+                         int64_t dim, float* acc, int64_t acc_stride) {
+  HWY_DYNAMIC_DISPATCH(AccumulateRunsF32)(p, G, p_stride, runs, n_runs, dim, acc, acc_stride);
 }
 
 void f32_to_f16(const float* x, int64_t n, uint8_t* out) {

@@ -34,6 +34,22 @@ void accumulate_group_f16(const float* p, int64_t G, int64_t p_stride, const uin
 void accumulate_group_f32(const float* p, int64_t G, int64_t p_stride, const float* rows, int64_t n,
                           int64_t dim, float* acc, int64_t acc_stride);
 
+// A run of n consecutive value rows (f16 bits or f32, dim elements each) and where their weights start: row j
+// of the run is weighted by p[h * p_stride + p_offset + j] for query h.
+struct ValueRun {
+  const uint8_t* rows;
+  int64_t n;
+  int64_t p_offset;
+};
+
+// accumulate_group_* over several runs, in order: the same bits as one call per run (each element's additions
+// run in row order either way), with the sums held in registers across the runs (the blocks of a paged
+// cache).
+void accumulate_runs_f16(const float* p, int64_t G, int64_t p_stride, const ValueRun* runs, int64_t n_runs,
+                         int64_t dim, float* acc, int64_t acc_stride);
+void accumulate_runs_f32(const float* p, int64_t G, int64_t p_stride, const ValueRun* runs, int64_t n_runs,
+                         int64_t dim, float* acc, int64_t acc_stride);
+
 // The f16 bits of n floats into out (2n bytes, any alignment, host byte order): fp16.h's f32_to_fp16 bits
 // (round to nearest even; every NaN becomes its sign and 0x7E00), in hardware where the target converts
 // (F16C on x86-64 from AVX2 on, NEON), else element by element. The f16 KV cache's store.
