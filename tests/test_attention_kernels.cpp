@@ -113,8 +113,8 @@ TEST(Kernels, GroupedAttentionPrimitivesEqualSeparateCalls) {
         EXPECT_EQ(g32, one32) << "dim=" << dim << " G=" << G;
         EXPECT_EQ(a16, b16) << "dim=" << dim << " G=" << G;
         EXPECT_EQ(a32, b32) << "dim=" << dim << " G=" << G;
-        // The rows in runs (out of place, each weighted from its own offset) in one call: the bits of one
-        // call per run, and of the grouped call over the rows in order.
+        // The rows in runs (stored apart, each weighted from its own offset) in one call: the bits of the
+        // grouped call over the rows in order.
         std::vector<uint16_t> kh_runs(kh.size() + static_cast<size_t>(7 * dim));
         std::vector<float> kf_runs(kh_runs.size());
         const int64_t cuts[] = {0, 4, 5, 13};  // runs of 4, 1 and 8 rows, stored 3 rows apart
