@@ -588,8 +588,8 @@ void BM_AttentionDotsDimMajor(benchmark::State& state) {
 }
 BENCHMARK(BM_AttentionDotsDimMajor)->Arg(1)->Arg(2)->Arg(4)->Arg(6)->Arg(8);
 
-// G queries' value sums over 16-row blocks (arg 1), arg 2 blocks a call (accumulate_runs_f16, as attention
-// weighs a paged cache's blocks).
+// The value sums of G queries (arg 1) over 16-row blocks, arg 2 blocks a call (accumulate_runs_f16, as
+// attention weighs a paged cache's blocks).
 void BM_AttentionValues(benchmark::State& state) {
   const int64_t G = state.range(0), per_call = state.range(1);
   AttentionInputs in(G);
