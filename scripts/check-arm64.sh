@@ -68,6 +68,7 @@ single_threaded+=':Kernels.ActivationQuantizationEdgeCasesAreBitIdenticalOnEvery
 single_threaded+=':Kernels.AttentionPrimitivesMatchScalarOnEveryHighwayTarget'
 single_threaded+=':Kernels.GroupedAttentionPrimitivesEqualSeparateCalls:Kernels.SiluMulMatchesTheScalarFormula'
 single_threaded+=':Kernels.SoftmaxMatchesTheFormulaOnEveryHighwayTarget:Kernels.DotProbeSumsEqualTheReference'
+single_threaded+=':Kernels.RmsNormMatchesTheFormula:Kernels.F32ToF16MatchesTheScalarConversionOnEveryHighwayTarget'
 single_threaded+=':Kernels.DimMajorScoresMatchTheReferenceOnEveryHighwayTarget'
 single_threaded+=':Kernels.FloatTilesKeepEachOutputsBitsOnEveryHighwayTarget'
 single_threaded+=':Kernels.DirectKernelsAreBitIdenticalToUnpackAndDot:Kernels.QuantizedMatmulRowsKeepTheirBitsInEveryWindow'
