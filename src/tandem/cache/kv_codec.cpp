@@ -7,6 +7,7 @@
 
 #include "tandem/kernels/float_kernels.h"
 #include "tandem/kernels/key_blocks.h"
+#include "tandem/kernels/ops.h"
 #include "tandem/tensor/fp16.h"
 #include "tandem/util/error.h"
 
@@ -79,15 +80,10 @@ void store_u16(uint8_t* p, uint16_t v) {
   std::memcpy(p, &v, 2);
 }
 
-// Sums of products in eight interleaved partial sums combined in a fixed tree: the order depends only on n.
+// Sums of products in interleaved_sum8's fixed order (it depends only on n).
 template <typename Elem, typename Load>
 float dot8(const float* q, const Elem* x, int64_t n, Load load) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += q[i + j] * load(x[i + j]);
-  for (int j = 0; i < n; ++i, ++j) acc[j] += q[i] * load(x[i]);
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  return kernels::interleaved_sum8<float>(n, [&](int64_t i) { return q[i] * load(x[i]); });
 }
 
 class F32Codec final : public KvCodec {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tandem/kernels/float_kernels.h"
+#include "tandem/kernels/ops.h"
 #include "tandem/kernels/repack.h"
 #include "tandem/tensor/quant.h"
 #include "tandem/util/error.h"
@@ -47,12 +48,7 @@ const QuantKernels& quant_kernels(Target t) {
 }
 
 float dot_f32(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t k = 0;
-  for (; k + 8 <= n; k += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[k + j] * b[k + j];
-  for (int j = 0; k < n; ++k, ++j) acc[j] += a[k] * b[k];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  return interleaved_sum8<float>(n, [a, b](int64_t i) { return a[i] * b[i]; });
 }
 
 namespace {

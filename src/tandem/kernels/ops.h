@@ -6,6 +6,20 @@
 
 namespace tandem::kernels {
 
+// The sum of term(i) for i < n in eight interleaved partial sums (term i into sum i % 8, the tail after the
+// last whole eight into sums 0..), combined pairwise: an order that depends only on n, the same on every
+// target, which compilers keep in vector registers (with one running sum, each add waits on the one
+// before).
+template <typename Acc, typename Term>
+inline Acc interleaved_sum8(int64_t n, Term term) {
+  Acc acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += term(i + j);
+  for (int j = 0; i < n; ++i, ++j) acc[j] += term(i);
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
 // y = x / sqrt(mean(x^2) + eps) * w   (w may be null: no scaling). x and y may alias. Sum of squares in
 // double, in eight interleaved partial sums combined pairwise (the same order on every target).
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
