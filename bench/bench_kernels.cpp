@@ -25,7 +25,7 @@
 //   RowWorkFloor       the window kernels' per-row work alone (loads, vpdpbusd, convert, scaling), weights in
 //                      registers: the floor of MatmulHot at 8 rows, without the decoding of the weights.
 //   RowWorkFloorPair<2>  the same for the pair tiles (two weight rows sharing each activation load), and
-//                      RowWorkFloorPair<1> for a layout not built, one lane per block over two super-blocks
+//                      RowWorkFloorPair<1> for lane pairs, one lane per block over two super-blocks
 //   RowWorkFloorAvx2<NR>  the same for the AVX2 Q4_0 tiles (vpmaddubsw, vpmaddwd) at NR rows
 //   AttentionDots/G    attention scores of G query heads sharing one KV head against 256 cached f16 key rows
 //                      of 64 dims, in blocks of 16 positions as the paged cache holds them (TinyLlama: G = 8)
@@ -83,10 +83,8 @@ Weights make_weights(DType t, int64_t n, int64_t k) {
     quantize_row(t, row.data(), w.bytes.data() + static_cast<size_t>(o) * rb, k);
   }
   w.view = {t, n, k, rb, w.bytes.data()};
-  if (repack_pays(t, k)) {  // as the model loader repacks them
-    interleave_rows(t, k, w.bytes.data(), w.bytes.size());
-    w.view.interleaved = true;
-  }
+  w.view.form = repack_form(t, k);  // as the model loader repacks them
+  if (w.view.form != WeightForm::kFile) repack_rows(w.view.form, t, k, w.bytes.data(), w.bytes.size());
   return w;
 }
 
@@ -183,7 +181,7 @@ void BM_Unpack(benchmark::State& state) {
   std::vector<UnpackedSuper> buf(static_cast<size_t>(super_count(kK)));
   int64_t o = 0;
   for (auto _ : state) {
-    qk.unpack_row(t, w.view.interleaved, w.view.row(o), kK, qk.signed_q8, buf.data());
+    qk.unpack_row(t, w.view.form, w.view.row(o), kK, qk.signed_q8, buf.data());
     benchmark::DoNotOptimize(buf.data());
     o = (o + 1) % 64;
   }
@@ -193,13 +191,13 @@ void BM_Unpack(benchmark::State& state) {
 
 void BM_QuantizeRow(benchmark::State& state) {
   const int64_t k = state.range(0);
-  const bool per_super = state.range(1) != 0;
+  const auto form = static_cast<ActForm>(state.range(1));
   const Target target = best_target();
   const QuantKernels& qk = quant_kernels(target);
   const auto x = make_activations(1, k);
   std::vector<ActSuper> out(static_cast<size_t>(super_count(k)));
   for (auto _ : state) {
-    qk.quantize_row(x.data(), k, per_super, out.data());
+    qk.quantize_row(x.data(), k, form, out.data());
     benchmark::DoNotOptimize(out.data());
   }
   state.SetLabel(std::string(target_name(target)));
@@ -213,10 +211,11 @@ void BM_DotRows(benchmark::State& state) {
   const int64_t ns = super_count(kK);
   const Weights w = make_weights(DType::Q4_0, 1, kK);
   std::vector<UnpackedSuper> buf(static_cast<size_t>(ns));
-  qk.unpack_row(DType::Q4_0, w.view.interleaved, w.view.row(0), kK, false, buf.data());
+  qk.unpack_row(DType::Q4_0, w.view.form, w.view.row(0), kK, false, buf.data());
   const auto x = make_activations(rows, kK);
   std::vector<ActSuper> act(static_cast<size_t>(ns * rows));
-  for (int64_t r = 0; r < rows; ++r) qk.quantize_row(x.data() + r * kK, kK, false, act.data() + r * ns);
+  for (int64_t r = 0; r < rows; ++r)
+    qk.quantize_row(x.data() + r * kK, kK, ActForm::kBlocks, act.data() + r * ns);
   std::vector<float> y(static_cast<size_t>(rows));
   for (auto _ : state) {
     qk.dot_rows(buf.data(), ns, act.data(), ns, rows, DType::Q4_0, false, y.data(), 1);
@@ -275,7 +274,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void row_work(int64_t n, 
 // The pair tiles' per-row work (accumulate_signed with two weight rows), weights in registers: per two
 // super-blocks (kSupers = 2; n counts super-blocks), activation row and weight row, eight vpdpbusd, and per
 // super-block one convert, scale multiply and FMA, each 32-element block's sum split over two lanes
-// (kBlockLanes 2, as the kernels hold them). With kBlockLanes 1, the floor of a layout not built: one lane
+// (kBlockLanes 2, the interleaved form). With kBlockLanes 1, the floor of lane pairs (repack.h): one lane
 // per block across two super-blocks (the codes of block b in lane b of eight vectors), so one convert,
 // multiply and FMA per two super-blocks. 8 activation rows stay in L1. Items = rows x weight rows x
 // super-blocks.
@@ -328,13 +327,15 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) inline __m512i pieces64(c
 
 // A one-row Q4_0 tile in cache over repacked weight rows in two layouts of the same bytes, each row's result
 // reduced at its end (kLanes: the 32-element block's lanes). kLanes 2: the kernels' form (direct_tile<1>
-// with load_q4_0x_super<true>), per 144-byte super-block the 8 scales converted and permuted onto their two
-// lane groups, two code vectors in pieces split into four nibble quarters, four vpdpbusd from the -8 fold's
-// offset sums, the activation scales, a multiply, a convert and an FMA. kLanes 1: a layout not built, one
-// lane per block across two super-blocks (288 bytes: the 16 scales, then four code vectors whose lane b holds
-// block b's bytes 4v..4v+3), so per two super-blocks one scale convert (no permute), one offset-sum and one
-// activation-scale load, one multiply, convert and FMA. Three L2 prefetches per 144 bytes (five per 288), as
-// the tile issues them 6 KB ahead. Items = weight rows x super-blocks.
+// with load_q4_0x_super<true>, the interleaved form), per 144-byte super-block the 8 scales converted and
+// permuted onto their two lane groups, two code vectors in pieces split into four nibble quarters, four
+// vpdpbusd from the -8 fold's offset sums, the activation scales, a multiply, a convert and an FMA. kLanes 1:
+// lane pairs (repack.h), one lane per block across two super-blocks (288 bytes: the 16 scales, then four code
+// vectors whose lane b holds block b's bytes 4v..4v+3), so per two super-blocks one scale convert (no
+// permute), one offset-sum and one activation-scale load, one multiply, convert and FMA
+// (quant_lane_pairs_avx512.inc, which also splits each block's sum over two dependency chains). Three L2
+// prefetches per 144 bytes (five per 288), as the tile issues them 6 KB ahead. Items = weight rows x
+// super-blocks.
 template <int kLanes>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void one_row_q4_0(int64_t rows, int64_t n_super,
                                                                          const uint8_t* w, const uint8_t* act,
@@ -719,7 +720,7 @@ BENCHMARK(BM_MatmulWidth)->Apply(width_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatmulWidthCold2)->Apply(width_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_MatmulHotTarget)->Apply(matmul_target_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Unpack)->Apply(unpack_args);
-BENCHMARK(BM_QuantizeRow)->ArgsProduct({{2048, 5632}, {0, 1}});
+BENCHMARK(BM_QuantizeRow)->ArgsProduct({{2048, 5632}, {0, 1, 2}});  // ActForm
 BENCHMARK(BM_DotRows)->Apply(dot_args);
 
 }  // namespace

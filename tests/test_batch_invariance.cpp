@@ -75,14 +75,17 @@ TEST(BatchInvariance, WindowsInPassesOverLongRowsKeepTheirBits) {
         for (auto& v : row) v = dist(rng);
         quantize_row(t, row.data(), w.data() + static_cast<size_t>(o) * rb, k);
       }
-      for (bool interleaved : {false, true}) {
-        if (interleaved && !can_interleave(t, k)) continue;
-        if (interleaved) interleave_rows(t, k, w.data(), w.size());
-        const MatrixView view{t, n, k, rb, w.data(), interleaved};
+      const std::vector<uint8_t> file = w;
+      for (WeightForm form : {WeightForm::kFile, WeightForm::kInterleaved, WeightForm::kLanePairs}) {
+        if (form == WeightForm::kInterleaved && !can_interleave(t, k)) continue;
+        if (form == WeightForm::kLanePairs && !can_lane_pair(t, k)) continue;
+        w = file;
+        if (form != WeightForm::kFile) repack_rows(form, t, k, w.data(), w.size());
+        const MatrixView view{t, n, k, rb, w.data(), form};
         for (Target target : runnable_targets()) {
           const QuantKernels& qk = quant_kernels(target);
-          const int64_t most = qk.direct_max_rows(t, interleaved, k, false);
-          const int64_t pass = qk.direct_pass_rows(t, interleaved, k, false);
+          const int64_t most = qk.direct_max_rows(t, form, k, false);
+          const int64_t pass = qk.direct_pass_rows(t, form, k, false);
           EXPECT_TRUE(most == 0 ? pass == 0 : pass >= 1 && pass <= most) << target_name(target);
           MatmulScratch scratch(pool.size(), k, max_rows, target);
           std::vector<float> alone(static_cast<size_t>(max_rows * n));
@@ -93,7 +96,7 @@ TEST(BatchInvariance, WindowsInPassesOverLongRowsKeepTheirBits) {
             matmul(view, x.data(), rows, batch.data(), pool, scratch);
             EXPECT_EQ(0, std::memcmp(batch.data(), alone.data(), batch.size() * sizeof(float)))
                 << dtype_name(t) << " " << target_name(target) << " k=" << k << " rows=" << rows
-                << (interleaved ? " interleaved" : "") << " pass=" << pass;
+                << " form=" << static_cast<int>(form) << " pass=" << pass;
           }
         }
       }

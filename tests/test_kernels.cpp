@@ -38,6 +38,11 @@ using namespace tandem::kernels;
 const DType kQuantTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0,
                              DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
+// The activation form of a weight type in its file form (per-32 or per-256 scales).
+ActForm act_form_of(DType t) {
+  return per_super_activations(t) ? ActForm::kSupers : ActForm::kBlocks;
+}
+
 // Bytes past an aligned address at which test matrices start: misaligned for every vector width, but at the
 // alignment the loader guarantees for the type's data (4 for F32, 2 for the block types, F16 and BF16).
 size_t misalign(DType t) {
@@ -122,8 +127,9 @@ void to_block_lanes(ActSuper& s) {
 
 // The per-32 activation supers of a row of k elements in the target's order: all of them, or with per_super
 // only a partial last one.
-void legacy_act_to_target(const QuantKernels& qk, int64_t k, bool per_super, std::vector<ActSuper>& a) {
-  if (!qk.block_lanes) return;
+void legacy_act_to_target(const QuantKernels& qk, int64_t k, ActForm form, std::vector<ActSuper>& a) {
+  const bool per_super = form == ActForm::kSupers;
+  if (!qk.block_lanes || form == ActForm::kLanePairs) return;  // lane pairs: the same on every target
   for (int64_t i = per_super ? k / kSuper : 0; i < super_count(k); ++i)
     to_block_lanes(a[static_cast<size_t>(i)]);
 }
@@ -141,20 +147,21 @@ TEST(Kernels, UnpackAndActivationQuantizationAreBitIdenticalOnEveryTarget) {
         std::vector<UnpackedSuper> a(ns), b(ns);
         for (int64_t o = 0; o < 3; ++o) {
           std::memset(static_cast<void*>(a.data()), 0xAB, ns * sizeof(UnpackedSuper));
-          ref.unpack_row(t, false, m.view.row(o), k, qk.signed_q8, a.data());
-          qk.unpack_row(t, false, m.view.row(o), k, qk.signed_q8, b.data());
+          ref.unpack_row(t, WeightForm::kFile, m.view.row(o), k, qk.signed_q8, a.data());
+          qk.unpack_row(t, WeightForm::kFile, m.view.row(o), k, qk.signed_q8, b.data());
           if (qk.block_lanes && is_legacy(t))
             for (UnpackedSuper& us : a) to_block_lanes(us);
           EXPECT_EQ(0, std::memcmp(a.data(), b.data(), ns * sizeof(UnpackedSuper)));
         }
         const auto x = make_activations(2, k, 9);
         std::vector<ActSuper> xa(ns), xb(ns);
-        for (bool per_super : {false, true}) {
-          if (per_super && k % 256 != 0) continue;
-          ref.quantize_row(x.data() + 1, k, per_super, xa.data());
-          qk.quantize_row(x.data() + 1, k, per_super, xb.data());
-          legacy_act_to_target(qk, k, per_super, xa);
-          EXPECT_EQ(0, std::memcmp(xa.data(), xb.data(), ns * sizeof(ActSuper)));
+        for (ActForm form : {ActForm::kBlocks, ActForm::kSupers, ActForm::kLanePairs}) {
+          if ((form == ActForm::kSupers && k % 256 != 0) || (form == ActForm::kLanePairs && k % 512 != 0))
+            continue;
+          ref.quantize_row(x.data() + 1, k, form, xa.data());
+          qk.quantize_row(x.data() + 1, k, form, xb.data());
+          legacy_act_to_target(qk, k, form, xa);
+          EXPECT_EQ(0, std::memcmp(xa.data(), xb.data(), ns * sizeof(ActSuper))) << static_cast<int>(form);
         }
       }
     }
@@ -179,11 +186,12 @@ TEST(Kernels, CodesSitAtTheirDocumentedPositions) {
     SCOPED_TRACE(target_name(target));
     const QuantKernels& qk = quant_kernels(target);
     std::vector<UnpackedSuper> w(2);
-    std::vector<ActSuper> a(2), b(2);
-    qk.unpack_row(DType::Q8_0, false, row.data(), k, qk.signed_q8, w.data());
-    qk.quantize_row(x.data(), k, false, a.data());
-    qk.quantize_row(x.data(), k, true, b.data());
-    int32_t block_sums[2][kGroups] = {}, group_sums[2][kGroups] = {};
+    std::vector<ActSuper> a(2), b(2), c(2);
+    qk.unpack_row(DType::Q8_0, WeightForm::kFile, row.data(), k, qk.signed_q8, w.data());
+    qk.quantize_row(x.data(), k, ActForm::kBlocks, a.data());
+    qk.quantize_row(x.data(), k, ActForm::kSupers, b.data());
+    qk.quantize_row(x.data(), k, ActForm::kLanePairs, c.data());
+    int32_t block_sums[2][kGroups] = {}, group_sums[2][kGroups] = {}, pair_sums[kGroups] = {};
     for (int64_t e = 0; e < k; ++e) {
       const UnpackedSuper& ws = w[static_cast<size_t>(e / kSuper)];
       const int i = static_cast<int>(e % kSuper), code = static_cast<int>(x[static_cast<size_t>(e)]);
@@ -195,6 +203,10 @@ TEST(Kernels, CodesSitAtTheirDocumentedPositions) {
       ASSERT_EQ(a[static_cast<size_t>(e / kSuper)].qb[pb], code + 128) << e;  // biased codes
       ASSERT_EQ(b[static_cast<size_t>(e / kSuper)].q[pg], -code) << e;
       ASSERT_EQ(b[static_cast<size_t>(e / kSuper)].qb[pg], 128 - code) << e;
+      const int pe = static_cast<int>(e);
+      ASSERT_EQ(c[static_cast<size_t>(lane_pair_super(pe))].q[lane_pair_position(pe)], code) << e;
+      ASSERT_EQ(c[static_cast<size_t>(lane_pair_super(pe))].qb[lane_pair_position(pe)], code + 128) << e;
+      pair_sums[e / 32] += code;
       block_sums[e / kSuper][code_group(i, legacy)] += code;
       group_sums[e / kSuper][code_group(i, CodeOrder::kGroup)] -= code;
     }
@@ -204,6 +216,13 @@ TEST(Kernels, CodesSitAtTheirDocumentedPositions) {
         EXPECT_EQ(a[static_cast<size_t>(s)].offset_sums[0][g], -8 * block_sums[s][g]);
         EXPECT_EQ(b[static_cast<size_t>(s)].bs[g], static_cast<float>(group_sums[s][g]) * -1.0f);
       }
+    for (int g = 0; g < kGroups; ++g) {  // lane pairs: block g's scale and sums in the first super only
+      EXPECT_EQ(c[0].d[g], 1.0f);
+      EXPECT_EQ(c[0].bs[g], static_cast<float>(pair_sums[g]));
+      EXPECT_EQ(c[0].offset_sums[0][g], -8 * pair_sums[g]);
+      EXPECT_EQ(c[1].d[g], 0.0f);
+      EXPECT_EQ(c[1].offset_sums[0][g], 0);
+    }
   }
 }
 
@@ -246,8 +265,8 @@ TEST(Kernels, KQuantUnpackIsBitIdenticalOnRandomBlocks) {
           const uint8_t* row = base + static_cast<size_t>(r) * rb;
           std::memset(static_cast<void*>(a.data()), 0xAB, a.size() * sizeof(UnpackedSuper));
           std::memset(static_cast<void*>(got.data()), 0xCD, got.size() * sizeof(UnpackedSuper));
-          ref.unpack_row(l.type, false, row, k, qk.signed_q8, a.data());
-          qk.unpack_row(l.type, false, row, k, qk.signed_q8, got.data());
+          ref.unpack_row(l.type, WeightForm::kFile, row, k, qk.signed_q8, a.data());
+          qk.unpack_row(l.type, WeightForm::kFile, row, k, qk.signed_q8, got.data());
           EXPECT_EQ(0, std::memcmp(a.data(), got.data(), a.size() * sizeof(UnpackedSuper)));
         }
       }
@@ -275,13 +294,14 @@ TEST(Kernels, DirectKernelsAreBitIdenticalToUnpackAndDot) {
       // at 5632). The legacy types also at widths with a partial last super-block (its copy padded with zero
       // blocks, quant_direct_x86.inc): under one super-block, Qwen2.5-0.5B's 896, and 5664 (past the
       // column-chunk threshold, which such rows do not take); 480 for a partial super-block of 7 blocks.
-      // Both forms of the types with a repacked one (kernels/repack.h).
+      // Both forms of the types with an interleaved one (kernels/repack.h; lane pairs: the next test).
       std::vector<int64_t> widths = {256, 768, 2304, 5632};
       if (is_legacy(t)) widths.insert(widths.end(), {32, 96, 480, 896, 5664});
       for (int64_t k : widths)
-        for (bool interleaved : {false, true}) {
+        for (WeightForm form : {WeightForm::kFile, WeightForm::kInterleaved}) {
+          const bool interleaved = form == WeightForm::kInterleaved;
           if (interleaved && !can_interleave(t, k)) continue;
-          const int64_t max_rows = qk.direct_max_rows(t, interleaved, k, signed_codes);
+          const int64_t max_rows = qk.direct_max_rows(t, form, k, signed_codes);
           if (max_rows == 0) continue;
           SCOPED_TRACE(std::string(target_name(target)) + " " + std::string(dtype_name(t)) +
                        " k=" + std::to_string(k) + (interleaved ? " interleaved" : ""));
@@ -289,23 +309,23 @@ TEST(Kernels, DirectKernelsAreBitIdenticalToUnpackAndDot) {
           TestMatrix m = make_matrix(t, n, k, 17);
           if (interleaved) {
             interleave_rows(t, k, m.storage.data() + misalign(t), m.view.bytes());
-            m.view.interleaved = true;
+            m.view.form = form;
           }
           const auto x = make_activations(max_rows, k, 19);
           std::vector<ActSuper> act(static_cast<size_t>(ns * max_rows));
           for (int64_t r = 0; r < max_rows; ++r)
-            qk.quantize_row(x.data() + 1 + r * k, k, per_super_activations(t), act.data() + r * ns);
+            qk.quantize_row(x.data() + 1 + r * k, k, act_form_of(t), act.data() + r * ns);
           std::vector<UnpackedSuper> buf(static_cast<size_t>(ns));
           for (int64_t rows = 1; rows <= max_rows; ++rows) {
             std::vector<float> want(static_cast<size_t>(rows * n)), got(want.size());
             for (int64_t o = 0; o < n; ++o) {
-              qk.unpack_row(t, interleaved, m.view.row(o), k, signed_codes, buf.data());
+              qk.unpack_row(t, form, m.view.row(o), k, signed_codes, buf.data());
               qk.dot_rows(buf.data(), ns, act.data(), ns, rows, t, signed_codes, want.data() + o, n);
             }
             for (const PrefetchReach reach : {PrefetchReach::kNear, PrefetchReach::kFar}) {
               std::fill(got.begin(), got.end(), -1.0f);
-              qk.direct_rows(t, interleaved, m.view.row(0), static_cast<int64_t>(m.view.row_bytes), n, k,
-                             act.data(), ns, rows, got.data(), n, reach);
+              qk.direct_rows(t, form, m.view.row(0), static_cast<int64_t>(m.view.row_bytes), n, k, act.data(),
+                             ns, rows, got.data(), n, reach);
               EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
                   << "rows=" << rows << " far=" << (reach == PrefetchReach::kFar);
             }
@@ -313,6 +333,62 @@ TEST(Kernels, DirectKernelsAreBitIdenticalToUnpackAndDot) {
         }
     }
   }
+}
+
+// Q4_0 in lane pairs, on the targets that read them (QuantKernels::lane_pairs): every window of up to
+// direct_max_rows rows (one weight row or two a tile, unsigned or signed codes, column chunks at 5632) gives
+// each row the bits it has alone, with either prefetch reach; and one row's result equals the same target's
+// interleaved-form result within the float-order tolerance (the same integer sums, summed per block instead
+// of per half-block).
+TEST(Kernels, LanePairKernelsKeepTheirBitsAndMatchTheInterleavedForm) {
+  const DType t = DType::Q4_0;
+  int tested = 0;
+  for (Target target : runnable_targets()) {
+    const QuantKernels& qk = quant_kernels(target);
+    if (!qk.lane_pairs) continue;
+    for (int64_t k : {512, 2048, 5632}) {
+      SCOPED_TRACE(std::string(target_name(target)) + " k=" + std::to_string(k));
+      const int64_t max_rows = qk.direct_max_rows(t, WeightForm::kLanePairs, k, false);
+      ASSERT_EQ(max_rows, 8);
+      const int64_t n = 37, ns = super_count(k);
+      TestMatrix m = make_matrix(t, n, k, 41), mi = make_matrix(t, n, k, 41);
+      repack_rows(WeightForm::kLanePairs, t, k, m.storage.data() + misalign(t), m.view.bytes());
+      m.view.form = WeightForm::kLanePairs;
+      interleave_rows(t, k, mi.storage.data() + misalign(t), mi.view.bytes());
+      const auto x = make_activations(max_rows, k, 43);
+      std::vector<ActSuper> act(static_cast<size_t>(ns * max_rows)), blocks(act.size());
+      for (int64_t r = 0; r < max_rows; ++r) {
+        qk.quantize_row(x.data() + 1 + r * k, k, ActForm::kLanePairs, act.data() + r * ns);
+        qk.quantize_row(x.data() + 1 + r * k, k, ActForm::kBlocks, blocks.data() + r * ns);
+      }
+      std::vector<float> alone(static_cast<size_t>(max_rows * n)), inter(alone.size());
+      for (int64_t r = 0; r < max_rows; ++r) {
+        qk.direct_rows(t, WeightForm::kLanePairs, m.view.row(0), static_cast<int64_t>(m.view.row_bytes), n, k,
+                       act.data() + r * ns, ns, 1, alone.data() + r * n, n, PrefetchReach::kNear);
+        qk.direct_rows(t, WeightForm::kInterleaved, mi.view.row(0), static_cast<int64_t>(mi.view.row_bytes),
+                       n, k, blocks.data() + r * ns, ns, 1, inter.data() + r * n, n, PrefetchReach::kNear);
+      }
+      for (int64_t r = 0; r < max_rows; ++r)
+        for (int64_t o = 0; o < n; ++o) {
+          double mag = 0;
+          for (int64_t i = 0; i < k; ++i)
+            mag +=
+                std::fabs(m.dequant[static_cast<size_t>(o * k + i)] * x[static_cast<size_t>(1 + r * k + i)]);
+          const size_t at = static_cast<size_t>(r * n + o);
+          ASSERT_NEAR(alone[at], inter[at], 1e-5 * mag + 1e-6) << "r=" << r << " o=" << o;
+        }
+      for (int64_t rows = 1; rows <= max_rows; ++rows)
+        for (const PrefetchReach reach : {PrefetchReach::kNear, PrefetchReach::kFar}) {
+          std::vector<float> got(static_cast<size_t>(rows * n), -1.0f);
+          qk.direct_rows(t, WeightForm::kLanePairs, m.view.row(0), static_cast<int64_t>(m.view.row_bytes), n,
+                         k, act.data(), ns, rows, got.data(), n, reach);
+          EXPECT_EQ(0, std::memcmp(got.data(), alone.data(), got.size() * sizeof(float)))
+              << "rows=" << rows << " far=" << (reach == PrefetchReach::kFar);
+        }
+      ++tested;
+    }
+  }
+  if (tested == 0) GTEST_SKIP() << "no target here reads lane pairs";
 }
 
 // Each target's unpacked kernels (unpack_row + dot_rows, on a single thread) against the scalar target's
@@ -328,11 +404,11 @@ TEST(Kernels, DotRowsMatchScalarAndDoNotDependOnTheWindow) {
       const auto x = make_activations(kRows, k, 29);
       std::vector<ActSuper> act(static_cast<size_t>(ns * kRows));
       for (int64_t r = 0; r < kRows; ++r)
-        ref.quantize_row(x.data() + 1 + r * k, k, per_super_activations(t), act.data() + r * ns);
+        ref.quantize_row(x.data() + 1 + r * k, k, act_form_of(t), act.data() + r * ns);
       std::vector<UnpackedSuper> buf(static_cast<size_t>(ns));
       std::vector<float> want(static_cast<size_t>(kRows * kOut));
       for (int64_t o = 0; o < kOut; ++o) {
-        ref.unpack_row(t, false, m.view.row(o), k, false, buf.data());
+        ref.unpack_row(t, WeightForm::kFile, m.view.row(o), k, false, buf.data());
         ref.dot_rows(buf.data(), ns, act.data(), ns, kRows, t, false, want.data() + o, kOut);
       }
       std::vector<float> neon(static_cast<size_t>(kRows * kOut));  // the NEON target's rows
@@ -345,7 +421,7 @@ TEST(Kernels, DotRowsMatchScalarAndDoNotDependOnTheWindow) {
         if (qk.block_lanes && is_legacy(t))
           for (ActSuper& as : own) to_block_lanes(as);
         for (int64_t o = 0; o < kOut; ++o) {
-          qk.unpack_row(t, false, m.view.row(o), k, signed_codes, buf.data());
+          qk.unpack_row(t, WeightForm::kFile, m.view.row(o), k, signed_codes, buf.data());
           std::vector<float> alone(static_cast<size_t>(kRows));
           for (int64_t r = 0; r < kRows; ++r)
             qk.dot_rows(buf.data(), ns, own.data() + r * ns, ns, 1, t, signed_codes, &alone[r], 1);
@@ -440,12 +516,14 @@ TEST(Kernels, QuantizedMatmulRowsKeepTheirBitsInEveryWindow) {
         const auto xbuf = make_activations(max_rows, k, 37);
         const float* x = xbuf.data() + 1;
         MatmulScratch scratch(pool.size(), k, max_rows, target);
-        for (bool interleaved : {false, true}) {  // both forms of the types with a repacked one (repack.h)
-          if (interleaved && !can_interleave(t, k)) continue;
+        // Every form of the types with a repacked one (repack.h).
+        for (WeightForm form : {WeightForm::kFile, WeightForm::kInterleaved, WeightForm::kLanePairs}) {
+          if (form == WeightForm::kInterleaved && !can_interleave(t, k)) continue;
+          if (form == WeightForm::kLanePairs && !can_lane_pair(t, k)) continue;
           TestMatrix m = make_matrix(t, n, k, 31);
-          if (interleaved) {
-            interleave_rows(t, k, m.storage.data() + misalign(t), m.view.bytes());
-            m.view.interleaved = true;
+          if (form != WeightForm::kFile) {
+            repack_rows(form, t, k, m.storage.data() + misalign(t), m.view.bytes());
+            m.view.form = form;
           }
           std::vector<float> alone(static_cast<size_t>(max_rows * n));
           for (int64_t r = 0; r < max_rows; ++r)
@@ -454,7 +532,7 @@ TEST(Kernels, QuantizedMatmulRowsKeepTheirBitsInEveryWindow) {
             std::vector<float> got(static_cast<size_t>(rows * n));
             matmul(m.view, x, rows, got.data(), pool, scratch);
             EXPECT_EQ(0, std::memcmp(got.data(), alone.data(), got.size() * sizeof(float)))
-                << "rows=" << rows << (interleaved ? " interleaved" : "");
+                << "rows=" << rows << " form=" << static_cast<int>(form);
           }
         }
       }
@@ -559,13 +637,14 @@ TEST(Kernels, ActivationQuantizationEdgeCasesAreBitIdenticalOnEveryTarget) {
     const QuantKernels& qk = quant_kernels(target);
     for (bool per_super : {false, true}) {
       SCOPED_TRACE(std::string(target_name(target)) + (per_super ? " per-super" : " per-32"));
+      const ActForm form = per_super ? ActForm::kSupers : ActForm::kBlocks;
       std::vector<ActSuper> a(ns), b(ns);
       std::memset(static_cast<void*>(a.data()), 0xAB, ns * sizeof(ActSuper));
       std::memset(static_cast<void*>(b.data()), 0xCD, ns * sizeof(ActSuper));
       // The per-super form covers whole supers only; the partial last super takes per-32 scales.
-      ref.quantize_row(x.data(), k, per_super, a.data());
-      qk.quantize_row(x.data(), k, per_super, b.data());
-      legacy_act_to_target(qk, k, per_super, a);
+      ref.quantize_row(x.data(), k, form, a.data());
+      qk.quantize_row(x.data(), k, form, b.data());
+      legacy_act_to_target(qk, k, form, a);
       EXPECT_EQ(0, std::memcmp(a.data(), b.data(), ns * sizeof(ActSuper)));
     }
   }

@@ -1,6 +1,7 @@
-// Weights repacked at load (kernels/repack.h): the interleaved form round-trips to the file bytes, every
-// element lands where the header says, and a matmul over the repacked matrix has the bits of the file form's
-// on every target and row class (decode, windows, prefill chunks).
+// Weights repacked at load (kernels/repack.h): the repacked forms round-trip to the file bytes, every element
+// lands where the header says, and a matmul over an interleaved matrix has the bits of the file form's on
+// every target and row class (decode, windows, prefill chunks), over lane pairs the same within the
+// float-order tolerance.
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -35,6 +36,14 @@ std::vector<uint8_t> quantized_rows(DType t, int64_t rows, int64_t cols, uint32_
     quantize_row(t, row.data(), bytes.data() + static_cast<size_t>(o) * rb, cols);
   }
   return bytes;
+}
+
+std::vector<float> normal_floats(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) v = dist(rng);
+  return x;
 }
 
 TEST(Repack, WholeSuperBlocksOfTheTypesWithARepackedForm) {
@@ -86,7 +95,7 @@ TEST(Repack, RoundTripsAndPlacesEveryByte) {
               << "code byte " << i << " of block " << j;
       }
     }
-    const MatrixView view{t, 1, 3 * 256, 3 * sb, packed.data(), true};
+    const MatrixView view{t, 1, 3 * 256, 3 * sb, packed.data(), WeightForm::kInterleaved};
     std::vector<uint8_t> back(file.size());
     file_form_row(view, 0, back.data());
     EXPECT_EQ(file, back);
@@ -109,7 +118,7 @@ Packed random_pair_packed(DType t, uint32_t seed) {
 
 // file_form_row gives the file's bytes back.
 void expect_round_trip(DType t, const Packed& p) {
-  const MatrixView view{t, 1, 512, p.file.size(), p.packed.data(), true};
+  const MatrixView view{t, 1, 512, p.file.size(), p.packed.data(), WeightForm::kInterleaved};
   std::vector<uint8_t> back(p.file.size());
   file_form_row(view, 0, back.data());
   EXPECT_EQ(p.file, back);
@@ -232,16 +241,13 @@ TEST(Repack, MatmulIsBitIdenticalToTheFileFormOnEveryTarget) {
       std::vector<uint8_t> packed = file;
       interleave_rows(t, k, packed.data(), packed.size());
       const size_t rb = row_bytes(t, k);
-      const MatrixView a{t, n, k, rb, file.data()}, b{t, n, k, rb, packed.data(), true};
+      const MatrixView a{t, n, k, rb, file.data()}, b{t, n, k, rb, packed.data(), WeightForm::kInterleaved};
       std::vector<uint8_t> back(rb);
       for (int64_t r : {int64_t{0}, n - 1}) {
         file_form_row(b, r, back.data());
         EXPECT_EQ(0, std::memcmp(back.data(), file.data() + static_cast<size_t>(r) * rb, rb)) << "row " << r;
       }
-      std::mt19937 rng(5);
-      std::normal_distribution<float> dist(0.0f, 1.0f);
-      std::vector<float> x(static_cast<size_t>(70 * k));
-      for (auto& v : x) v = dist(rng);
+      const std::vector<float> x = normal_floats(70 * k, 5);
       for (Target target : runnable_targets()) {
         MatmulScratch scratch(pool.size(), k, 70, target);
         for (int64_t rows : {1, 2, 3, 5, 8, 9, 16, 70}) {
@@ -258,6 +264,67 @@ TEST(Repack, MatmulIsBitIdenticalToTheFileFormOnEveryTarget) {
       matmul_reference(a, x.data(), 2, ra.data());
       matmul_reference(b, x.data(), 2, rb2.data());
       EXPECT_EQ(ra, rb2);
+    }
+  }
+}
+
+// Q4_0 in lane pairs: every byte where repack.h puts it, the rows back to the file's bytes, and a matmul over
+// them, on every target and row class, within the float-order tolerance of the file form's (each block summed
+// in one lane, not in two half-block lanes). The form is chosen only where the kernels read it directly.
+TEST(Repack, LanePairsPlaceEveryByteAndMatchTheFileForm) {
+  const DType t = DType::Q4_0;
+  EXPECT_FALSE(can_lane_pair(t, 256));
+  EXPECT_FALSE(can_lane_pair(t, 896));
+  EXPECT_FALSE(can_lane_pair(DType::Q8_0, 2048));
+  EXPECT_TRUE(can_lane_pair(t, 512));
+  EXPECT_TRUE(can_lane_pair(t, 5632));
+  const bool reads = quant_kernels(best_target()).lane_pairs;
+  EXPECT_EQ(repack_form(t, 2048) == WeightForm::kLanePairs, reads);
+  EXPECT_NE(repack_form(t, 896), WeightForm::kLanePairs);
+  ThreadPool pool(2);
+  for (int64_t k : {512, 2048, 5632}) {
+    SCOPED_TRACE("k=" + std::to_string(k));
+    const int64_t n = 45;
+    const std::vector<uint8_t> file = quantized_rows(t, n, k, 7);
+    std::vector<uint8_t> packed = file;
+    repack_rows(WeightForm::kLanePairs, t, k, packed.data(), packed.size());
+    const size_t rb = row_bytes(t, k);
+    for (size_t pair = 0; pair < file.size() / kLanePairBytes; pair += 7) {
+      const uint8_t* f = file.data() + pair * kLanePairBytes;
+      const uint8_t* p = packed.data() + pair * kLanePairBytes;
+      for (size_t b = 0; b < 16; ++b) {
+        const uint8_t* blk = f + b * sizeof(BlockQ4_0);
+        EXPECT_EQ(0, std::memcmp(p + 2 * b, blk, 2)) << "scale of block " << b;
+        for (size_t j = 0; j < 16; ++j)
+          EXPECT_EQ(p[32 + 64 * (j / 4) + 4 * b + j % 4], blk[2 + j]) << "block " << b << " byte " << j;
+      }
+    }
+    const MatrixView a{t, n, k, rb, file.data()}, b{t, n, k, rb, packed.data(), WeightForm::kLanePairs};
+    std::vector<uint8_t> back(rb);
+    for (int64_t r = 0; r < n; ++r) {
+      file_form_row(b, r, back.data());
+      ASSERT_EQ(0, std::memcmp(back.data(), file.data() + static_cast<size_t>(r) * rb, rb)) << "row " << r;
+    }
+    std::vector<float> deq(static_cast<size_t>(n * k));
+    for (int64_t r = 0; r < n; ++r)
+      dequantize_row(t, file.data() + static_cast<size_t>(r) * rb, deq.data() + r * k, k);
+    const std::vector<float> x = normal_floats(70 * k, 5);
+    for (Target target : runnable_targets()) {
+      MatmulScratch scratch(pool.size(), k, 70, target);
+      for (int64_t rows : {1, 2, 3, 5, 8, 9, 16, 70}) {
+        SCOPED_TRACE(std::string(target_name(target)) + " rows=" + std::to_string(rows));
+        std::vector<float> ya(static_cast<size_t>(rows * n)), yb(ya.size());
+        matmul(a, x.data(), rows, ya.data(), pool, scratch);
+        matmul(b, x.data(), rows, yb.data(), pool, scratch);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t o = 0; o < n; ++o) {
+            double mag = 0;
+            for (int64_t i = 0; i < k; ++i)
+              mag += std::fabs(deq[static_cast<size_t>(o * k + i)] * x[r * k + i]);
+            const size_t at = static_cast<size_t>(r * n + o);
+            ASSERT_NEAR(ya[at], yb[at], 1e-5 * mag + 1e-6) << "r=" << r << " o=" << o;
+          }
+      }
     }
   }
 }
@@ -289,11 +356,11 @@ TEST(Repack, LoaderRepacksWhereItPaysAndNeverWritesTheFile) {
       if (w.output.data != w.tok_embd.data) matrices.push_back(&w.output);  // a head of its own
       int repacked = 0;
       for (const MatrixView* m : matrices) {
-        EXPECT_EQ(m->interleaved, repack_pays(m->type, m->cols));
-        repacked += m->interleaved ? 1 : 0;
+        EXPECT_EQ(m->form, repack_form(m->type, m->cols));
+        repacked += m->form != WeightForm::kFile ? 1 : 0;
       }
-      EXPECT_GT(repacked, 0);                // each of these files has Q8_0, Q4_K or Q6_K matrices
-      EXPECT_FALSE(w.tok_embd.interleaved);  // read row by row: keeps the file's form
+      EXPECT_GT(repacked, 0);                         // each of these files has Q8_0, Q4_K or Q6_K matrices
+      EXPECT_EQ(w.tok_embd.form, WeightForm::kFile);  // read row by row: keeps the file's form
       ThreadPool pool(2);
       engine::Session session(*model, pool, engine::SessionOptions{});
       const std::vector<int32_t> prompt = {1, 17, 300, 5, 42};

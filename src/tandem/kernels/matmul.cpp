@@ -53,13 +53,19 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 
 namespace {
 
+// The activation form a quantized matrix meets on a target (ActForm).
+ActForm activation_form(const QuantKernels& qk, const MatrixView& w) {
+  if (per_super_activations(w.type)) return ActForm::kSupers;
+  return w.form == WeightForm::kLanePairs && qk.lane_pairs ? ActForm::kLanePairs : ActForm::kBlocks;
+}
+
 // Whether the matrices can share one quantized copy of the activations (same width, same activation form).
-bool shares_activations(std::span<const MatmulOut> outs) {
+bool shares_activations(const QuantKernels& qk, std::span<const MatmulOut> outs) {
   const MatrixView& w0 = *outs[0].w;
   if (!is_quantized_weight(w0.type)) return false;
   for (const MatmulOut& o : outs)
     if (!is_quantized_weight(o.w->type) || o.w->cols != w0.cols ||
-        per_super_activations(o.w->type) != per_super_activations(w0.type))
+        activation_form(qk, *o.w) != activation_form(qk, w0))
       return false;
   return true;
 }
@@ -86,7 +92,7 @@ void quant_rows(const QuantKernels& qk, const MatrixView& w, const ActSuper* act
   // one block of kOutputGrain weight rows before the next, so that later passes read those rows from the L2
   // cache (over a thread's whole share, 1-2 MB at TinyLlama's FFN, they came from memory again). Targets
   // whose direct kernels take no passes (QuantKernels::direct_prefill) unpack the rows of wider matmuls.
-  const int64_t direct = qk.direct_pass_rows(w.type, w.interleaved, K, signed_codes);
+  const int64_t direct = qk.direct_pass_rows(w.type, w.form, K, signed_codes);
   if (direct > 0 && (n_rows <= direct || qk.direct_prefill)) {
     const int64_t passes = (n_rows + direct - 1) / direct;
     const int64_t block = passes == 1 ? o1 - o0 : kOutputGrain;
@@ -94,18 +100,21 @@ void quant_rows(const QuantKernels& qk, const MatrixView& w, const ActSuper* act
       const int64_t b1 = std::min(o1, b0 + block);
       for (int64_t p = 0, r0 = 0; p < passes; ++p) {
         const int64_t nr = (n_rows - r0) / (passes - p);
-        qk.direct_rows(w.type, w.interleaved, w.row(b0), static_cast<int64_t>(w.row_bytes), b1 - b0, K,
+        qk.direct_rows(w.type, w.form, w.row(b0), static_cast<int64_t>(w.row_bytes), b1 - b0, K,
                        act + r0 * ns, ns, nr, y + r0 * N + b0, N, reach);
         r0 += nr;
       }
     }
     return;
   }
+  // (Lane-pair activations meet only the direct kernels, which take every row count.)
+  TANDEM_CHECK(!(w.form == WeightForm::kLanePairs && qk.lane_pairs),
+               "matmul: lane pairs without direct kernels");
   const int64_t chunk = n_rows <= kMaxWindowRows ? n_rows : kPrefillChunk;
   for (int64_t r0 = 0; r0 < n_rows; r0 += chunk) {
     const int64_t nr = std::min(chunk, n_rows - r0);
     for (int64_t o = o0; o < o1; ++o) {
-      qk.unpack_row(w.type, w.interleaved, w.row(o), K, signed_codes, buf);
+      qk.unpack_row(w.type, w.form, w.row(o), K, signed_codes, buf);
       qk.dot_rows(buf, ns, act + r0 * ns, ns, nr, w.type, signed_codes, y + r0 * N + o, N);
     }
   }
@@ -116,7 +125,8 @@ void quant_rows(const QuantKernels& qk, const MatrixView& w, const ActSuper* act
 void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t n_rows, ThreadPool& pool,
                   MatmulScratch& scratch) {
   if (n_rows <= 0 || outs.empty()) return;
-  if (!shares_activations(outs)) {
+  const QuantKernels& qk = quant_kernels(scratch.target());
+  if (!shares_activations(qk, outs)) {
     for (const MatmulOut& o : outs) {
       if (is_quantized_weight(o.w->type)) {
         matmul_group(std::span<const MatmulOut>(&o, 1), x, n_rows, pool, scratch);
@@ -129,9 +139,8 @@ void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t n_row
   const int64_t K = outs[0].w->cols;
   TANDEM_CHECK(K <= scratch.max_cols(), "matmul scratch too small");
   scratch.reserve_rows(n_rows);
-  const QuantKernels& qk = quant_kernels(scratch.target());
   const int64_t ns = super_count(K);
-  const bool per_super = per_super_activations(outs[0].w->type);
+  const ActForm form = activation_form(qk, *outs[0].w);
   ActSuper* act = scratch.activations();
 
   // Each activation row is quantized once per call: the rows of a wide call in parallel into the shared
@@ -147,7 +156,7 @@ void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t n_row
   const uint64_t call = scratch.next_call();
   if (!own) {
     pool.parallel_for(n_rows, 1, [&](int64_t r0, int64_t r1, int) {
-      for (int64_t r = r0; r < r1; ++r) qk.quantize_row(x + r * K, K, per_super, act + r * ns);
+      for (int64_t r = r0; r < r1; ++r) qk.quantize_row(x + r * K, K, form, act + r * ns);
     });
   }
 
@@ -167,7 +176,7 @@ void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t n_row
     if (own) {
       ActSuper* mine = scratch.own_activations(thread);
       if (scratch.fill_own(thread, call))
-        for (int64_t r = 0; r < n_rows; ++r) qk.quantize_row(x + r * K, K, per_super, mine + r * ns);
+        for (int64_t r = 0; r < n_rows; ++r) qk.quantize_row(x + r * K, K, form, mine + r * ns);
       a = mine;
     }
     int64_t first = 0;  // first unit of the current matrix

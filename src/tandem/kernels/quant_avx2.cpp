@@ -182,10 +182,10 @@ inline void unpack_supers(const uint8_t* row, int64_t n_super, UnpackedSuper* ou
   }
 }
 
-void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
+void quantize_row(const float* x, int64_t k, ActForm form, ActSuper* out) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   int64_t j = 0;  // 32-element blocks done
-  if (per_super) {
+  if (form == ActForm::kSupers) {
     for (; (j + 8) * 32 <= k; j += 8) {
       ActSuper& s = out[j / 8];
       const float* xs = x + j * 32;
@@ -243,6 +243,8 @@ void quantize_row(const float* x, int64_t k, bool per_super, ActSuper* out) {
     if (j % 8 == 7) interleave_blocks(reinterpret_cast<uint8_t*>(s.q));
   }
   if (nb % 8 != 0) finish_partial_super(out[nb / 8], static_cast<int>(nb % 8) * 32);
+  if (form == ActForm::kLanePairs)  // (this target never reads them: QuantKernels::lane_pairs)
+    for (int64_t i = 0; i + 1 < super_count(k); i += 2) to_lane_pairs(out + i);
   bias_codes(out, super_count(k));
 }
 
@@ -582,7 +584,9 @@ constexpr auto tail_signed() {
 
 #include "tandem/kernels/quant_direct_x86.inc"
 
-int64_t direct_max_rows(DType type, bool interleaved, int64_t k, bool signed_q8) {
+int64_t direct_max_rows(DType type, WeightForm form, int64_t k, bool signed_q8) {
+  if (form == WeightForm::kLanePairs) return 0;  // read through the file form (unpack_row)
+  const bool interleaved = form == WeightForm::kInterleaved;
   // Repacked Q4_1, Q5_0 and Q5_1, and repacked rows with a partial last super-block (repacked where the
   // AVX-512 kernels run), have no loader here: they take the unpacked path.
   const bool no_form = type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1 || k % kSuper != 0;
@@ -614,8 +618,8 @@ int64_t direct_max_rows(DType type, bool interleaved, int64_t k, bool signed_q8)
 //  - The offset types: kDirectRowsOffset.
 constexpr int64_t kPassRows = 5;
 
-int64_t direct_pass_rows(DType type, bool interleaved, int64_t k, bool signed_q8) {
-  return std::min(kPassRows, direct_max_rows(type, interleaved, k, signed_q8));
+int64_t direct_pass_rows(DType type, WeightForm form, int64_t k, bool signed_q8) {
+  return std::min(kPassRows, direct_max_rows(type, form, k, signed_q8));
 }
 
 void dot_rows(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, int64_t x_stride, int64_t n_rows,

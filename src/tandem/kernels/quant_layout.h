@@ -35,12 +35,19 @@
 //    scaling per block instead of two. Lane L's block is kLaneBlock[L] = 0, 1, 4, 5, 2, 3, 6, 7: the order
 //    one 32-bit shuffle per vector pair gives from block order. Lane group L is block kLaneBlock[L]; groups 8
 //    to 15 of the arrays are zero.
-// The per-group arrays below (a, b, d, bs, offset_sums) are indexed by lane group in each order.
+// And one order over a pair of supers (512 elements), lane pairs, the AVX-512 target's form of Q4_0 rows
+// whose width is a multiple of 512 (WeightForm::kLanePairs) and of their activations (ActForm::kLanePairs):
+// vector v < 8 of the pair (vectors 0..3 in the first super, 4..7 in the second) holds element 32 * b + 4 * v
+// + i of the pair at position 64 * (v % 4) + 4 * b + i (b < 16 the block, i < 4), so that 32-bit lane b holds
+// block b throughout and a block's eight vectors' integer sums add up lane by lane before one float scaling
+// per block. Lane group b is block b, kept in the first super's arrays; the second super's are zero. The
+// per-group arrays below (a, b, d, bs, offset_sums) are indexed by lane group in each order.
 #pragma once
 
 #include <cstdint>
 
 #include "tandem/tensor/dtype.h"
+#include "tandem/tensor/weight.h"
 
 namespace tandem::kernels {
 
@@ -76,6 +83,19 @@ constexpr int fold_index(int fold) {
 }
 
 enum class CodeOrder { kGroup, kBlock, kBlockLanes };
+
+// How a matmul's activation rows are quantized: per-32 scales in the target's legacy order (block order or
+// block lanes), per-256 scales in group order (K-quant weights), or per-32 scales in lane pairs (Q4_0 rows in
+// their lane-pair form, on targets that read it: QuantKernels::lane_pairs).
+enum class ActForm : uint8_t { kBlocks, kSupers, kLanePairs };
+
+// Super (0 or 1) and position in its codes of element e < 512 of a pair of supers in lane pairs.
+constexpr int lane_pair_super(int e) {
+  return (e % 32) / 16;
+}
+constexpr int lane_pair_position(int e) {
+  return 64 * ((e % 16) / 4) + 4 * (e / 32) + e % 4;
+}
 
 // The block of lane L in block lanes (its own inverse: also the lane of block L).
 constexpr int kLaneBlock[8] = {0, 1, 4, 5, 2, 3, 6, 7};
@@ -132,12 +152,13 @@ struct QuantKernels {
   bool block_lanes;  // the legacy types and per-32 activations in block lanes, not block order
   // Unpacks one weight row of k elements (k a multiple of the type's block size) into super_count(k) supers;
   // the tail of the last super is zero.
-  // interleaved: the row is in the repacked form of repack.h (Q4_0, Q8_0, Q4_K, Q6_K).
-  void (*unpack_row)(DType type, bool interleaved, const uint8_t* row, int64_t k, bool signed_q8,
+  // form: the file's or a repacked form of repack.h (WeightForm).
+  void (*unpack_row)(DType type, WeightForm form, const uint8_t* row, int64_t k, bool signed_q8,
                      UnpackedSuper* out);
   // Quantizes one activation row of k floats into super_count(k) supers (tail zero): one scale per 32
-  // elements, or with per_super one per 256 (for K-quant weights, as the reference's Q8_K).
-  void (*quantize_row)(const float* x, int64_t k, bool per_super, ActSuper* out);
+  // elements, or with ActForm::kSupers one per 256 (for K-quant weights, as the reference's Q8_K); in lane
+  // pairs, k is a multiple of 512.
+  void (*quantize_row)(const float* x, int64_t k, ActForm form, ActSuper* out);
   // y[r * y_stride] = dot(w, x + r * x_stride) for r < n_rows: w and each x row span n_super supers.
   // `type` is the weight type the row was unpacked from (a target may fold its fixed offset into the integer
   // sums).
@@ -148,12 +169,12 @@ struct QuantKernels {
   // direct_max_rows rows (0: no direct kernel for this type and k): y[r * y_stride + o] for o < n_out, r <
   // n_rows. Each result is bit-identical to unpack_row + dot_rows. reach: the prefetch distance of the
   // one- and two-row kernels (PrefetchReach).
-  int64_t (*direct_max_rows)(DType type, bool interleaved, int64_t k, bool signed_q8);
+  int64_t (*direct_max_rows)(DType type, WeightForm form, int64_t k, bool signed_q8);
   // The most rows one pass of the direct kernels should take (at most direct_max_rows): fewer where the
   // activations of more rows would not stay in the L1 cache beside the weights (wider windows then run in
   // passes of near-equal size, matmul.cpp).
-  int64_t (*direct_pass_rows)(DType type, bool interleaved, int64_t k, bool signed_q8);
-  void (*direct_rows)(DType type, bool interleaved, const uint8_t* w, int64_t row_bytes, int64_t n_out,
+  int64_t (*direct_pass_rows)(DType type, WeightForm form, int64_t k, bool signed_q8);
+  void (*direct_rows)(DType type, WeightForm form, const uint8_t* w, int64_t row_bytes, int64_t n_out,
                       int64_t k, const ActSuper* x, int64_t x_stride, int64_t n_rows, float* y,
                       int64_t y_stride, PrefetchReach reach);
   // The throughput probe (peak.h): kDotProbeChains independent integer accumulators, each adding the
@@ -164,12 +185,15 @@ struct QuantKernels {
   // Whether matmuls of more rows than direct_pass_rows (prefill) take the direct kernels too, in passes, or
   // the unpacked path.
   bool direct_prefill = true;
+  // Whether the direct kernels read Q4_0 rows in their lane-pair form (WeightForm::kLanePairs) against
+  // activations in lane pairs; other targets read such rows through the file form (unpack_row).
+  bool lane_pairs = false;
 };
 
 constexpr int kDotProbeChains = 16;
 
 // For targets without direct kernels.
-inline int64_t no_direct_rows(DType, bool, int64_t, bool) {
+inline int64_t no_direct_rows(DType, WeightForm, int64_t, bool) {
   return 0;
 }
 

@@ -49,6 +49,29 @@ bool legacy_type(DType type) {
 
 }  // namespace
 
+bool can_lane_pair(DType type, int64_t cols) {
+  return type == DType::Q4_0 && cols > 0 && cols % (2 * kSuper) == 0;
+}
+
+void lane_pair_from_file(const uint8_t* in, uint8_t* out) {
+  static_assert(kLanePairBytes == 16 * sizeof(BlockQ4_0));
+  for (int b = 0; b < 16; ++b) {
+    const uint8_t* blk = in + b * sizeof(BlockQ4_0);
+    std::memcpy(out + 2 * b, blk + offsetof(BlockQ4_0, d), 2);
+    for (int v = 0; v < 4; ++v)
+      std::memcpy(out + 32 + 64 * v + 4 * b, blk + offsetof(BlockQ4_0, qs) + 4 * v, 4);
+  }
+}
+
+void lane_pair_to_file(const uint8_t* in, uint8_t* out) {
+  for (int b = 0; b < 16; ++b) {
+    uint8_t* blk = out + b * sizeof(BlockQ4_0);
+    std::memcpy(blk + offsetof(BlockQ4_0, d), in + 2 * b, 2);
+    for (int v = 0; v < 4; ++v)
+      std::memcpy(blk + offsetof(BlockQ4_0, qs) + 4 * v, in + 32 + 64 * v + 4 * b, 4);
+  }
+}
+
 bool can_interleave(DType type, int64_t cols) {
   const bool legacy = legacy_type(type);
   const bool k_quant = type == DType::Q2_K || type == DType::Q3_K || type == DType::Q4_K ||
@@ -67,6 +90,13 @@ bool repack_pays(DType type, int64_t cols) {
   const bool avx2 = best == Target::kAVX2 &&
                     (type == DType::Q4_0 || type == DType::Q8_0 || !legacy_type(type)) && cols % kSuper == 0;
   return can_interleave(type, cols) && (avx2 || avx512);
+}
+
+WeightForm repack_form(DType type, int64_t cols) {
+  if (!repack_pays(type, cols)) return WeightForm::kFile;
+  const Target best = best_target();
+  const bool avx512 = best == Target::kAVX512 || best == Target::kAVX512VBMI;
+  return avx512 && can_lane_pair(type, cols) ? WeightForm::kLanePairs : WeightForm::kInterleaved;
 }
 
 size_t interleave_super_bytes(DType type) {
@@ -210,7 +240,7 @@ void unpack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
 void pack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
   static const QuantKernels& qk = quant_kernels(best_target());
   UnpackedSuper us;
-  qk.unpack_row(type, false, in, kSuper, qk.signed_q8, &us);
+  qk.unpack_row(type, WeightForm::kFile, in, kSuper, qk.signed_q8, &us);
   const uint8_t* u = us.u;
   std::memcpy(out, in, interleave_super_bytes(type));
   // The `bits` bits from bit `shift` of the code of each quarter q at position p, at bit bits * q of a byte.
@@ -366,10 +396,26 @@ void interleave_rows(DType type, int64_t cols, uint8_t* data, size_t bytes) {
   }
 }
 
+void repack_rows(WeightForm form, DType type, int64_t cols, uint8_t* data, size_t bytes) {
+  if (form == WeightForm::kInterleaved) return interleave_rows(type, cols, data, bytes);
+  TANDEM_CHECK(form == WeightForm::kLanePairs && can_lane_pair(type, cols),
+               "repack_rows: no such repacked form for this type and width");
+  TANDEM_CHECK(bytes % kLanePairBytes == 0, "repack_rows: not whole rows");
+  uint8_t tmp[kLanePairBytes];
+  for (size_t o = 0; o < bytes; o += kLanePairBytes) {
+    std::memcpy(tmp, data + o, kLanePairBytes);
+    lane_pair_from_file(tmp, data + o);
+  }
+}
+
 void file_form_row(const MatrixView& w, int64_t r, uint8_t* out) {
   const uint8_t* row = w.row(r);
-  if (!w.interleaved) {
+  if (w.form == WeightForm::kFile) {
     std::memcpy(out, row, w.row_bytes);
+    return;
+  }
+  if (w.form == WeightForm::kLanePairs) {
+    for (size_t o = 0; o < w.row_bytes; o += kLanePairBytes) lane_pair_to_file(row + o, out + o);
     return;
   }
   const size_t sb = interleave_super_bytes(w.type);

@@ -1,7 +1,8 @@
 // Weights repacked once at load into the kernels' interleaved form: the same bytes per super-block as the
 // file, rearranged in place (no second copy) so that a super-block decodes into registers with a few loads
-// and no gathering or permuting. Only the matmul kernels read a repacked matrix (MatrixView::interleaved);
-// each result is bit-identical to the file form's.
+// and no gathering or permuting. Only the matmul kernels read a repacked matrix (MatrixView::form); each
+// result of the interleaved forms is bit-identical to the file form's (lane pairs sum each block in one lane,
+// so their results differ from it in rounding).
 //
 // Per super-block. Rows of the K-quants are whole super-blocks (cols % 256 == 0); those of the legacy types
 // (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) may end in a partial super-block (any whole number of 32-element blocks from
@@ -66,6 +67,17 @@
 
 namespace tandem::kernels {
 
+// Q4_0 in lane pairs (WeightForm::kLanePairs; quant_layout.h), per pair of super-blocks (288 bytes):
+//     [0, 32)    the 16 f16 scales, block b at 2b
+//     [32, 288)  four 64-byte code vectors: bytes 4v..4v+3 of block b at 32 + 64v + 4b, whose low nibbles are
+//                elements 4v..4v+3 of the block and the high ones elements 16 + 4v..16 + 4v + 3
+// Rows are whole pairs (cols % 512 == 0).
+constexpr size_t kLanePairBytes = 16 * 18;
+bool can_lane_pair(DType type, int64_t cols);
+// One pair: 16 blocks in the file's form -> lane pairs, and back (in != out).
+void lane_pair_from_file(const uint8_t* in, uint8_t* out);
+void lane_pair_to_file(const uint8_t* in, uint8_t* out);
+
 // Whether a matrix of this type and width has an interleaved form.
 bool can_interleave(DType type, int64_t cols);
 // Whether the loader repacks such a matrix for the best kernels of this CPU: never for the scalar and NEON
@@ -75,7 +87,11 @@ bool can_interleave(DType type, int64_t cols);
 // while weights were read from a file mapping, where one row measured 1.09x the time repacked; with the
 // weights copied into 2 MB pages (gguf/mapped_file.h) synthetic TinyLlama decodes in 0.90-0.97x the time
 // repacked, windows of 2 to 8 rows 0.92-0.97x; under AVX2 the repacked form takes 0.73-0.87x.)
+// Lane pairs take the place of the interleaved form for Q4_0 rows that have them (can_lane_pair) under
+// AVX-512 (repack_form).
 bool repack_pays(DType type, int64_t cols);
+// The form the loader repacks a matrix of this type and width into on this CPU (kFile: none).
+WeightForm repack_form(DType type, int64_t cols);
 // Bytes of one super-block of `type` (84 to 272).
 size_t interleave_super_bytes(DType type);
 
@@ -88,7 +104,9 @@ void expand_tail(DType type, int blocks, const uint8_t* tail, uint8_t* out);
 
 // Every whole super-block of the `bytes` bytes at data (whole rows of `cols` elements), in place.
 void interleave_rows(DType type, int64_t cols, uint8_t* data, size_t bytes);
-// One row of a matrix (interleaved or not) in the file's form: out [w.row_bytes].
+// The same into either repacked form (kInterleaved: interleave_rows; kLanePairs: every pair).
+void repack_rows(WeightForm form, DType type, int64_t cols, uint8_t* data, size_t bytes);
+// One row of a matrix (in any form) in the file's form: out [w.row_bytes].
 void file_form_row(const MatrixView& w, int64_t r, uint8_t* out);
 
 }  // namespace tandem::kernels

@@ -178,17 +178,19 @@ void bind_standard_layers(const ArchReader& r, const Config& c, Weights& w) {
 
 namespace {
 
-// Repacks the layer matrices and an untied head in place, once, where the interleaved form pays on this CPU
+// Repacks the layer matrices and an untied head in place, once, where a repacked form pays on this CPU
 // (kernels/repack.h): they go through the matmul kernels only (the embedding table, read row by row, keeps
 // the file's form, and so does a head tied to it). Where the pages cannot be made writable the file's form
-// stays; the kernels read both, with the same results.
+// stays; the kernels read every form, with the same results (lane pairs: the same up to float rounding).
 void repack(const gguf::File& file, MatrixView& m) {
-  if (m.empty() || m.interleaved || !kernels::repack_pays(m.type, m.cols)) return;
+  if (m.empty() || m.form != WeightForm::kFile) return;
+  const WeightForm form = kernels::repack_form(m.type, m.cols);
+  if (form == WeightForm::kFile) return;
   uint8_t* bytes = file.writable(m.data, m.bytes());
   if (!bytes) return;
-  kernels::interleave_rows(m.type, m.cols, bytes, m.bytes());
+  kernels::repack_rows(form, m.type, m.cols, bytes, m.bytes());
   file.seal(m.data, m.bytes());
-  m.interleaved = true;
+  m.form = form;
 }
 
 void repack_layer_weights(const gguf::File& file, Weights& w) {

@@ -8,6 +8,15 @@
 
 namespace tandem {
 
+// The form of a matrix's bytes: the file's block format, or one of the kernels' repacked forms of it
+// (kernels/repack.h), rearranged in place at load (the same size). Only the matmul kernels read a repacked
+// matrix.
+enum class WeightForm : uint8_t {
+  kFile,
+  kInterleaved,  // per super-block: the scales side by side, the codes in planes (every x86 target)
+  kLanePairs,    // Q4_0 per pair of super-blocks, one 32-bit lane per block (the AVX-512 kernels)
+};
+
 // A 2-D weight matrix W[rows][cols] (GGUF ne[1] = rows = output features, ne[0] = cols = input features),
 // each row `row_bytes` bytes in `type`'s block format. Borrowed from the mapped file.
 struct MatrixView {
@@ -16,9 +25,7 @@ struct MatrixView {
   int64_t cols = 0;
   size_t row_bytes = 0;
   const uint8_t* data = nullptr;
-  // The rows were repacked in place at load into the kernels' interleaved form of `type` (same size;
-  // kernels/repack.h). Only the matmul kernels read such a matrix.
-  bool interleaved = false;
+  WeightForm form = WeightForm::kFile;
 
   bool empty() const { return data == nullptr; }
   const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
