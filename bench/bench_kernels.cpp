@@ -66,15 +66,16 @@ const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DTyp
                         DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
                         DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
+// Weights on a page, as the loader's copy of a file puts them (at least 32-byte aligned, which lane pairs ask).
 struct Weights {
-  std::vector<uint8_t> bytes;
+  ZeroedMemory bytes;
   MatrixView view;
 };
 
 Weights make_weights(DType t, int64_t n, int64_t k) {
   Weights w;
   const size_t rb = row_bytes(t, k);
-  w.bytes.resize(rb * static_cast<size_t>(n));
+  w.bytes = ZeroedMemory(rb * static_cast<size_t>(n));
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   std::vector<float> row(static_cast<size_t>(k));
@@ -83,7 +84,7 @@ Weights make_weights(DType t, int64_t n, int64_t k) {
     quantize_row(t, row.data(), w.bytes.data() + static_cast<size_t>(o) * rb, k);
   }
   w.view = {t, n, k, rb, w.bytes.data()};
-  w.view.form = repack_form(t, k);  // as the model loader repacks them
+  w.view.form = repack_form(t, k, w.bytes.data());  // as the model loader repacks them
   if (w.view.form != WeightForm::kFile) repack_rows(w.view.form, t, k, w.bytes.data(), w.bytes.size());
   return w;
 }
@@ -103,10 +104,11 @@ void run_matmul(benchmark::State& state, int64_t n, Target target = best_target(
   const DType t = kTypes[state.range(0)];
   const int64_t rows = state.range(1);
   const Weights w = make_weights(t, n, k);
-  const size_t n_copies = from_memory ? std::max<size_t>(4, (size_t{96} << 20) / w.bytes.size() + 1) : 1;
-  std::vector<uint8_t> copies(from_memory ? w.bytes.size() * n_copies : 0);
-  for (size_t c = 0; c < copies.size(); c += w.bytes.size())
-    std::memcpy(copies.data() + c, w.bytes.data(), w.bytes.size());
+  // (Copies 64 bytes apart keep every pair's place in its cache line: lane pairs lie by their address.)
+  const size_t stride = (w.bytes.size() + 63) / 64 * 64;
+  const size_t n_copies = from_memory ? std::max<size_t>(4, (size_t{96} << 20) / stride + 1) : 1;
+  ZeroedMemory copies(from_memory ? stride * n_copies : 0);
+  for (size_t c = 0; c < copies.size(); c += stride) std::memcpy(copies.data() + c, w.bytes.data(), w.bytes.size());
   const auto x = make_activations(rows, k);
   std::vector<float> y(static_cast<size_t>(rows * n));
   ThreadPool pool(threads);
@@ -115,7 +117,7 @@ void run_matmul(benchmark::State& state, int64_t n, Target target = best_target(
   size_t c = 0;
   for (auto _ : state) {
     if (from_memory) {
-      v.data = copies.data() + c * w.bytes.size();
+      v.data = copies.data() + c * stride;
       c = (c + 1) % n_copies;
     }
     matmul(v, x.data(), rows, y.data(), pool, scratch);

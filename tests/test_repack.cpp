@@ -279,8 +279,11 @@ TEST(Repack, LanePairsPlaceEveryByteAndMatchTheFileForm) {
   EXPECT_TRUE(can_lane_pair(t, 512));
   EXPECT_TRUE(can_lane_pair(t, 5632));
   const bool reads = quant_kernels(best_target()).lane_pairs;
-  EXPECT_EQ(repack_form(t, 2048) == WeightForm::kLanePairs, reads);
-  EXPECT_NE(repack_form(t, 896), WeightForm::kLanePairs);
+  alignas(64) static const uint8_t page[64] = {};
+  EXPECT_EQ(repack_form(t, 2048, page) == WeightForm::kLanePairs, reads);
+  EXPECT_EQ(repack_form(t, 2048, page + 32) == WeightForm::kLanePairs, reads);
+  EXPECT_NE(repack_form(t, 2048, page + 16), WeightForm::kLanePairs);  // code vectors across cache lines
+  EXPECT_NE(repack_form(t, 896, page), WeightForm::kLanePairs);
   ThreadPool pool(2);
   for (int64_t k : {512, 2048, 5632}) {
     SCOPED_TRACE("k=" + std::to_string(k));
@@ -289,16 +292,23 @@ TEST(Repack, LanePairsPlaceEveryByteAndMatchTheFileForm) {
     std::vector<uint8_t> packed = file;
     repack_rows(WeightForm::kLanePairs, t, k, packed.data(), packed.size());
     const size_t rb = row_bytes(t, k);
+    size_t at_line = 0;  // pairs on a 64-byte boundary (codes first); the others put their scales first
     for (size_t pair = 0; pair < file.size() / kLanePairBytes; pair += 7) {
       const uint8_t* f = file.data() + pair * kLanePairBytes;
       const uint8_t* p = packed.data() + pair * kLanePairBytes;
+      const bool codes_first = reinterpret_cast<uintptr_t>(p) % 64 < 32;
+      at_line += codes_first;
+      const uint8_t* scales = p + (codes_first ? 256 : 0);
+      const uint8_t* codes = p + (codes_first ? 0 : 32);
       for (size_t b = 0; b < 16; ++b) {
         const uint8_t* blk = f + b * sizeof(BlockQ4_0);
-        EXPECT_EQ(0, std::memcmp(p + 2 * b, blk, 2)) << "scale of block " << b;
+        EXPECT_EQ(0, std::memcmp(scales + 2 * b, blk, 2)) << "scale of block " << b;
         for (size_t j = 0; j < 16; ++j)
-          EXPECT_EQ(p[32 + 64 * (j / 4) + 4 * b + j % 4], blk[2 + j]) << "block " << b << " byte " << j;
+          EXPECT_EQ(codes[64 * (j / 4) + 4 * b + j % 4], blk[2 + j]) << "block " << b << " byte " << j;
       }
     }
+    EXPECT_GT(at_line, 0u);  // pairs alternate between the two places (288 = 4.5 cache lines)
+    EXPECT_LT(at_line, (file.size() / kLanePairBytes + 6) / 7);
     const MatrixView a{t, n, k, rb, file.data()}, b{t, n, k, rb, packed.data(), WeightForm::kLanePairs};
     std::vector<uint8_t> back(rb);
     for (int64_t r = 0; r < n; ++r) {
@@ -356,7 +366,7 @@ TEST(Repack, LoaderRepacksWhereItPaysAndNeverWritesTheFile) {
       if (w.output.data != w.tok_embd.data) matrices.push_back(&w.output);  // a head of its own
       int repacked = 0;
       for (const MatrixView* m : matrices) {
-        EXPECT_EQ(m->form, repack_form(m->type, m->cols));
+        EXPECT_EQ(m->form, repack_form(m->type, m->cols, m->data));
         repacked += m->form != WeightForm::kFile ? 1 : 0;
       }
       EXPECT_GT(repacked, 0);                         // each of these files has Q8_0, Q4_K or Q6_K matrices

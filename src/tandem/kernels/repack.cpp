@@ -55,20 +55,22 @@ bool can_lane_pair(DType type, int64_t cols) {
 
 void lane_pair_from_file(const uint8_t* in, uint8_t* out) {
   static_assert(kLanePairBytes == 16 * sizeof(BlockQ4_0));
+  uint8_t* scales = out + lane_pair_scales_offset(out);
+  uint8_t* codes = out + lane_pair_codes_offset(out);
   for (int b = 0; b < 16; ++b) {
     const uint8_t* blk = in + b * sizeof(BlockQ4_0);
-    std::memcpy(out + 2 * b, blk + offsetof(BlockQ4_0, d), 2);
-    for (int v = 0; v < 4; ++v)
-      std::memcpy(out + 32 + 64 * v + 4 * b, blk + offsetof(BlockQ4_0, qs) + 4 * v, 4);
+    std::memcpy(scales + 2 * b, blk + offsetof(BlockQ4_0, d), 2);
+    for (int v = 0; v < 4; ++v) std::memcpy(codes + 64 * v + 4 * b, blk + offsetof(BlockQ4_0, qs) + 4 * v, 4);
   }
 }
 
 void lane_pair_to_file(const uint8_t* in, uint8_t* out) {
+  const uint8_t* scales = in + lane_pair_scales_offset(in);
+  const uint8_t* codes = in + lane_pair_codes_offset(in);
   for (int b = 0; b < 16; ++b) {
     uint8_t* blk = out + b * sizeof(BlockQ4_0);
-    std::memcpy(blk + offsetof(BlockQ4_0, d), in + 2 * b, 2);
-    for (int v = 0; v < 4; ++v)
-      std::memcpy(blk + offsetof(BlockQ4_0, qs) + 4 * v, in + 32 + 64 * v + 4 * b, 4);
+    std::memcpy(blk + offsetof(BlockQ4_0, d), scales + 2 * b, 2);
+    for (int v = 0; v < 4; ++v) std::memcpy(blk + offsetof(BlockQ4_0, qs) + 4 * v, codes + 64 * v + 4 * b, 4);
   }
 }
 
@@ -92,11 +94,13 @@ bool repack_pays(DType type, int64_t cols) {
   return can_interleave(type, cols) && (avx2 || avx512);
 }
 
-WeightForm repack_form(DType type, int64_t cols) {
+WeightForm repack_form(DType type, int64_t cols, const uint8_t* data) {
   if (!repack_pays(type, cols)) return WeightForm::kFile;
   const Target best = best_target();
   const bool avx512 = best == Target::kAVX512 || best == Target::kAVX512VBMI;
-  return avx512 && can_lane_pair(type, cols) ? WeightForm::kLanePairs : WeightForm::kInterleaved;
+  // (Off 32 bytes, lane pairs would load their code vectors across cache lines.)
+  const bool aligned = reinterpret_cast<uintptr_t>(data) % 32 == 0;
+  return avx512 && aligned && can_lane_pair(type, cols) ? WeightForm::kLanePairs : WeightForm::kInterleaved;
 }
 
 size_t interleave_super_bytes(DType type) {

@@ -67,14 +67,24 @@
 
 namespace tandem::kernels {
 
-// Q4_0 in lane pairs (WeightForm::kLanePairs; quant_layout.h), per pair of super-blocks (288 bytes):
-//     [0, 32)    the 16 f16 scales, block b at 2b
-//     [32, 288)  four 64-byte code vectors: bytes 4v..4v+3 of block b at 32 + 64v + 4b, whose low nibbles are
-//                elements 4v..4v+3 of the block and the high ones elements 16 + 4v..16 + 4v + 3
-// Rows are whole pairs (cols % 512 == 0).
+// Q4_0 in lane pairs (WeightForm::kLanePairs; quant_layout.h), per pair of super-blocks (288 bytes): the 16
+// f16 scales (32 bytes, block b at 2b) and four 64-byte code vectors (bytes 4v..4v+3 of block b at 64v + 4b
+// of the codes), whose low nibbles are elements 4v..4v+3 of the block and the high ones elements 16 + 4v..
+// 16 + 4v + 3. Where they lie depends on the pair's address, so that each code vector is one aligned 64-byte
+// load wherever the matrix starts on 32 bytes (pairs alternate between the two cases):
+//     pair 32 bytes past a 64-byte boundary: [0, 32) the scales, [32, 288) the codes
+//     pair on a 64-byte boundary:            [0, 256) the codes, [256, 288) the scales
+// So a repacked matrix is read at the address it was repacked at (the loader repacks in place). Rows are
+// whole pairs (cols % 512 == 0).
 constexpr size_t kLanePairBytes = 16 * 18;
+inline size_t lane_pair_codes_offset(const uint8_t* pair) {
+  return reinterpret_cast<uintptr_t>(pair) & 32;
+}
+inline size_t lane_pair_scales_offset(const uint8_t* pair) {
+  return 256 - 8 * lane_pair_codes_offset(pair);
+}
 bool can_lane_pair(DType type, int64_t cols);
-// One pair: 16 blocks in the file's form -> lane pairs, and back (in != out).
+// One pair: 16 blocks in the file's form -> lane pairs at out, and back from lane pairs at in (in != out).
 void lane_pair_from_file(const uint8_t* in, uint8_t* out);
 void lane_pair_to_file(const uint8_t* in, uint8_t* out);
 
@@ -88,10 +98,11 @@ bool can_interleave(DType type, int64_t cols);
 // weights copied into 2 MB pages (gguf/mapped_file.h) synthetic TinyLlama decodes in 0.90-0.97x the time
 // repacked, windows of 2 to 8 rows 0.92-0.97x; under AVX2 the repacked form takes 0.73-0.87x.)
 // Lane pairs take the place of the interleaved form for Q4_0 rows that have them (can_lane_pair) under
-// AVX-512 (repack_form).
+// AVX-512, where the matrix starts on 32 bytes (repack_form).
 bool repack_pays(DType type, int64_t cols);
-// The form the loader repacks a matrix of this type and width into on this CPU (kFile: none).
-WeightForm repack_form(DType type, int64_t cols);
+// The form the loader repacks a matrix of this type and width, starting at data, into on this CPU (kFile:
+// none).
+WeightForm repack_form(DType type, int64_t cols, const uint8_t* data);
 // Bytes of one super-block of `type` (84 to 272).
 size_t interleave_super_bytes(DType type);
 
