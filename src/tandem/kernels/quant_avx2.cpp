@@ -438,6 +438,10 @@ constexpr int64_t kL2PrefetchBytes = kPrefetchBytes;
 constexpr int64_t far_prefetch_bytes(int, int64_t) {
   return 0;
 }
+// No second prefetch (TilePart::again): measured only under AVX-512 (quant_avx512.inc).
+constexpr int64_t again_prefetch_bytes(int64_t, int64_t) {
+  return 0;
+}
 
 // Direct kernels: weight rows straight from their file bytes, each super-block decoded into registers and
 // applied to up to kDirectRows activation rows, with no unpack buffer (decode and small verify windows).
