@@ -66,7 +66,8 @@ const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DTyp
                         DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
                         DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
-// Weights on a page, as the loader's copy of a file puts them (at least 32-byte aligned, which lane pairs ask).
+// Weights on a page, as the loader's copy of a file puts them (at least 32-byte aligned, which lane pairs
+// ask).
 struct Weights {
   ZeroedMemory bytes;
   MatrixView view;
@@ -108,7 +109,8 @@ void run_matmul(benchmark::State& state, int64_t n, Target target = best_target(
   const size_t stride = (w.bytes.size() + 63) / 64 * 64;
   const size_t n_copies = from_memory ? std::max<size_t>(4, (size_t{96} << 20) / stride + 1) : 1;
   ZeroedMemory copies(from_memory ? stride * n_copies : 0);
-  for (size_t c = 0; c < copies.size(); c += stride) std::memcpy(copies.data() + c, w.bytes.data(), w.bytes.size());
+  for (size_t c = 0; c < copies.size(); c += stride)
+    std::memcpy(copies.data() + c, w.bytes.data(), w.bytes.size());
   const auto x = make_activations(rows, k);
   std::vector<float> y(static_cast<size_t>(rows * n));
   ThreadPool pool(threads);
