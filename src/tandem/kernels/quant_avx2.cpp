@@ -439,7 +439,7 @@ constexpr int64_t far_prefetch_bytes(int, int64_t) {
   return 0;
 }
 // No second prefetch (TilePart::again): measured only under AVX-512 (quant_avx512.inc).
-constexpr int64_t again_prefetch_bytes(int64_t, int64_t) {
+constexpr int64_t again_prefetch_bytes(int, int64_t, int64_t) {
   return 0;
 }
 
