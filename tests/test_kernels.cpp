@@ -335,58 +335,68 @@ TEST(Kernels, DirectKernelsAreBitIdenticalToUnpackAndDot) {
   }
 }
 
-// Q4_0 in lane pairs, on the targets that read them (QuantKernels::lane_pairs): every window of up to
-// direct_max_rows rows (one weight row or two a tile, unsigned or signed codes, column chunks at 5632) gives
-// each row the bits it has alone, with either prefetch reach; and one row's result equals the same target's
-// interleaved-form result within the float-order tolerance (the same integer sums, summed per block instead
-// of per half-block).
-TEST(Kernels, LanePairKernelsKeepTheirBitsAndMatchTheInterleavedForm) {
-  const DType t = DType::Q4_0;
+// The activations of lane-pair supers (quant_layout.h) as floats: each code times its block's scale.
+std::vector<float> lane_pair_activations(const ActSuper* act, int64_t k) {
+  std::vector<float> x(static_cast<size_t>(k));
+  for (int64_t p = 0; p < k / 512; ++p)
+    for (int e = 0; e < 512; ++e)
+      x[static_cast<size_t>(512 * p + e)] =
+          static_cast<float>(act[2 * p + lane_pair_super(e)].q[lane_pair_position(e)]) * act[2 * p].d[e / 32];
+  return x;
+}
+
+// Q4_0 and Q4_K in lane pairs, on the targets that read them (QuantKernels::lane_pairs): every window of up
+// to direct_max_rows rows (one weight row or two a tile, unsigned or signed codes, column chunks at 5632)
+// gives each row the bits it has alone, with either prefetch reach; and one row's result equals the dot
+// product of the dequantized weights with the quantized activations (codes times block scales), summed in
+// double, within the float-order tolerance.
+TEST(Kernels, LanePairKernelsKeepTheirBitsAndMatchTheQuantizedProduct) {
   int tested = 0;
   for (Target target : runnable_targets()) {
     const QuantKernels& qk = quant_kernels(target);
     if (!qk.lane_pairs) continue;
-    for (int64_t k : {512, 2048, 5632}) {
-      SCOPED_TRACE(std::string(target_name(target)) + " k=" + std::to_string(k));
-      const int64_t max_rows = qk.direct_max_rows(t, WeightForm::kLanePairs, k, false);
-      ASSERT_EQ(max_rows, 8);
-      const int64_t n = 37, ns = super_count(k);
-      TestMatrix m = make_matrix(t, n, k, 41), mi = make_matrix(t, n, k, 41);
-      repack_rows(WeightForm::kLanePairs, t, k, m.storage.data() + misalign(t), m.view.bytes());
-      m.view.form = WeightForm::kLanePairs;
-      interleave_rows(t, k, mi.storage.data() + misalign(t), mi.view.bytes());
-      const auto x = make_activations(max_rows, k, 43);
-      std::vector<ActSuper> act(static_cast<size_t>(ns * max_rows)), blocks(act.size());
-      for (int64_t r = 0; r < max_rows; ++r) {
-        qk.quantize_row(x.data() + 1 + r * k, k, ActForm::kLanePairs, act.data() + r * ns);
-        qk.quantize_row(x.data() + 1 + r * k, k, ActForm::kBlocks, blocks.data() + r * ns);
-      }
-      std::vector<float> alone(static_cast<size_t>(max_rows * n)), inter(alone.size());
-      for (int64_t r = 0; r < max_rows; ++r) {
-        qk.direct_rows(t, WeightForm::kLanePairs, m.view.row(0), static_cast<int64_t>(m.view.row_bytes), n, k,
-                       act.data() + r * ns, ns, 1, alone.data() + r * n, n, PrefetchReach::kNear);
-        qk.direct_rows(t, WeightForm::kInterleaved, mi.view.row(0), static_cast<int64_t>(mi.view.row_bytes),
-                       n, k, blocks.data() + r * ns, ns, 1, inter.data() + r * n, n, PrefetchReach::kNear);
-      }
-      for (int64_t r = 0; r < max_rows; ++r)
-        for (int64_t o = 0; o < n; ++o) {
-          double mag = 0;
-          for (int64_t i = 0; i < k; ++i)
-            mag +=
-                std::fabs(m.dequant[static_cast<size_t>(o * k + i)] * x[static_cast<size_t>(1 + r * k + i)]);
-          const size_t at = static_cast<size_t>(r * n + o);
-          ASSERT_NEAR(alone[at], inter[at], 1e-5 * mag + 1e-6) << "r=" << r << " o=" << o;
-        }
-      for (int64_t rows = 1; rows <= max_rows; ++rows)
-        for (const PrefetchReach reach : {PrefetchReach::kNear, PrefetchReach::kFar}) {
-          std::vector<float> got(static_cast<size_t>(rows * n), -1.0f);
+    for (DType t : {DType::Q4_0, DType::Q4_K})
+      for (int64_t k : {512, 2048, 5632}) {
+        SCOPED_TRACE(std::string(target_name(target)) + " " + std::string(dtype_name(t)) +
+                     " k=" + std::to_string(k));
+        const int64_t max_rows = qk.direct_max_rows(t, WeightForm::kLanePairs, k, false);
+        ASSERT_EQ(max_rows, 8);
+        const int64_t n = 37, ns = super_count(k);
+        TestMatrix m = make_matrix(t, n, k, 41);
+        repack_rows(WeightForm::kLanePairs, t, k, m.storage.data() + misalign(t), m.view.bytes());
+        m.view.form = WeightForm::kLanePairs;
+        const auto x = make_activations(max_rows, k, 43);
+        std::vector<ActSuper> act(static_cast<size_t>(ns * max_rows));
+        for (int64_t r = 0; r < max_rows; ++r)
+          qk.quantize_row(x.data() + 1 + r * k, k, ActForm::kLanePairs, act.data() + r * ns);
+        std::vector<float> alone(static_cast<size_t>(max_rows * n));
+        for (int64_t r = 0; r < max_rows; ++r)
           qk.direct_rows(t, WeightForm::kLanePairs, m.view.row(0), static_cast<int64_t>(m.view.row_bytes), n,
-                         k, act.data(), ns, rows, got.data(), n, reach);
-          EXPECT_EQ(0, std::memcmp(got.data(), alone.data(), got.size() * sizeof(float)))
-              << "rows=" << rows << " far=" << (reach == PrefetchReach::kFar);
+                         k, act.data() + r * ns, ns, 1, alone.data() + r * n, n, PrefetchReach::kNear);
+        for (int64_t r = 0; r < max_rows; ++r) {
+          const std::vector<float> xq = lane_pair_activations(act.data() + r * ns, k);
+          for (int64_t o = 0; o < n; ++o) {
+            double want = 0, mag = 0;
+            for (int64_t i = 0; i < k; ++i) {
+              const double p =
+                  static_cast<double>(m.dequant[static_cast<size_t>(o * k + i)]) * xq[static_cast<size_t>(i)];
+              want += p;
+              mag += std::fabs(p);
+            }
+            ASSERT_NEAR(alone[static_cast<size_t>(r * n + o)], want, 1e-5 * mag + 1e-6)
+                << "r=" << r << " o=" << o;
+          }
         }
-      ++tested;
-    }
+        for (int64_t rows = 1; rows <= max_rows; ++rows)
+          for (const PrefetchReach reach : {PrefetchReach::kNear, PrefetchReach::kFar}) {
+            std::vector<float> got(static_cast<size_t>(rows * n), -1.0f);
+            qk.direct_rows(t, WeightForm::kLanePairs, m.view.row(0), static_cast<int64_t>(m.view.row_bytes),
+                           n, k, act.data(), ns, rows, got.data(), n, reach);
+            EXPECT_EQ(0, std::memcmp(got.data(), alone.data(), got.size() * sizeof(float)))
+                << "rows=" << rows << " far=" << (reach == PrefetchReach::kFar);
+          }
+        ++tested;
+      }
   }
   if (tested == 0) GTEST_SKIP() << "no target here reads lane pairs";
 }

@@ -339,6 +339,60 @@ TEST(Repack, LanePairsPlaceEveryByteAndMatchTheFileForm) {
   }
 }
 
+// Q4_K in lane pairs: d and dmin of both super-blocks, each block's 6-bit scale and minimum and each code
+// where repack.h puts them, and the rows back to the file's bytes. (The kernels' results over this form:
+// test_kernels' LanePairKernelsKeepTheirBitsAndMatchTheQuantizedProduct.)
+TEST(Repack, Q4KLanePairsPlaceEveryByteAndRoundTrip) {
+  const DType t = DType::Q4_K;
+  EXPECT_FALSE(can_lane_pair(t, 256));
+  EXPECT_FALSE(can_lane_pair(t, 768));
+  EXPECT_TRUE(can_lane_pair(t, 512));
+  EXPECT_TRUE(can_lane_pair(t, 5632));
+  EXPECT_FALSE(can_lane_pair(DType::Q6_K, 2048));
+  const bool reads = quant_kernels(best_target()).lane_pairs;
+  alignas(64) static const uint8_t page[64] = {};
+  EXPECT_EQ(repack_form(t, 2048, page) == WeightForm::kLanePairs, reads);
+  EXPECT_NE(repack_form(t, 2048, page + 16), WeightForm::kLanePairs);
+  for (int64_t k : {512, 5632}) {
+    SCOPED_TRACE("k=" + std::to_string(k));
+    const int64_t n = 13;
+    const std::vector<uint8_t> file = quantized_rows(t, n, k, 9);
+    std::vector<uint8_t> packed = file;
+    repack_rows(WeightForm::kLanePairs, t, k, packed.data(), packed.size());
+    for (size_t pair = 0; pair < file.size() / kLanePairBytes; ++pair) {
+      const uint8_t* p = packed.data() + pair * kLanePairBytes;
+      const bool codes_first = reinterpret_cast<uintptr_t>(p) % 64 < 32;
+      const uint8_t* h = p + (codes_first ? 256 : 0);
+      const uint8_t* codes = p + (codes_first ? 0 : 32);
+      for (int s = 0; s < 2; ++s) {
+        BlockQ4_K blk;
+        std::memcpy(&blk, file.data() + pair * kLanePairBytes + s * sizeof(BlockQ4_K), sizeof(blk));
+        EXPECT_EQ(0, std::memcmp(h + 4 * s, &blk.d, 2));
+        EXPECT_EQ(0, std::memcmp(h + 4 * s + 2, &blk.dmin, 2));
+        for (int j = 0; j < 8; ++j) {
+          const int b = 8 * s + j, top = h[24 + j] >> (4 * s);
+          const ScaleMin sm = k4_scale_min(blk.scales, j);
+          ASSERT_EQ((h[8 + b] & 15) | (top & 3) << 4, sm.scale) << "pair " << pair << " block " << b;
+          ASSERT_EQ((h[8 + b] >> 4) | (top >> 2 & 3) << 4, sm.min) << "pair " << pair << " block " << b;
+          for (int e = 0; e < 32;
+               ++e) {  // element 32j + e of super-block s: nibble j % 2 of qs[32 (j / 2) + e]
+            const int want = (blk.qs[32 * (j / 2) + e] >> (4 * (j % 2))) & 15;
+            const int byte = codes[64 * ((e % 16) / 4) + 4 * b + e % 4];
+            ASSERT_EQ((byte >> (4 * (e / 16))) & 15, want) << "pair " << pair << " block " << b << " e " << e;
+          }
+        }
+      }
+    }
+    const size_t rb = row_bytes(t, k);
+    const MatrixView b{t, n, k, rb, packed.data(), WeightForm::kLanePairs};
+    std::vector<uint8_t> back(rb);
+    for (int64_t r = 0; r < n; ++r) {
+      file_form_row(b, r, back.data());
+      ASSERT_EQ(0, std::memcmp(back.data(), file.data() + static_cast<size_t>(r) * rb, rb)) << "row " << r;
+    }
+  }
+}
+
 std::vector<char> file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};

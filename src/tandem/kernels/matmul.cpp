@@ -55,8 +55,8 @@ namespace {
 
 // The activation form a quantized matrix meets on a target (ActForm).
 ActForm activation_form(const QuantKernels& qk, const MatrixView& w) {
-  if (per_super_activations(w.type)) return ActForm::kSupers;
-  return w.form == WeightForm::kLanePairs && qk.lane_pairs ? ActForm::kLanePairs : ActForm::kBlocks;
+  if (w.form == WeightForm::kLanePairs && qk.lane_pairs) return ActForm::kLanePairs;
+  return per_super_activations(w.type) ? ActForm::kSupers : ActForm::kBlocks;
 }
 
 // Whether the matrices can share one quantized copy of the activations (same width, same activation form).
@@ -127,12 +127,16 @@ void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t n_row
   if (n_rows <= 0 || outs.empty()) return;
   const QuantKernels& qk = quant_kernels(scratch.target());
   if (!shares_activations(qk, outs)) {
-    for (const MatmulOut& o : outs) {
-      if (is_quantized_weight(o.w->type)) {
-        matmul_group(std::span<const MatmulOut>(&o, 1), x, n_rows, pool, scratch);
-      } else {
-        float_matmul(*o.w, x, n_rows, o.y, pool);
+    // Runs of adjacent matrices that can share one quantized copy, one call each (Q4_K_M's query and key in
+    // lane pairs, then a Q6_K value), and float matrices one at a time.
+    for (size_t i = 0, j; i < outs.size(); i = j) {
+      j = i + 1;
+      if (!is_quantized_weight(outs[i].w->type)) {
+        float_matmul(*outs[i].w, x, n_rows, outs[i].y, pool);
+        continue;
       }
+      while (j < outs.size() && shares_activations(qk, outs.subspan(i, j + 1 - i))) ++j;
+      matmul_group(outs.subspan(i, j - i), x, n_rows, pool, scratch);
     }
     return;
   }

@@ -35,9 +35,10 @@
 //    scaling per block instead of two. Lane L's block is kLaneBlock[L] = 0, 1, 4, 5, 2, 3, 6, 7: the order
 //    one 32-bit shuffle per vector pair gives from block order. Lane group L is block kLaneBlock[L]; groups 8
 //    to 15 of the arrays are zero.
-// And one order over a pair of supers (512 elements), lane pairs, the AVX-512 target's form of Q4_0 rows
-// whose width is a multiple of 512 (WeightForm::kLanePairs) and of their activations (ActForm::kLanePairs):
-// vector v < 8 of the pair (vectors 0..3 in the first super, 4..7 in the second) holds element 32 * b + 4 * v
+// And one order over a pair of supers (512 elements), lane pairs, the AVX-512 target's form of Q4_0 and Q4_K
+// rows whose width is a multiple of 512 (WeightForm::kLanePairs) and of their activations
+// (ActForm::kLanePairs): vector v < 8 of the pair (vectors 0..3 in the first super, 4..7 in the second) holds
+// element 32 * b + 4 * v
 // + i of the pair at position 64 * (v % 4) + 4 * b + i (b < 16 the block, i < 4), so that 32-bit lane b holds
 // block b throughout and a block's eight vectors' integer sums add up lane by lane before one float scaling
 // per block. Lane group b is block b, kept in the first super's arrays; the second super's are zero. The
@@ -85,8 +86,8 @@ constexpr int fold_index(int fold) {
 enum class CodeOrder { kGroup, kBlock, kBlockLanes };
 
 // How a matmul's activation rows are quantized: per-32 scales in the target's legacy order (block order or
-// block lanes), per-256 scales in group order (K-quant weights), or per-32 scales in lane pairs (Q4_0 rows in
-// their lane-pair form, on targets that read it: QuantKernels::lane_pairs).
+// block lanes), per-256 scales in group order (K-quant weights), or per-32 scales in lane pairs (Q4_0 and
+// Q4_K rows in their lane-pair form, on targets that read it: QuantKernels::lane_pairs).
 enum class ActForm : uint8_t { kBlocks, kSupers, kLanePairs };
 
 // Super (0 or 1) and position in its codes of element e < 512 of a pair of supers in lane pairs.
@@ -129,7 +130,8 @@ inline int64_t super_count(int64_t k) {
 }
 
 // Whether activations for this weight type take one scale per 256 elements (K-quants) rather than per 32.
-// Per-32 activations and the weights they meet use block order, per-256 ones group order.
+// Per-32 activations and the weights they meet use block order, per-256 ones group order. (Q4_K rows in lane
+// pairs meet per-32 activations in lane pairs instead: matmul's activation form.)
 bool per_super_activations(DType t);
 
 // Whether matmul takes the quantized path for this weight type (else the float path: F32, F16, BF16).
@@ -185,8 +187,8 @@ struct QuantKernels {
   // Whether matmuls of more rows than direct_pass_rows (prefill) take the direct kernels too, in passes, or
   // the unpacked path.
   bool direct_prefill = true;
-  // Whether the direct kernels read Q4_0 rows in their lane-pair form (WeightForm::kLanePairs) against
-  // activations in lane pairs; other targets read such rows through the file form (unpack_row).
+  // Whether the direct kernels read Q4_0 and Q4_K rows in their lane-pair form (WeightForm::kLanePairs)
+  // against activations in lane pairs; other targets read such rows through the file form (unpack_row).
   bool lane_pairs = false;
 };
 

@@ -50,27 +50,93 @@ bool legacy_type(DType type) {
 }  // namespace
 
 bool can_lane_pair(DType type, int64_t cols) {
-  return type == DType::Q4_0 && cols > 0 && cols % (2 * kSuper) == 0;
+  return (type == DType::Q4_0 || type == DType::Q4_K) && cols > 0 && cols % (2 * kSuper) == 0;
 }
 
-void lane_pair_from_file(const uint8_t* in, uint8_t* out) {
-  static_assert(kLanePairBytes == 16 * sizeof(BlockQ4_0));
+namespace {
+
+static_assert(kLanePairBytes == 16 * sizeof(BlockQ4_0) && kLanePairBytes == 2 * sizeof(BlockQ4_K));
+
+// The 16 code bytes of block b of a pair in lane pairs, in the order of a Q4_0 block's qs (byte l: element l
+// in the low nibble, l + 16 in the high one), from the pair's codes, and back.
+void lane_pair_block_codes(const uint8_t* codes, int b, uint8_t* qs) {
+  for (int v = 0; v < 4; ++v) std::memcpy(qs + 4 * v, codes + 64 * v + 4 * b, 4);
+}
+void set_lane_pair_block_codes(const uint8_t* qs, int b, uint8_t* codes) {
+  for (int v = 0; v < 4; ++v) std::memcpy(codes + 64 * v + 4 * b, qs + 4 * v, 4);
+}
+
+// Nibble n of qs byte 32c + l of a Q4_K super-block is element 64c + 32n + l: sub-block j = 2c + n.
+uint8_t q4_k_code(const BlockQ4_K& blk, int j, int l) {
+  return (blk.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 15;
+}
+
+void q4_k_lane_pair_from_file(const uint8_t* in, uint8_t* out) {
+  uint8_t* header = out + lane_pair_scales_offset(out);
+  uint8_t* codes = out + lane_pair_codes_offset(out);
+  std::memset(header, 0, 32);
+  for (int s = 0; s < 2; ++s) {
+    BlockQ4_K blk;
+    std::memcpy(&blk, in + s * sizeof(BlockQ4_K), sizeof(blk));
+    std::memcpy(header + 4 * s, &blk.d, 2);
+    std::memcpy(header + 4 * s + 2, &blk.dmin, 2);
+    for (int j = 0; j < 8; ++j) {
+      const int b = 8 * s + j;
+      const ScaleMin sm = k4_scale_min(blk.scales, j);
+      header[8 + b] = static_cast<uint8_t>((sm.scale & 15) | (sm.min & 15) << 4);
+      header[24 + j] |= static_cast<uint8_t>(((sm.scale >> 4) | (sm.min >> 4) << 2) << (4 * s));
+      uint8_t qs[16];
+      for (int l = 0; l < 16; ++l)
+        qs[l] = static_cast<uint8_t>(q4_k_code(blk, j, l) | q4_k_code(blk, j, l + 16) << 4);
+      set_lane_pair_block_codes(qs, b, codes);
+    }
+  }
+}
+
+void q4_k_lane_pair_to_file(const uint8_t* in, uint8_t* out) {
+  const uint8_t* header = in + lane_pair_scales_offset(in);
+  const uint8_t* codes = in + lane_pair_codes_offset(in);
+  for (int s = 0; s < 2; ++s) {
+    BlockQ4_K blk{};
+    std::memcpy(&blk.d, header + 4 * s, 2);
+    std::memcpy(&blk.dmin, header + 4 * s + 2, 2);
+    for (int j = 0; j < 8; ++j) {
+      const int b = 8 * s + j;
+      const int high = header[24 + j] >> (4 * s);
+      set_k4_scale_min(blk.scales, j, static_cast<uint8_t>((header[8 + b] & 15) | (high & 3) << 4),
+                       static_cast<uint8_t>((header[8 + b] >> 4) | (high >> 2 & 3) << 4));
+      uint8_t qs[16];
+      lane_pair_block_codes(codes, b, qs);
+      for (int l = 0; l < 32; ++l) {
+        const int code = (qs[l % 16] >> (4 * (l / 16))) & 15;
+        blk.qs[32 * (j / 2) + l] |= static_cast<uint8_t>(code << (4 * (j % 2)));
+      }
+    }
+    std::memcpy(out + s * sizeof(BlockQ4_K), &blk, sizeof(blk));
+  }
+}
+
+}  // namespace
+
+void lane_pair_from_file(DType type, const uint8_t* in, uint8_t* out) {
+  if (type == DType::Q4_K) return q4_k_lane_pair_from_file(in, out);
   uint8_t* scales = out + lane_pair_scales_offset(out);
   uint8_t* codes = out + lane_pair_codes_offset(out);
   for (int b = 0; b < 16; ++b) {
     const uint8_t* blk = in + b * sizeof(BlockQ4_0);
     std::memcpy(scales + 2 * b, blk + offsetof(BlockQ4_0, d), 2);
-    for (int v = 0; v < 4; ++v) std::memcpy(codes + 64 * v + 4 * b, blk + offsetof(BlockQ4_0, qs) + 4 * v, 4);
+    set_lane_pair_block_codes(blk + offsetof(BlockQ4_0, qs), b, codes);
   }
 }
 
-void lane_pair_to_file(const uint8_t* in, uint8_t* out) {
+void lane_pair_to_file(DType type, const uint8_t* in, uint8_t* out) {
+  if (type == DType::Q4_K) return q4_k_lane_pair_to_file(in, out);
   const uint8_t* scales = in + lane_pair_scales_offset(in);
   const uint8_t* codes = in + lane_pair_codes_offset(in);
   for (int b = 0; b < 16; ++b) {
     uint8_t* blk = out + b * sizeof(BlockQ4_0);
     std::memcpy(blk + offsetof(BlockQ4_0, d), scales + 2 * b, 2);
-    for (int v = 0; v < 4; ++v) std::memcpy(blk + offsetof(BlockQ4_0, qs) + 4 * v, codes + 64 * v + 4 * b, 4);
+    lane_pair_block_codes(codes, b, blk + offsetof(BlockQ4_0, qs));
   }
 }
 
@@ -408,7 +474,7 @@ void repack_rows(WeightForm form, DType type, int64_t cols, uint8_t* data, size_
   uint8_t tmp[kLanePairBytes];
   for (size_t o = 0; o < bytes; o += kLanePairBytes) {
     std::memcpy(tmp, data + o, kLanePairBytes);
-    lane_pair_from_file(tmp, data + o);
+    lane_pair_from_file(type, tmp, data + o);
   }
 }
 
@@ -419,7 +485,7 @@ void file_form_row(const MatrixView& w, int64_t r, uint8_t* out) {
     return;
   }
   if (w.form == WeightForm::kLanePairs) {
-    for (size_t o = 0; o < w.row_bytes; o += kLanePairBytes) lane_pair_to_file(row + o, out + o);
+    for (size_t o = 0; o < w.row_bytes; o += kLanePairBytes) lane_pair_to_file(w.type, row + o, out + o);
     return;
   }
   const size_t sb = interleave_super_bytes(w.type);

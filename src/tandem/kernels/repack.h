@@ -2,7 +2,8 @@
 // file, rearranged in place (no second copy) so that a super-block decodes into registers with a few loads
 // and no gathering or permuting. Only the matmul kernels read a repacked matrix (MatrixView::form); each
 // result of the interleaved forms is bit-identical to the file form's (lane pairs sum each block in one lane,
-// so their results differ from it in rounding).
+// so their results differ from it in rounding, and Q4_K's also meet activations with one scale per 32
+// elements rather than per 256).
 //
 // Per super-block. Rows of the K-quants are whole super-blocks (cols % 256 == 0); those of the legacy types
 // (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) may end in a partial super-block (any whole number of 32-element blocks from
@@ -67,13 +68,19 @@
 
 namespace tandem::kernels {
 
-// Q4_0 in lane pairs (WeightForm::kLanePairs; quant_layout.h), per pair of super-blocks (288 bytes): the 16
-// f16 scales (32 bytes, block b at 2b) and four 64-byte code vectors (bytes 4v..4v+3 of block b at 64v + 4b
-// of the codes), whose low nibbles are elements 4v..4v+3 of the block and the high ones elements 16 + 4v..
-// 16 + 4v + 3. Where they lie depends on the pair's address, so that each code vector is one aligned 64-byte
-// load wherever the matrix starts on 32 bytes (pairs alternate between the two cases):
-//     pair 32 bytes past a 64-byte boundary: [0, 32) the scales, [32, 288) the codes
-//     pair on a 64-byte boundary:            [0, 256) the codes, [256, 288) the scales
+// Q4_0 and Q4_K in lane pairs (WeightForm::kLanePairs; quant_layout.h), per pair of super-blocks (288
+// bytes, as in the file): a 32-byte header and four 64-byte code vectors (bytes 4v..4v+3 of block b at 64v +
+// 4b of the codes), whose low nibbles are elements 4v..4v+3 of the 32-element block and the high ones
+// elements 16 + 4v..16 + 4v + 3 (block b < 8: block b of the first super-block; the others of the second).
+// The header:
+//   Q4_0: the 16 f16 scales, block b at 2b.
+//   Q4_K: [0, 8) the f16 d and dmin of the first super-block, then of the second; [8, 24) byte b: the low 4
+//         bits of block b's 6-bit scale (low nibble) and minimum (high nibble); [24, 32) byte j: the top two
+//         bits of block j's scale at bits 0-1 and minimum at 2-3, those of block j + 8 at 4-5 and 6-7.
+// Where they lie depends on the pair's address, so that each code vector is one aligned 64-byte load wherever
+// the matrix starts on 32 bytes (pairs alternate between the two cases):
+//     pair 32 bytes past a 64-byte boundary: [0, 32) the header, [32, 288) the codes
+//     pair on a 64-byte boundary:            [0, 256) the codes, [256, 288) the header
 // So a repacked matrix is read at the address it was repacked at (the loader repacks in place). Rows are
 // whole pairs (cols % 512 == 0).
 constexpr size_t kLanePairBytes = 16 * 18;
@@ -84,9 +91,10 @@ inline size_t lane_pair_scales_offset(const uint8_t* pair) {
   return 256 - 8 * lane_pair_codes_offset(pair);
 }
 bool can_lane_pair(DType type, int64_t cols);
-// One pair: 16 blocks in the file's form -> lane pairs at out, and back from lane pairs at in (in != out).
-void lane_pair_from_file(const uint8_t* in, uint8_t* out);
-void lane_pair_to_file(const uint8_t* in, uint8_t* out);
+// One pair of `type`: two super-blocks in the file's form -> lane pairs at out, and back from lane pairs at
+// in (in != out).
+void lane_pair_from_file(DType type, const uint8_t* in, uint8_t* out);
+void lane_pair_to_file(DType type, const uint8_t* in, uint8_t* out);
 
 // Whether a matrix of this type and width has an interleaved form.
 bool can_interleave(DType type, int64_t cols);
@@ -97,8 +105,8 @@ bool can_interleave(DType type, int64_t cols);
 // while weights were read from a file mapping, where one row measured 1.09x the time repacked; with the
 // weights copied into 2 MB pages (gguf/mapped_file.h) synthetic TinyLlama decodes in 0.90-0.97x the time
 // repacked, windows of 2 to 8 rows 0.92-0.97x; under AVX2 the repacked form takes 0.73-0.87x.)
-// Lane pairs take the place of the interleaved form for Q4_0 rows that have them (can_lane_pair) under
-// AVX-512, where the matrix starts on 32 bytes (repack_form).
+// Lane pairs take the place of the interleaved form for Q4_0 and Q4_K rows that have them (can_lane_pair)
+// under AVX-512, where the matrix starts on 32 bytes (repack_form).
 bool repack_pays(DType type, int64_t cols);
 // The form the loader repacks a matrix of this type and width, starting at data, into on this CPU (kFile:
 // none).

@@ -126,6 +126,7 @@ const std::vector<SynthPreset>& synth_presets() {
       {"qwen2.5-0.5b", "qwen2", 896, 4864, 24, 14, 2, 151936, 32768, 1000000.0f, true},
       {"qwen2.5-1.5b", "qwen2", 1536, 8960, 28, 12, 2, 151936, 32768, 1000000.0f, true},
       {"tiny-llama-d256", "llama", 256, 768, 2, 4, 2, 512, 512, 10000.0f, false},
+      {"tiny-llama-d512", "llama", 512, 1536, 2, 8, 2, 512, 512, 10000.0f, false},
       {"tiny-qwen2-d64", "qwen2", 64, 160, 2, 4, 2, 384, 512, 10000.0f, true},
   };
   return presets;

@@ -65,6 +65,30 @@ struct BlockQ8_K {  // activation blocks for K-quant dot products
   int16_t bsums[kQKK / 16];
 };
 
+// Q4_K/Q5_K: eight 6-bit scales and eight 6-bit mins in 12 bytes. Sub-blocks 0..3 keep scale and min in the
+// low 6 bits of bytes j and j + 4; sub-blocks 4..7 keep their low 4 bits in the nibbles of byte j + 4 (scale
+// low, min high) and their top 2 bits in the top 2 bits of bytes j - 4 (scale) and j (min).
+struct ScaleMin {
+  uint8_t scale;
+  uint8_t min;
+};
+inline ScaleMin k4_scale_min(const uint8_t* q, int j) {
+  if (j < 4) return {static_cast<uint8_t>(q[j] & 63), static_cast<uint8_t>(q[j + 4] & 63)};
+  return {static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4)),
+          static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4))};
+}
+// Stores scale ls and min lm (0..63) into zeroed scale bytes.
+inline void set_k4_scale_min(uint8_t* q, int j, uint8_t ls, uint8_t lm) {
+  if (j < 4) {
+    q[j] |= ls;
+    q[j + 4] |= lm;
+  } else {
+    q[j + 4] |= static_cast<uint8_t>((ls & 0xF) | ((lm & 0xF) << 4));
+    q[j - 4] |= static_cast<uint8_t>((ls >> 4) << 6);
+    q[j] |= static_cast<uint8_t>((lm >> 4) << 6);
+  }
+}
+
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ5_0) == 22);
