@@ -164,10 +164,11 @@ TEST(BatchInvariance, ForwardLogitsDoNotDependOnTheWindow) {
   const fs::path dir = fs::temp_directory_path() / ("tandem_batch_inv_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   ThreadPool pool(2);
-  // (Widths of 512 take lane pairs for Q4_0 and Q4_K where the kernels read them.)
+  // (Widths of 512 take lane pairs for Q4_0, Q4_K and Q8_0 where the kernels read them.)
   const std::pair<const char*, const char*> models[] = {
       {"tiny-llama-d256", "Q4_0"}, {"tiny-llama-d256", "Q8_0"}, {"tiny-llama-d256", "Q4_K_M"},
-      {"tiny-llama-d256", "F16"},  {"tiny-llama-d512", "Q4_0"}, {"tiny-llama-d512", "Q4_K_M"}};
+      {"tiny-llama-d256", "F16"},  {"tiny-llama-d512", "Q4_0"}, {"tiny-llama-d512", "Q4_K_M"},
+      {"tiny-llama-d512", "Q8_0"}};
   for (const auto& [preset, type] : models) {
     const std::string path = (dir / (std::string(preset) + "-" + type + ".gguf")).string();
     model::write_synthetic_model(model::find_synth_preset(preset), model::find_file_type(type), path, pool);

@@ -345,9 +345,9 @@ std::vector<float> lane_pair_activations(const ActSuper* act, int64_t k) {
   return x;
 }
 
-// Q4_0 and Q4_K in lane pairs, on the targets that read them (QuantKernels::lane_pairs): every window of up
-// to direct_max_rows rows (one weight row or two a tile, unsigned or signed codes, column chunks at 5632)
-// gives each row the bits it has alone, with either prefetch reach; and one row's result equals the dot
+// Q4_0, Q4_K and Q8_0 in lane pairs, on the targets that read them (QuantKernels::lane_pairs): every window
+// of up to direct_max_rows rows (one weight row or two a tile, unsigned or signed codes, column chunks at
+// 5632) gives each row the bits it has alone, with either prefetch reach; and one row's result equals the dot
 // product of the dequantized weights with the quantized activations (codes times block scales), summed in
 // double, within the float-order tolerance.
 TEST(Kernels, LanePairKernelsKeepTheirBitsAndMatchTheQuantizedProduct) {
@@ -355,7 +355,7 @@ TEST(Kernels, LanePairKernelsKeepTheirBitsAndMatchTheQuantizedProduct) {
   for (Target target : runnable_targets()) {
     const QuantKernels& qk = quant_kernels(target);
     if (!qk.lane_pairs) continue;
-    for (DType t : {DType::Q4_0, DType::Q4_K})
+    for (DType t : {DType::Q4_0, DType::Q4_K, DType::Q8_0})
       for (int64_t k : {512, 2048, 5632}) {
         SCOPED_TRACE(std::string(target_name(target)) + " " + std::string(dtype_name(t)) +
                      " k=" + std::to_string(k));

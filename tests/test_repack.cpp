@@ -268,6 +268,56 @@ TEST(Repack, MatmulIsBitIdenticalToTheFileFormOnEveryTarget) {
   }
 }
 
+// Where a pair in lane pairs of code_bytes codes keeps them and its 32-byte header, by its address
+// (repack.h): codes first on a 64-byte boundary, the header first 32 bytes past one.
+struct PairPlaces {
+  bool codes_first;
+  const uint8_t* header;
+  const uint8_t* codes;
+};
+PairPlaces pair_places(const uint8_t* p, size_t code_bytes) {
+  const bool codes_first = reinterpret_cast<uintptr_t>(p) % 64 < 32;
+  return {codes_first, p + (codes_first ? code_bytes : 0), p + (codes_first ? 0 : 32)};
+}
+
+// Rows repacked into lane pairs (packed) read back as the file's bytes, and matmuls of them on every runnable
+// target (the others read lane pairs through the file form) agree with those of the file form within the
+// float-order tolerance, for each row count.
+void expect_lane_pairs_match_file_form(DType t, int64_t n, int64_t k, const std::vector<uint8_t>& file,
+                                       const std::vector<uint8_t>& packed,
+                                       std::initializer_list<int64_t> row_counts, uint32_t seed) {
+  const size_t rb = row_bytes(t, k);
+  const MatrixView a{t, n, k, rb, file.data()}, b{t, n, k, rb, packed.data(), WeightForm::kLanePairs};
+  std::vector<uint8_t> back(rb);
+  for (int64_t r = 0; r < n; ++r) {
+    file_form_row(b, r, back.data());
+    ASSERT_EQ(0, std::memcmp(back.data(), file.data() + static_cast<size_t>(r) * rb, rb)) << "row " << r;
+  }
+  std::vector<float> deq(static_cast<size_t>(n * k));
+  for (int64_t r = 0; r < n; ++r)
+    dequantize_row(t, file.data() + static_cast<size_t>(r) * rb, deq.data() + r * k, k);
+  const int64_t max_rows = std::max(row_counts);
+  const std::vector<float> x = normal_floats(max_rows * k, seed);
+  ThreadPool pool(2);
+  for (Target target : runnable_targets()) {
+    MatmulScratch scratch(pool.size(), k, max_rows, target);
+    for (int64_t rows : row_counts) {
+      SCOPED_TRACE(std::string(target_name(target)) + " rows=" + std::to_string(rows));
+      std::vector<float> ya(static_cast<size_t>(rows * n)), yb(ya.size());
+      matmul(a, x.data(), rows, ya.data(), pool, scratch);
+      matmul(b, x.data(), rows, yb.data(), pool, scratch);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t o = 0; o < n; ++o) {
+          double mag = 0;
+          for (int64_t i = 0; i < k; ++i)
+            mag += std::fabs(deq[static_cast<size_t>(o * k + i)] * x[r * k + i]);
+          const size_t at = static_cast<size_t>(r * n + o);
+          ASSERT_NEAR(ya[at], yb[at], 1e-5 * mag + 1e-6) << "r=" << r << " o=" << o;
+        }
+    }
+  }
+}
+
 // Q4_0 in lane pairs: every byte where repack.h puts it, the rows back to the file's bytes, and a matmul over
 // them, on every target and row class, within the float-order tolerance of the file form's (each block summed
 // in one lane, not in two half-block lanes). The form is chosen only where the kernels read it directly.
@@ -275,7 +325,7 @@ TEST(Repack, LanePairsPlaceEveryByteAndMatchTheFileForm) {
   const DType t = DType::Q4_0;
   EXPECT_FALSE(can_lane_pair(t, 256));
   EXPECT_FALSE(can_lane_pair(t, 896));
-  EXPECT_FALSE(can_lane_pair(DType::Q8_0, 2048));
+  EXPECT_FALSE(can_lane_pair(DType::Q4_1, 2048));
   EXPECT_TRUE(can_lane_pair(t, 512));
   EXPECT_TRUE(can_lane_pair(t, 5632));
   const bool reads = quant_kernels(best_target()).lane_pairs;
@@ -284,22 +334,18 @@ TEST(Repack, LanePairsPlaceEveryByteAndMatchTheFileForm) {
   EXPECT_EQ(repack_form(t, 2048, page + 32) == WeightForm::kLanePairs, reads);
   EXPECT_NE(repack_form(t, 2048, page + 16), WeightForm::kLanePairs);  // code vectors across cache lines
   EXPECT_NE(repack_form(t, 896, page), WeightForm::kLanePairs);
-  ThreadPool pool(2);
   for (int64_t k : {512, 2048, 5632}) {
     SCOPED_TRACE("k=" + std::to_string(k));
     const int64_t n = 45;
     const std::vector<uint8_t> file = quantized_rows(t, n, k, 7);
     std::vector<uint8_t> packed = file;
     repack_rows(WeightForm::kLanePairs, t, k, packed.data(), packed.size());
-    const size_t rb = row_bytes(t, k);
     size_t at_line = 0;  // pairs on a 64-byte boundary (codes first); the others put their scales first
     for (size_t pair = 0; pair < file.size() / kLanePairBytes; pair += 7) {
       const uint8_t* f = file.data() + pair * kLanePairBytes;
       const uint8_t* p = packed.data() + pair * kLanePairBytes;
-      const bool codes_first = reinterpret_cast<uintptr_t>(p) % 64 < 32;
+      const auto [codes_first, scales, codes] = pair_places(p, 256);
       at_line += codes_first;
-      const uint8_t* scales = p + (codes_first ? 256 : 0);
-      const uint8_t* codes = p + (codes_first ? 0 : 32);
       for (size_t b = 0; b < 16; ++b) {
         const uint8_t* blk = f + b * sizeof(BlockQ4_0);
         EXPECT_EQ(0, std::memcmp(scales + 2 * b, blk, 2)) << "scale of block " << b;
@@ -309,33 +355,7 @@ TEST(Repack, LanePairsPlaceEveryByteAndMatchTheFileForm) {
     }
     EXPECT_GT(at_line, 0u);  // pairs alternate between the two places (288 = 4.5 cache lines)
     EXPECT_LT(at_line, (file.size() / kLanePairBytes + 6) / 7);
-    const MatrixView a{t, n, k, rb, file.data()}, b{t, n, k, rb, packed.data(), WeightForm::kLanePairs};
-    std::vector<uint8_t> back(rb);
-    for (int64_t r = 0; r < n; ++r) {
-      file_form_row(b, r, back.data());
-      ASSERT_EQ(0, std::memcmp(back.data(), file.data() + static_cast<size_t>(r) * rb, rb)) << "row " << r;
-    }
-    std::vector<float> deq(static_cast<size_t>(n * k));
-    for (int64_t r = 0; r < n; ++r)
-      dequantize_row(t, file.data() + static_cast<size_t>(r) * rb, deq.data() + r * k, k);
-    const std::vector<float> x = normal_floats(70 * k, 5);
-    for (Target target : runnable_targets()) {
-      MatmulScratch scratch(pool.size(), k, 70, target);
-      for (int64_t rows : {1, 2, 3, 5, 8, 9, 16, 70}) {
-        SCOPED_TRACE(std::string(target_name(target)) + " rows=" + std::to_string(rows));
-        std::vector<float> ya(static_cast<size_t>(rows * n)), yb(ya.size());
-        matmul(a, x.data(), rows, ya.data(), pool, scratch);
-        matmul(b, x.data(), rows, yb.data(), pool, scratch);
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t o = 0; o < n; ++o) {
-            double mag = 0;
-            for (int64_t i = 0; i < k; ++i)
-              mag += std::fabs(deq[static_cast<size_t>(o * k + i)] * x[r * k + i]);
-            const size_t at = static_cast<size_t>(r * n + o);
-            ASSERT_NEAR(ya[at], yb[at], 1e-5 * mag + 1e-6) << "r=" << r << " o=" << o;
-          }
-      }
-    }
+    expect_lane_pairs_match_file_form(t, n, k, file, packed, {1, 2, 3, 5, 8, 9, 16, 70}, 5);
   }
 }
 
@@ -361,9 +381,7 @@ TEST(Repack, Q4KLanePairsPlaceEveryByteAndRoundTrip) {
     repack_rows(WeightForm::kLanePairs, t, k, packed.data(), packed.size());
     for (size_t pair = 0; pair < file.size() / kLanePairBytes; ++pair) {
       const uint8_t* p = packed.data() + pair * kLanePairBytes;
-      const bool codes_first = reinterpret_cast<uintptr_t>(p) % 64 < 32;
-      const uint8_t* h = p + (codes_first ? 256 : 0);
-      const uint8_t* codes = p + (codes_first ? 0 : 32);
+      const auto [codes_first, h, codes] = pair_places(p, 256);
       for (int s = 0; s < 2; ++s) {
         BlockQ4_K blk;
         std::memcpy(&blk, file.data() + pair * kLanePairBytes + s * sizeof(BlockQ4_K), sizeof(blk));
@@ -390,6 +408,51 @@ TEST(Repack, Q4KLanePairsPlaceEveryByteAndRoundTrip) {
       file_form_row(b, r, back.data());
       ASSERT_EQ(0, std::memcmp(back.data(), file.data() + static_cast<size_t>(r) * rb, rb)) << "row " << r;
     }
+  }
+}
+
+// Q8_0 in lane pairs: each scale and each code (plus 128) where repack.h puts them, in both places a pair
+// can lie (544 bytes: 8.5 cache lines), the rows back to the file's bytes, and matmuls of the repacked
+// matrix on every runnable target (the others read it through the file form) near those of the file form.
+TEST(Repack, Q8_0LanePairsPlaceEveryByteAndMatchTheFileForm) {
+  const DType t = DType::Q8_0;
+  EXPECT_FALSE(can_lane_pair(t, 256));
+  EXPECT_FALSE(can_lane_pair(t, 800));
+  EXPECT_TRUE(can_lane_pair(t, 512));
+  EXPECT_TRUE(can_lane_pair(t, 5632));
+  EXPECT_EQ(lane_pair_bytes(t), 16 * sizeof(BlockQ8_0));
+  const bool reads = quant_kernels(best_target()).lane_pairs;
+  alignas(64) static const uint8_t page[64] = {};
+  EXPECT_EQ(repack_form(t, 2048, page + 32) == WeightForm::kLanePairs,
+            reads && lane_pair_window_fits(t, 2048));
+  EXPECT_NE(repack_form(t, 2048, page + 16), WeightForm::kLanePairs);
+  EXPECT_TRUE(lane_pair_window_fits(DType::Q4_0, 1 << 20));
+  EXPECT_FALSE(lane_pair_window_fits(t, 1 << 20));
+  EXPECT_NE(repack_form(t, 1 << 20, page), WeightForm::kLanePairs);  // windows' activations past the L1
+  for (int64_t k : {512, 2048, 5632}) {
+    SCOPED_TRACE("k=" + std::to_string(k));
+    const int64_t n = 11;
+    const std::vector<uint8_t> file = quantized_rows(t, n, k, 13);
+    std::vector<uint8_t> packed = file;
+    repack_rows(WeightForm::kLanePairs, t, k, packed.data(), packed.size());
+    const size_t pair_bytes = lane_pair_bytes(t);
+    size_t at_line = 0;
+    for (size_t pair = 0; pair < file.size() / pair_bytes; ++pair) {
+      const uint8_t* f = file.data() + pair * pair_bytes;
+      const uint8_t* p = packed.data() + pair * pair_bytes;
+      const auto [codes_first, scales, codes] = pair_places(p, 512);
+      at_line += codes_first;
+      for (int b = 0; b < 16; ++b) {
+        const uint8_t* blk = f + b * sizeof(BlockQ8_0);
+        ASSERT_EQ(0, std::memcmp(scales + 2 * b, blk, 2)) << "pair " << pair << " block " << b;
+        for (int e = 0; e < 32; ++e)
+          ASSERT_EQ(codes[64 * (e / 4) + 4 * b + e % 4], static_cast<uint8_t>(blk[2 + e] + 128))
+              << "pair " << pair << " block " << b << " e " << e;
+      }
+    }
+    EXPECT_GT(at_line, 0u);
+    EXPECT_LT(at_line, file.size() / pair_bytes);
+    expect_lane_pairs_match_file_form(t, n, k, file, packed, {1, 2, 4, 7, 8, 20}, 6);
   }
 }
 

@@ -35,8 +35,8 @@
 //    scaling per block instead of two. Lane L's block is kLaneBlock[L] = 0, 1, 4, 5, 2, 3, 6, 7: the order
 //    one 32-bit shuffle per vector pair gives from block order. Lane group L is block kLaneBlock[L]; groups 8
 //    to 15 of the arrays are zero.
-// And one order over a pair of supers (512 elements), lane pairs, the AVX-512 target's form of Q4_0 and Q4_K
-// rows whose width is a multiple of 512 (WeightForm::kLanePairs) and of their activations
+// And one order over a pair of supers (512 elements), lane pairs, the AVX-512 target's form of Q4_0, Q4_K and
+// Q8_0 rows whose width is a multiple of 512 (WeightForm::kLanePairs) and of their activations
 // (ActForm::kLanePairs): vector v < 8 of the pair (vectors 0..3 in the first super, 4..7 in the second) holds
 // element 32 * b + 4 * v
 // + i of the pair at position 64 * (v % 4) + 4 * b + i (b < 16 the block, i < 4), so that 32-bit lane b holds
@@ -86,8 +86,8 @@ constexpr int fold_index(int fold) {
 enum class CodeOrder { kGroup, kBlock, kBlockLanes };
 
 // How a matmul's activation rows are quantized: per-32 scales in the target's legacy order (block order or
-// block lanes), per-256 scales in group order (K-quant weights), or per-32 scales in lane pairs (Q4_0 and
-// Q4_K rows in their lane-pair form, on targets that read it: QuantKernels::lane_pairs).
+// block lanes), per-256 scales in group order (K-quant weights), or per-32 scales in lane pairs (Q4_0, Q4_K
+// and Q8_0 rows in their lane-pair form, on targets that read it: QuantKernels::lane_pairs).
 enum class ActForm : uint8_t { kBlocks, kSupers, kLanePairs };
 
 // Super (0 or 1) and position in its codes of element e < 512 of a pair of supers in lane pairs.
@@ -187,7 +187,7 @@ struct QuantKernels {
   // Whether matmuls of more rows than direct_pass_rows (prefill) take the direct kernels too, in passes, or
   // the unpacked path.
   bool direct_prefill = true;
-  // Whether the direct kernels read Q4_0 and Q4_K rows in their lane-pair form (WeightForm::kLanePairs)
+  // Whether the direct kernels read Q4_0, Q4_K and Q8_0 rows in their lane-pair form (WeightForm::kLanePairs)
   // against activations in lane pairs; other targets read such rows through the file form (unpack_row).
   bool lane_pairs = false;
 };

@@ -50,12 +50,21 @@ bool legacy_type(DType type) {
 }  // namespace
 
 bool can_lane_pair(DType type, int64_t cols) {
-  return (type == DType::Q4_0 || type == DType::Q4_K) && cols > 0 && cols % (2 * kSuper) == 0;
+  return (type == DType::Q4_0 || type == DType::Q4_K || type == DType::Q8_0) && cols > 0 &&
+         cols % (2 * kSuper) == 0;
+}
+
+bool lane_pair_window_fits(DType type, int64_t cols) {
+  // Per row and pair of super-blocks the codes of both, the scales and the offset sums: 10 cache lines.
+  constexpr int64_t kActBytes = 640, kWindowRows = 8;
+  return type != DType::Q8_0 ||
+         kWindowRows * (cols / (2 * kSuper)) * kActBytes <= l1_data_cache_bytes() / 4 * 3;
 }
 
 namespace {
 
-static_assert(kLanePairBytes == 16 * sizeof(BlockQ4_0) && kLanePairBytes == 2 * sizeof(BlockQ4_K));
+static_assert(kLanePairBytes == 16 * sizeof(BlockQ4_0) && kLanePairBytes == 2 * sizeof(BlockQ4_K) &&
+              kMaxLanePairBytes == 16 * sizeof(BlockQ8_0));
 
 // The 16 code bytes of block b of a pair in lane pairs, in the order of a Q4_0 block's qs (byte l: element l
 // in the low nibble, l + 16 in the high one), from the pair's codes, and back.
@@ -72,7 +81,7 @@ uint8_t q4_k_code(const BlockQ4_K& blk, int j, int l) {
 }
 
 void q4_k_lane_pair_from_file(const uint8_t* in, uint8_t* out) {
-  uint8_t* header = out + lane_pair_scales_offset(out);
+  uint8_t* header = out + lane_pair_scales_offset(DType::Q4_K, out);
   uint8_t* codes = out + lane_pair_codes_offset(out);
   std::memset(header, 0, 32);
   for (int s = 0; s < 2; ++s) {
@@ -94,7 +103,7 @@ void q4_k_lane_pair_from_file(const uint8_t* in, uint8_t* out) {
 }
 
 void q4_k_lane_pair_to_file(const uint8_t* in, uint8_t* out) {
-  const uint8_t* header = in + lane_pair_scales_offset(in);
+  const uint8_t* header = in + lane_pair_scales_offset(DType::Q4_K, in);
   const uint8_t* codes = in + lane_pair_codes_offset(in);
   for (int s = 0; s < 2; ++s) {
     BlockQ4_K blk{};
@@ -116,11 +125,43 @@ void q4_k_lane_pair_to_file(const uint8_t* in, uint8_t* out) {
   }
 }
 
+// Q8_0: code c of element 4v + i of block b at 64v + 4b + i, as c + 128.
+void q8_0_lane_pair_from_file(const uint8_t* in, uint8_t* out) {
+  uint8_t* scales = out + lane_pair_scales_offset(DType::Q8_0, out);
+  uint8_t* codes = out + lane_pair_codes_offset(out);
+  for (int b = 0; b < 16; ++b) {
+    const uint8_t* blk = in + b * sizeof(BlockQ8_0);
+    std::memcpy(scales + 2 * b, blk + offsetof(BlockQ8_0, d), 2);
+    for (int v = 0; v < 8; ++v) {
+      uint32_t four;
+      std::memcpy(&four, blk + offsetof(BlockQ8_0, qs) + 4 * v, 4);
+      four ^= 0x80808080u;
+      std::memcpy(codes + 64 * v + 4 * b, &four, 4);
+    }
+  }
+}
+
+void q8_0_lane_pair_to_file(const uint8_t* in, uint8_t* out) {
+  const uint8_t* scales = in + lane_pair_scales_offset(DType::Q8_0, in);
+  const uint8_t* codes = in + lane_pair_codes_offset(in);
+  for (int b = 0; b < 16; ++b) {
+    uint8_t* blk = out + b * sizeof(BlockQ8_0);
+    std::memcpy(blk + offsetof(BlockQ8_0, d), scales + 2 * b, 2);
+    for (int v = 0; v < 8; ++v) {
+      uint32_t four;
+      std::memcpy(&four, codes + 64 * v + 4 * b, 4);
+      four ^= 0x80808080u;
+      std::memcpy(blk + offsetof(BlockQ8_0, qs) + 4 * v, &four, 4);
+    }
+  }
+}
+
 }  // namespace
 
 void lane_pair_from_file(DType type, const uint8_t* in, uint8_t* out) {
   if (type == DType::Q4_K) return q4_k_lane_pair_from_file(in, out);
-  uint8_t* scales = out + lane_pair_scales_offset(out);
+  if (type == DType::Q8_0) return q8_0_lane_pair_from_file(in, out);
+  uint8_t* scales = out + lane_pair_scales_offset(type, out);
   uint8_t* codes = out + lane_pair_codes_offset(out);
   for (int b = 0; b < 16; ++b) {
     const uint8_t* blk = in + b * sizeof(BlockQ4_0);
@@ -131,7 +172,8 @@ void lane_pair_from_file(DType type, const uint8_t* in, uint8_t* out) {
 
 void lane_pair_to_file(DType type, const uint8_t* in, uint8_t* out) {
   if (type == DType::Q4_K) return q4_k_lane_pair_to_file(in, out);
-  const uint8_t* scales = in + lane_pair_scales_offset(in);
+  if (type == DType::Q8_0) return q8_0_lane_pair_to_file(in, out);
+  const uint8_t* scales = in + lane_pair_scales_offset(type, in);
   const uint8_t* codes = in + lane_pair_codes_offset(in);
   for (int b = 0; b < 16; ++b) {
     uint8_t* blk = out + b * sizeof(BlockQ4_0);
@@ -166,7 +208,9 @@ WeightForm repack_form(DType type, int64_t cols, const uint8_t* data) {
   const bool avx512 = best == Target::kAVX512 || best == Target::kAVX512VBMI;
   // (Off 32 bytes, lane pairs would load their code vectors across cache lines.)
   const bool aligned = reinterpret_cast<uintptr_t>(data) % 32 == 0;
-  return avx512 && aligned && can_lane_pair(type, cols) ? WeightForm::kLanePairs : WeightForm::kInterleaved;
+  return avx512 && aligned && can_lane_pair(type, cols) && lane_pair_window_fits(type, cols)
+             ? WeightForm::kLanePairs
+             : WeightForm::kInterleaved;
 }
 
 size_t interleave_super_bytes(DType type) {
@@ -470,10 +514,11 @@ void repack_rows(WeightForm form, DType type, int64_t cols, uint8_t* data, size_
   if (form == WeightForm::kInterleaved) return interleave_rows(type, cols, data, bytes);
   TANDEM_CHECK(form == WeightForm::kLanePairs && can_lane_pair(type, cols),
                "repack_rows: no such repacked form for this type and width");
-  TANDEM_CHECK(bytes % kLanePairBytes == 0, "repack_rows: not whole rows");
-  uint8_t tmp[kLanePairBytes];
-  for (size_t o = 0; o < bytes; o += kLanePairBytes) {
-    std::memcpy(tmp, data + o, kLanePairBytes);
+  const size_t pair = lane_pair_bytes(type);
+  TANDEM_CHECK(bytes % pair == 0, "repack_rows: not whole rows");
+  uint8_t tmp[kMaxLanePairBytes];
+  for (size_t o = 0; o < bytes; o += pair) {
+    std::memcpy(tmp, data + o, pair);
     lane_pair_from_file(type, tmp, data + o);
   }
 }
@@ -485,7 +530,8 @@ void file_form_row(const MatrixView& w, int64_t r, uint8_t* out) {
     return;
   }
   if (w.form == WeightForm::kLanePairs) {
-    for (size_t o = 0; o < w.row_bytes; o += kLanePairBytes) lane_pair_to_file(w.type, row + o, out + o);
+    const size_t pair = lane_pair_bytes(w.type);
+    for (size_t o = 0; o < w.row_bytes; o += pair) lane_pair_to_file(w.type, row + o, out + o);
     return;
   }
   const size_t sb = interleave_super_bytes(w.type);

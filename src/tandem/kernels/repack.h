@@ -68,29 +68,42 @@
 
 namespace tandem::kernels {
 
-// Q4_0 and Q4_K in lane pairs (WeightForm::kLanePairs; quant_layout.h), per pair of super-blocks (288
-// bytes, as in the file): a 32-byte header and four 64-byte code vectors (bytes 4v..4v+3 of block b at 64v +
-// 4b of the codes), whose low nibbles are elements 4v..4v+3 of the 32-element block and the high ones
-// elements 16 + 4v..16 + 4v + 3 (block b < 8: block b of the first super-block; the others of the second).
+// Q4_0, Q4_K and Q8_0 in lane pairs (WeightForm::kLanePairs; quant_layout.h), per pair of super-blocks (as
+// many bytes as in the file: 288 for Q4_0 and Q4_K, 544 for Q8_0): a 32-byte header and the code vectors, 64
+// bytes each, lane b (bytes 4b..4b+3) of each holding four codes of block b (b < 8: block b of the first
+// super-block; the others of the second).
+//   Q4_0, Q4_K: four code vectors, bytes 4v..4v+3 of block b at 64v + 4b, whose low nibbles are elements
+//         4v..4v+3 of the 32-element block and the high ones elements 16 + 4v..16 + 4v + 3.
+//   Q8_0: eight code vectors, elements 4v..4v+3 of block b at 64v + 4b, each code plus 128 (unsigned).
 // The header:
-//   Q4_0: the 16 f16 scales, block b at 2b.
+//   Q4_0, Q8_0: the 16 f16 scales, block b at 2b.
 //   Q4_K: [0, 8) the f16 d and dmin of the first super-block, then of the second; [8, 24) byte b: the low 4
 //         bits of block b's 6-bit scale (low nibble) and minimum (high nibble); [24, 32) byte j: the top two
 //         bits of block j's scale at bits 0-1 and minimum at 2-3, those of block j + 8 at 4-5 and 6-7.
 // Where they lie depends on the pair's address, so that each code vector is one aligned 64-byte load wherever
-// the matrix starts on 32 bytes (pairs alternate between the two cases):
-//     pair 32 bytes past a 64-byte boundary: [0, 32) the header, [32, 288) the codes
-//     pair on a 64-byte boundary:            [0, 256) the codes, [256, 288) the header
+// the matrix starts on 32 bytes (pairs alternate between the two cases; every pair size is 32 mod 64):
+//     pair 32 bytes past a 64-byte boundary: [0, 32) the header, then the codes
+//     pair on a 64-byte boundary:            the codes, then the header
 // So a repacked matrix is read at the address it was repacked at (the loader repacks in place). Rows are
 // whole pairs (cols % 512 == 0).
-constexpr size_t kLanePairBytes = 16 * 18;
+constexpr size_t kLanePairBytes = 16 * 18;     // Q4_0, Q4_K
+constexpr size_t kMaxLanePairBytes = 16 * 34;  // Q8_0
+constexpr size_t lane_pair_bytes(DType type) {
+  return type == DType::Q8_0 ? kMaxLanePairBytes : kLanePairBytes;
+}
 inline size_t lane_pair_codes_offset(const uint8_t* pair) {
   return reinterpret_cast<uintptr_t>(pair) & 32;
 }
-inline size_t lane_pair_scales_offset(const uint8_t* pair) {
-  return 256 - 8 * lane_pair_codes_offset(pair);
+inline size_t lane_pair_scales_offset(DType type, const uint8_t* pair) {
+  return lane_pair_codes_offset(pair) != 0 ? 0 : lane_pair_bytes(type) - 32;
 }
 bool can_lane_pair(DType type, int64_t cols);
+// Whether the loader takes lane pairs for such rows (repack_form): Q8_0 only where the activations of a
+// window of 8 rows in lane pairs fill at most 3/4 of the L1 data cache (2048 columns on a 32 KiB L1). Wider
+// rows keep the interleaved form, whose windows there take three weight rows a tile (pair_width): TinyLlama
+// Q8_0's FFN down projection (5632 columns) in lane pairs took 1.6x the time of the interleaved form at 4 and
+// 8 rows (two threads, weights from memory), 1.0-1.07x at one and two rows.
+bool lane_pair_window_fits(DType type, int64_t cols);
 // One pair of `type`: two super-blocks in the file's form -> lane pairs at out, and back from lane pairs at
 // in (in != out).
 void lane_pair_from_file(DType type, const uint8_t* in, uint8_t* out);
@@ -105,8 +118,8 @@ bool can_interleave(DType type, int64_t cols);
 // while weights were read from a file mapping, where one row measured 1.09x the time repacked; with the
 // weights copied into 2 MB pages (gguf/mapped_file.h) synthetic TinyLlama decodes in 0.90-0.97x the time
 // repacked, windows of 2 to 8 rows 0.92-0.97x; under AVX2 the repacked form takes 0.73-0.87x.)
-// Lane pairs take the place of the interleaved form for Q4_0 and Q4_K rows that have them (can_lane_pair)
-// under AVX-512, where the matrix starts on 32 bytes (repack_form).
+// Lane pairs take the place of the interleaved form for Q4_0, Q4_K and Q8_0 rows that have them
+// (can_lane_pair, lane_pair_window_fits) under AVX-512, where the matrix starts on 32 bytes (repack_form).
 bool repack_pays(DType type, int64_t cols);
 // The form the loader repacks a matrix of this type and width, starting at data, into on this CPU (kFile:
 // none).
