@@ -55,8 +55,11 @@ bool can_lane_pair(DType type, int64_t cols) {
 }
 
 bool lane_pair_window_fits(DType type, int64_t cols) {
-  // Per row and pair of super-blocks the codes of both, the scales and the offset sums: 10 cache lines.
-  constexpr int64_t kActBytes = 640, kWindowRows = 8;
+  // Per row and pair of super-blocks the kernels read the codes of both, the scales and one row of offset
+  // sums (640 bytes), for up to 8 rows a pass (kDirectRows).
+  constexpr int64_t kActBytes =
+      2 * sizeof(ActSuper::q) + sizeof(ActSuper::d) + sizeof(ActSuper::offset_sums[0]);
+  constexpr int64_t kWindowRows = 8;
   return type != DType::Q8_0 ||
          kWindowRows * (cols / (2 * kSuper)) * kActBytes <= l1_data_cache_bytes() / 4 * 3;
 }
@@ -125,19 +128,23 @@ void q4_k_lane_pair_to_file(const uint8_t* in, uint8_t* out) {
   }
 }
 
-// Q8_0: code c of element 4v + i of block b at 64v + 4b + i, as c + 128.
+// Q8_0: code c of element 4v + i of block b at 64v + 4b + i, as c + 128. Four codes at a time, one way or
+// the other (adding 128 is its own inverse on bytes).
+void move_q8_0_codes(const uint8_t* from, uint8_t* to) {
+  uint32_t four;
+  std::memcpy(&four, from, 4);
+  four ^= 0x80808080u;
+  std::memcpy(to, &four, 4);
+}
+
 void q8_0_lane_pair_from_file(const uint8_t* in, uint8_t* out) {
   uint8_t* scales = out + lane_pair_scales_offset(DType::Q8_0, out);
   uint8_t* codes = out + lane_pair_codes_offset(out);
   for (int b = 0; b < 16; ++b) {
     const uint8_t* blk = in + b * sizeof(BlockQ8_0);
     std::memcpy(scales + 2 * b, blk + offsetof(BlockQ8_0, d), 2);
-    for (int v = 0; v < 8; ++v) {
-      uint32_t four;
-      std::memcpy(&four, blk + offsetof(BlockQ8_0, qs) + 4 * v, 4);
-      four ^= 0x80808080u;
-      std::memcpy(codes + 64 * v + 4 * b, &four, 4);
-    }
+    for (int v = 0; v < 8; ++v)
+      move_q8_0_codes(blk + offsetof(BlockQ8_0, qs) + 4 * v, codes + 64 * v + 4 * b);
   }
 }
 
@@ -147,12 +154,8 @@ void q8_0_lane_pair_to_file(const uint8_t* in, uint8_t* out) {
   for (int b = 0; b < 16; ++b) {
     uint8_t* blk = out + b * sizeof(BlockQ8_0);
     std::memcpy(blk + offsetof(BlockQ8_0, d), scales + 2 * b, 2);
-    for (int v = 0; v < 8; ++v) {
-      uint32_t four;
-      std::memcpy(&four, codes + 64 * v + 4 * b, 4);
-      four ^= 0x80808080u;
-      std::memcpy(blk + offsetof(BlockQ8_0, qs) + 4 * v, &four, 4);
-    }
+    for (int v = 0; v < 8; ++v)
+      move_q8_0_codes(codes + 64 * v + 4 * b, blk + offsetof(BlockQ8_0, qs) + 4 * v);
   }
 }
 
