@@ -85,7 +85,7 @@ Weights make_weights(DType t, int64_t n, int64_t k) {
     quantize_row(t, row.data(), w.bytes.data() + static_cast<size_t>(o) * rb, k);
   }
   w.view = {t, n, k, rb, w.bytes.data()};
-  w.view.form = repack_form(t, k, w.bytes.data());  // as the model loader repacks them
+  w.view.form = repack_form(t, n, k, w.bytes.data());  // as the model loader repacks them
   if (w.view.form != WeightForm::kFile) repack_rows(w.view.form, t, k, w.bytes.data(), w.bytes.size());
   return w;
 }

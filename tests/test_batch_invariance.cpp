@@ -115,7 +115,8 @@ TEST(BatchInvariance, MatmulGroupEqualsSeparateMatmuls) {
   const std::vector<std::vector<DType>> groups = {{DType::Q4_0, DType::Q4_0, DType::Q8_0},
                                                   {DType::Q4_K, DType::Q6_K, DType::Q4_K},
                                                   {DType::Q4_0, DType::Q6_K, DType::F16},
-                                                  {DType::Q4_K, DType::Q4_K, DType::Q6_K, DType::Q4_0}};
+                                                  {DType::Q4_K, DType::Q4_K, DType::Q6_K, DType::Q4_0},
+                                                  {DType::Q4_0, DType::Q8_0, DType::Q4_0}};
   const int64_t sizes[] = {48, 17, 32, 21};
   ThreadPool pool(2);
   for (const auto& types : groups) {
@@ -136,6 +137,16 @@ TEST(BatchInvariance, MatmulGroupEqualsSeparateMatmuls) {
     if (types.size() == 4) {
       for (size_t i = 0; i < types.size(); ++i) {
         views[i].form = can_lane_pair(types[i], k) ? WeightForm::kLanePairs : WeightForm::kInterleaved;
+        repack_rows(views[i].form, types[i], k, bytes[i].data(), bytes[i].size());
+      }
+    }
+    // The last group's Q4_0 matrices (48 and 32 rows) in row tiles: targets that read them quantize the
+    // activations in natural order for those two, once per 32 elements in their legacy order for Q8_0 (three
+    // calls); the others read row tiles through the file form and share one copy.
+    if (&types == &groups.back()) {
+      for (size_t i = 0; i < types.size(); ++i) {
+        if (!can_row_tile(types[i], sizes[i], k)) continue;
+        views[i].form = WeightForm::kRowTiles;
         repack_rows(views[i].form, types[i], k, bytes[i].data(), bytes[i].size());
       }
     }

@@ -24,6 +24,7 @@ namespace {
 
 using namespace tandem;
 using namespace tandem::kernels;
+using tandem::testing::normal_floats;
 
 std::vector<uint8_t> quantized_rows(DType t, int64_t rows, int64_t cols, uint32_t seed) {
   const size_t rb = row_bytes(t, cols);
@@ -36,14 +37,6 @@ std::vector<uint8_t> quantized_rows(DType t, int64_t rows, int64_t cols, uint32_
     quantize_row(t, row.data(), bytes.data() + static_cast<size_t>(o) * rb, cols);
   }
   return bytes;
-}
-
-std::vector<float> normal_floats(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(n));
-  for (auto& v : x) v = dist(rng);
-  return x;
 }
 
 TEST(Repack, WholeSuperBlocksOfTheTypesWithARepackedForm) {
@@ -280,14 +273,14 @@ PairPlaces pair_places(const uint8_t* p, size_t code_bytes) {
   return {codes_first, p + (codes_first ? code_bytes : 0), p + (codes_first ? 0 : 32)};
 }
 
-// Rows repacked into lane pairs (packed) read back as the file's bytes, and matmuls of them on every runnable
-// target (the others read lane pairs through the file form) agree with those of the file form within the
-// float-order tolerance, for each row count.
-void expect_lane_pairs_match_file_form(DType t, int64_t n, int64_t k, const std::vector<uint8_t>& file,
-                                       const std::vector<uint8_t>& packed,
-                                       std::initializer_list<int64_t> row_counts, uint32_t seed) {
+// Rows repacked into lane pairs or row tiles (packed) read back as the file's bytes, and matmuls of them on
+// every runnable target (the others read the form through the file form) agree with those of the file form
+// within the float-order tolerance, for each row count.
+void expect_repacked_match_file_form(DType t, int64_t n, int64_t k, const std::vector<uint8_t>& file,
+                                     const std::vector<uint8_t>& packed, WeightForm form,
+                                     std::initializer_list<int64_t> row_counts, uint32_t seed) {
   const size_t rb = row_bytes(t, k);
-  const MatrixView a{t, n, k, rb, file.data()}, b{t, n, k, rb, packed.data(), WeightForm::kLanePairs};
+  const MatrixView a{t, n, k, rb, file.data()}, b{t, n, k, rb, packed.data(), form};
   std::vector<uint8_t> back(rb);
   for (int64_t r = 0; r < n; ++r) {
     file_form_row(b, r, back.data());
@@ -330,10 +323,10 @@ TEST(Repack, LanePairsPlaceEveryByteAndMatchTheFileForm) {
   EXPECT_TRUE(can_lane_pair(t, 5632));
   const bool reads = quant_kernels(best_target()).lane_pairs;
   alignas(64) static const uint8_t page[64] = {};
-  EXPECT_EQ(repack_form(t, 2048, page) == WeightForm::kLanePairs, reads);
-  EXPECT_EQ(repack_form(t, 2048, page + 32) == WeightForm::kLanePairs, reads);
-  EXPECT_NE(repack_form(t, 2048, page + 16), WeightForm::kLanePairs);  // code vectors across cache lines
-  EXPECT_NE(repack_form(t, 896, page), WeightForm::kLanePairs);
+  EXPECT_EQ(repack_form(t, 1, 2048, page) == WeightForm::kLanePairs, reads);
+  EXPECT_EQ(repack_form(t, 1, 2048, page + 32) == WeightForm::kLanePairs, reads);
+  EXPECT_NE(repack_form(t, 1, 2048, page + 16), WeightForm::kLanePairs);  // code vectors across cache lines
+  EXPECT_NE(repack_form(t, 1, 896, page), WeightForm::kLanePairs);
   for (int64_t k : {512, 2048, 5632}) {
     SCOPED_TRACE("k=" + std::to_string(k));
     const int64_t n = 45;
@@ -355,7 +348,50 @@ TEST(Repack, LanePairsPlaceEveryByteAndMatchTheFileForm) {
     }
     EXPECT_GT(at_line, 0u);  // pairs alternate between the two places (288 = 4.5 cache lines)
     EXPECT_LT(at_line, (file.size() / kLanePairBytes + 6) / 7);
-    expect_lane_pairs_match_file_form(t, n, k, file, packed, {1, 2, 3, 5, 8, 9, 16, 70}, 5);
+    expect_repacked_match_file_form(t, n, k, file, packed, WeightForm::kLanePairs, {1, 2, 3, 5, 8, 9, 16, 70},
+                                    5);
+  }
+}
+
+// Q4_0 in row tiles: every byte where repack.h puts it, the rows back to the file's bytes, and matmuls over
+// them on every target and row class (one row, windows, prefill passes), within the float-order tolerance of
+// the file form's. The loader takes the form only where the kernels read it, for whole tiles of 16 rows.
+TEST(Repack, RowTilesPlaceEveryByteAndMatchTheFileForm) {
+  const DType t = DType::Q4_0;
+  EXPECT_TRUE(can_row_tile(t, 16, 32));
+  EXPECT_TRUE(can_row_tile(t, 5632, 2048));
+  EXPECT_FALSE(can_row_tile(t, 45, 2048));
+  EXPECT_FALSE(can_row_tile(DType::Q8_0, 32, 2048));
+  const bool reads = quant_kernels(best_target()).row_tiles;
+  alignas(64) static const uint8_t page[64] = {};
+  EXPECT_EQ(repack_form(t, 32, 2048, page) == WeightForm::kRowTiles, reads);
+  EXPECT_EQ(repack_form(t, 32, 2048, page + 32) == WeightForm::kRowTiles, reads);
+  EXPECT_NE(repack_form(t, 32, 2048, page + 16), WeightForm::kRowTiles);  // code vectors across cache lines
+  EXPECT_NE(repack_form(t, 45, 2048, page), WeightForm::kRowTiles);
+  for (int64_t k : {288, 2048, 5632}) {
+    SCOPED_TRACE("k=" + std::to_string(k));
+    const int64_t n = 48, blocks = k / 32;
+    const std::vector<uint8_t> file = quantized_rows(t, n, k, 8);
+    std::vector<uint8_t> packed = file;
+    repack_rows(WeightForm::kRowTiles, t, k, packed.data(), packed.size());
+    const size_t rb = row_bytes(t, k);
+    size_t at_line = 0;  // blocks on a 64-byte boundary (codes first); the others put their scales first
+    for (int64_t tile = 0; tile < n / 16; ++tile)
+      for (int64_t b = 0; b < blocks; b += 3) {
+        const uint8_t* p = packed.data() + static_cast<size_t>(tile * 16) * rb + b * kRowTileBlockBytes;
+        const auto [codes_first, scales, codes] = pair_places(p, 256);
+        at_line += codes_first;
+        for (size_t r = 0; r < 16; ++r) {
+          const uint8_t* blk = file.data() + (tile * 16 + r) * rb + b * sizeof(BlockQ4_0);
+          EXPECT_EQ(0, std::memcmp(scales + 2 * r, blk, 2)) << "scale of row " << r << " block " << b;
+          for (size_t j = 0; j < 16; ++j)
+            EXPECT_EQ(codes[64 * (j / 4) + 4 * r + j % 4], blk[2 + j]) << "row " << r << " block " << b;
+        }
+      }
+    EXPECT_GT(at_line, 0u);  // blocks alternate between the two places (288 = 4.5 cache lines)
+    EXPECT_LT(at_line, static_cast<size_t>(n / 16 * ((blocks + 2) / 3)));
+    expect_repacked_match_file_form(t, n, k, file, packed, WeightForm::kRowTiles,
+                                    {1, 2, 3, 4, 5, 8, 16, 17, 64, 70}, 9);
   }
 }
 
@@ -371,8 +407,8 @@ TEST(Repack, Q4KLanePairsPlaceEveryByteAndRoundTrip) {
   EXPECT_FALSE(can_lane_pair(DType::Q6_K, 2048));
   const bool reads = quant_kernels(best_target()).lane_pairs;
   alignas(64) static const uint8_t page[64] = {};
-  EXPECT_EQ(repack_form(t, 2048, page) == WeightForm::kLanePairs, reads);
-  EXPECT_NE(repack_form(t, 2048, page + 16), WeightForm::kLanePairs);
+  EXPECT_EQ(repack_form(t, 1, 2048, page) == WeightForm::kLanePairs, reads);
+  EXPECT_NE(repack_form(t, 1, 2048, page + 16), WeightForm::kLanePairs);
   for (int64_t k : {512, 5632}) {
     SCOPED_TRACE("k=" + std::to_string(k));
     const int64_t n = 13;
@@ -423,12 +459,12 @@ TEST(Repack, Q8_0LanePairsPlaceEveryByteAndMatchTheFileForm) {
   EXPECT_EQ(lane_pair_bytes(t), 16 * sizeof(BlockQ8_0));
   const bool reads = quant_kernels(best_target()).lane_pairs;
   alignas(64) static const uint8_t page[64] = {};
-  EXPECT_EQ(repack_form(t, 2048, page + 32) == WeightForm::kLanePairs,
+  EXPECT_EQ(repack_form(t, 1, 2048, page + 32) == WeightForm::kLanePairs,
             reads && lane_pair_window_fits(t, 2048));
-  EXPECT_NE(repack_form(t, 2048, page + 16), WeightForm::kLanePairs);
+  EXPECT_NE(repack_form(t, 1, 2048, page + 16), WeightForm::kLanePairs);
   EXPECT_TRUE(lane_pair_window_fits(DType::Q4_0, 1 << 20));
   EXPECT_FALSE(lane_pair_window_fits(t, 1 << 20));
-  EXPECT_NE(repack_form(t, 1 << 20, page), WeightForm::kLanePairs);  // windows' activations past the L1
+  EXPECT_NE(repack_form(t, 1, 1 << 20, page), WeightForm::kLanePairs);  // windows' activations past the L1
   for (int64_t k : {512, 2048, 5632}) {
     SCOPED_TRACE("k=" + std::to_string(k));
     const int64_t n = 11;
@@ -452,7 +488,7 @@ TEST(Repack, Q8_0LanePairsPlaceEveryByteAndMatchTheFileForm) {
     }
     EXPECT_GT(at_line, 0u);
     EXPECT_LT(at_line, file.size() / pair_bytes);
-    expect_lane_pairs_match_file_form(t, n, k, file, packed, {1, 2, 4, 7, 8, 20}, 6);
+    expect_repacked_match_file_form(t, n, k, file, packed, WeightForm::kLanePairs, {1, 2, 4, 7, 8, 20}, 6);
   }
 }
 
@@ -483,7 +519,7 @@ TEST(Repack, LoaderRepacksWhereItPaysAndNeverWritesTheFile) {
       if (w.output.data != w.tok_embd.data) matrices.push_back(&w.output);  // a head of its own
       int repacked = 0;
       for (const MatrixView* m : matrices) {
-        EXPECT_EQ(m->form, repack_form(m->type, m->cols, m->data));
+        EXPECT_EQ(m->form, repack_form(m->type, m->rows, m->cols, m->data));
         repacked += m->form != WeightForm::kFile ? 1 : 0;
       }
       EXPECT_GT(repacked, 0);                         // each of these files has Q8_0, Q4_K or Q6_K matrices

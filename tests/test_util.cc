@@ -6,8 +6,17 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <random>
 
 namespace tandem::testing {
+
+std::vector<float> normal_floats(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) v = dist(rng);
+  return x;
+}
 
 std::string shared_path(const std::string& relative) {
   std::filesystem::path p = std::filesystem::path(TANDEM_SHARED_DIR) / relative;

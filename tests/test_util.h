@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "hwy/targets.h"
 
@@ -17,6 +18,9 @@ std::string shared_path(const std::string& relative);
 
 // Runs a shell command; its standard output and exit status (-1 when it did not exit normally).
 std::pair<std::string, int> run_command(const std::string& command);
+
+// n floats drawn from the standard normal distribution, the same for the same seed.
+std::vector<float> normal_floats(int64_t n, uint32_t seed);
 
 // Runs fn once per Highway target this machine supports (then restores normal dispatch).
 template <typename Fn>

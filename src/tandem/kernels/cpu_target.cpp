@@ -2,6 +2,13 @@
 
 #include <unistd.h>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#endif
+
 #if defined(__aarch64__) && defined(__linux__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
@@ -9,6 +16,26 @@
 
 namespace tandem::kernels {
 namespace {
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// AMX tiles with 8-bit multiply-adds (CPUID leaf 7: AMX-TILE and AMX-INT8), the tile state enabled by the
+// system (XCR0 bits 17 and 18) and, on Linux, granted to this process (the tile data is not in a process's
+// signal frame until it asks: arch_prctl ARCH_REQ_XCOMP_PERM). The grant is process-wide and idempotent.
+bool amx_usable() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  if (((d >> 24) & 1) == 0 || ((d >> 25) & 1) == 0) return false;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || ((c >> 27) & 1) == 0) return false;  // OSXSAVE
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if (((lo >> 17) & 3) != 3) return false;
+#if defined(__linux__)
+  constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+  if (syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) != 0) return false;
+#endif
+  return true;
+}
+#endif
 
 bool cpu_supports(Target t) {
   switch (t) {
@@ -24,6 +51,8 @@ bool cpu_supports(Target t) {
              __builtin_cpu_supports("avx512vnni");
     case Target::kAVX512VBMI:
       return cpu_supports(Target::kAVX512) && __builtin_cpu_supports("avx512vbmi");
+    case Target::kAMX:
+      return cpu_supports(Target::kAVX512VBMI) && amx_usable();
 #endif
 #if defined(__aarch64__)
     case Target::kNEON:
@@ -53,6 +82,8 @@ std::string_view target_name(Target t) {
       return "avx512-vnni";
     case Target::kAVX512VBMI:
       return "avx512-vnni-vbmi";
+    case Target::kAMX:
+      return "avx512-amx";
     case Target::kNEON:
       return "neon";
     case Target::kNEONDot:
@@ -63,8 +94,8 @@ std::string_view target_name(Target t) {
 
 std::vector<Target> runnable_targets() {
   std::vector<Target> out;
-  for (Target t : {Target::kScalar, Target::kAVX2, Target::kAVX512, Target::kAVX512VBMI, Target::kNEON,
-                   Target::kNEONDot})
+  for (Target t : {Target::kScalar, Target::kAVX2, Target::kAVX512, Target::kAVX512VBMI, Target::kAMX,
+                   Target::kNEON, Target::kNEONDot})
     if (cpu_supports(t)) out.push_back(t);
   return out;
 }

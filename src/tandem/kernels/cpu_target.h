@@ -13,6 +13,7 @@ enum class Target {
   kAVX2,        // x86-64 AVX2 + FMA + F16C
   kAVX512,      // x86-64 AVX-512 F/BW/VL + VNNI
   kAVX512VBMI,  // the same with VBMI (byte permutes)
+  kAMX,         // the same with AMX tiles and their 8-bit multiply-adds (Linux grants the tile state)
   kNEON,        // AArch64 Advanced SIMD (every AArch64 CPU)
   kNEONDot,     // AArch64 Advanced SIMD with the dot-product extension (ARMv8.2 sdot)
 };

@@ -19,6 +19,7 @@ constexpr int64_t kOutputGrain = 16;
 MatmulScratch::MatmulScratch(int n_threads, int64_t max_cols, int64_t max_rows, Target target)
     : supers_(static_cast<size_t>(super_count(max_cols))), max_cols_(max_cols), target_(target) {
   unpacked_.resize(supers_ * static_cast<size_t>(n_threads));
+  file_rows_.resize(supers_ * kFileRowBytesPerSuper * static_cast<size_t>(n_threads));
   own_.resize(static_cast<size_t>(n_threads));
   for (OwnActivations& own : own_) own.act.resize(supers_ * static_cast<size_t>(kOwnActivationRows));
   reserve_rows(max_rows);
@@ -36,6 +37,8 @@ const QuantKernels& quant_kernels(Target t) {
       return quant_kernels_avx512();
     case Target::kAVX512VBMI:
       return quant_kernels_avx512_vbmi();
+    case Target::kAMX:
+      return quant_kernels_amx();
     case Target::kAVX2:
       return quant_kernels_avx2();
     case Target::kNEON:
@@ -56,6 +59,7 @@ namespace {
 // The activation form a quantized matrix meets on a target (ActForm).
 ActForm activation_form(const QuantKernels& qk, const MatrixView& w) {
   if (w.form == WeightForm::kLanePairs && qk.lane_pairs) return ActForm::kLanePairs;
+  if (w.form == WeightForm::kRowTiles && qk.row_tiles) return ActForm::kNatural;
   return per_super_activations(w.type) ? ActForm::kSupers : ActForm::kBlocks;
 }
 
@@ -81,7 +85,7 @@ void float_matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y,
 
 // Output rows [o0, o1) of one quantized matrix over activations already quantized.
 void quant_rows(const QuantKernels& qk, const MatrixView& w, const ActSuper* act, int64_t n_rows, float* y,
-                int64_t o0, int64_t o1, UnpackedSuper* buf, PrefetchReach reach) {
+                int64_t o0, int64_t o1, UnpackedSuper* buf, uint8_t* file_row, PrefetchReach reach) {
   const int64_t N = w.rows, K = w.cols, ns = super_count(K);
   const bool signed_codes = w.type == DType::Q8_0 && qk.signed_q8;
   // Decode and verify windows: one pass over the weights, each weight row decoded once for all rows (straight
@@ -92,7 +96,9 @@ void quant_rows(const QuantKernels& qk, const MatrixView& w, const ActSuper* act
   // one block of kOutputGrain weight rows before the next, so that later passes read those rows from the L2
   // cache (over a thread's whole share, 1-2 MB at TinyLlama's FFN, they came from memory again). Targets
   // whose direct kernels take no passes (QuantKernels::direct_prefill) unpack the rows of wider matmuls.
-  const int64_t direct = qk.direct_pass_rows(w.type, w.form, K, signed_codes);
+  // (Row tiles meet the direct kernels only on targets that read them; others unpack their rows.)
+  const bool tiles_unread = w.form == WeightForm::kRowTiles && !qk.row_tiles;
+  const int64_t direct = tiles_unread ? 0 : qk.direct_pass_rows(w.type, w.form, K, signed_codes);
   if (direct > 0 && (n_rows <= direct || qk.direct_prefill)) {
     const int64_t passes = (n_rows + direct - 1) / direct;
     const int64_t block = passes == 1 ? o1 - o0 : kOutputGrain;
@@ -114,7 +120,12 @@ void quant_rows(const QuantKernels& qk, const MatrixView& w, const ActSuper* act
   for (int64_t r0 = 0; r0 < n_rows; r0 += chunk) {
     const int64_t nr = std::min(chunk, n_rows - r0);
     for (int64_t o = o0; o < o1; ++o) {
-      qk.unpack_row(w.type, w.form, w.row(o), K, signed_codes, buf);
+      if (tiles_unread) {
+        file_form_row(w, o, file_row);
+        qk.unpack_row(w.type, WeightForm::kFile, file_row, K, signed_codes, buf);
+      } else {
+        qk.unpack_row(w.type, w.form, w.row(o), K, signed_codes, buf);
+      }
       qk.dot_rows(buf, ns, act + r0 * ns, ns, nr, w.type, signed_codes, y + r0 * N + o, N);
     }
   }
@@ -189,7 +200,8 @@ void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t n_row
       const int64_t b = std::max(u0, first), e = std::min(u1, first + n);
       if (b < e)
         quant_rows(qk, *o.w, a, n_rows, o.y, (b - first) * kOutputGrain,
-                   std::min(o.w->rows, (e - first) * kOutputGrain), buf, scratch.prefetch_reach());
+                   std::min(o.w->rows, (e - first) * kOutputGrain), buf, scratch.file_row_buffer(thread),
+                   scratch.prefetch_reach());
       first += n;
     }
   });

@@ -34,8 +34,8 @@ constexpr int64_t kPrefillChunk = 64;   // many rows: activation rows per pass o
 constexpr int64_t kOwnActivationRows = 4;
 
 // Scratch for matmul, sized once for the widest matrix and the most rows (no allocation per call):
-// quantized activations [max_rows][super_count(max_cols)], per thread one unpacked weight row and its own
-// copy of the activations of up to kOwnActivationRows rows.
+// quantized activations [max_rows][super_count(max_cols)], per thread one unpacked weight row, one row in the
+// file's form and its own copy of the activations of up to kOwnActivationRows rows.
 class MatmulScratch {
  public:
   MatmulScratch() = default;
@@ -47,6 +47,11 @@ class MatmulScratch {
   ActSuper* activations() { return act_.data(); }
   UnpackedSuper* unpack_buffer(int thread) {
     return unpacked_.data() + static_cast<size_t>(thread) * supers_;
+  }
+  // Thread `thread`'s buffer for one weight row in the file's form (a row of a form its target's kernels do
+  // not read: row tiles).
+  uint8_t* file_row_buffer(int thread) {
+    return file_rows_.data() + static_cast<size_t>(thread) * supers_ * kFileRowBytesPerSuper;
   }
   // Thread `thread`'s own activations [kOwnActivationRows][super_count(max_cols)]. fill_own(thread, call)
   // is true once per call number for each thread (the first time that thread asks): it then quantizes
@@ -72,7 +77,10 @@ class MatmulScratch {
     uint64_t call = 0;
   };
   std::vector<ActSuper> act_;
+  // The most bytes a quantized row takes per 256 elements in the file (Q8_0).
+  static constexpr size_t kFileRowBytesPerSuper = 272;
   std::vector<UnpackedSuper> unpacked_;
+  std::vector<uint8_t> file_rows_;
   std::vector<OwnActivations> own_;
   uint64_t calls_ = 0;
   size_t supers_ = 0;  // super_count(max_cols)

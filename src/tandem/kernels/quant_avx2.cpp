@@ -183,6 +183,8 @@ inline void unpack_supers(const uint8_t* row, int64_t n_super, UnpackedSuper* ou
 }
 
 void quantize_row(const float* x, int64_t k, ActForm form, ActSuper* out) {
+  // (This target never reads natural order: QuantKernels::row_tiles.)
+  if (form == ActForm::kNatural) return quantize_row_impl(x, k, form, out);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   int64_t j = 0;  // 32-element blocks done
   if (form == ActForm::kSupers) {

@@ -41,8 +41,11 @@
 // element 32 * b + 4 * v
 // + i of the pair at position 64 * (v % 4) + 4 * b + i (b < 16 the block, i < 4), so that 32-bit lane b holds
 // block b throughout and a block's eight vectors' integer sums add up lane by lane before one float scaling
-// per block. Lane group b is block b, kept in the first super's arrays; the second super's are zero. The
-// per-group arrays below (a, b, d, bs, offset_sums) are indexed by lane group in each order.
+// per block. Lane group b is block b, kept in the first super's arrays; the second super's are zero. And
+// natural order, the AMX target's activations for Q4_0 rows in row tiles (ActForm::kNatural, repack.h):
+// element e at position e, so that block b's 32 codes are one contiguous row of a tile; lane group b < 8 is
+// block b, groups 8..15 zero. The per-group arrays below (a, b, d, bs, offset_sums) are indexed by lane group
+// in each order.
 #pragma once
 
 #include <cstdint>
@@ -88,7 +91,9 @@ enum class CodeOrder { kGroup, kBlock, kBlockLanes };
 // How a matmul's activation rows are quantized: per-32 scales in the target's legacy order (block order or
 // block lanes), per-256 scales in group order (K-quant weights), or per-32 scales in lane pairs (Q4_0, Q4_K
 // and Q8_0 rows in their lane-pair form, on targets that read it: QuantKernels::lane_pairs).
-enum class ActForm : uint8_t { kBlocks, kSupers, kLanePairs };
+// kNatural: per-32 scales in natural order (Q4_0 rows in row tiles, on targets that read them:
+// QuantKernels::row_tiles).
+enum class ActForm : uint8_t { kBlocks, kSupers, kLanePairs, kNatural };
 
 // Super (0 or 1) and position in its codes of element e < 512 of a pair of supers in lane pairs.
 constexpr int lane_pair_super(int e) {
@@ -190,6 +195,9 @@ struct QuantKernels {
   // Whether the direct kernels read Q4_0, Q4_K and Q8_0 rows in their lane-pair form (WeightForm::kLanePairs)
   // against activations in lane pairs; other targets read such rows through the file form (unpack_row).
   bool lane_pairs = false;
+  // Whether the direct kernels read Q4_0 rows in row tiles (WeightForm::kRowTiles) against activations in
+  // natural order; other targets read such rows through the file form.
+  bool row_tiles = false;
 };
 
 constexpr int kDotProbeChains = 16;
@@ -204,6 +212,7 @@ const QuantKernels& quant_kernels_scalar();
 const QuantKernels& quant_kernels_avx2();
 const QuantKernels& quant_kernels_avx512();
 const QuantKernels& quant_kernels_avx512_vbmi();
+const QuantKernels& quant_kernels_amx();
 const QuantKernels& quant_kernels_neon();
 const QuantKernels& quant_kernels_neon_dot();
 

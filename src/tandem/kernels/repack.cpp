@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "tandem/kernels/matmul.h"
 #include "tandem/kernels/quant_layout.h"
@@ -197,7 +198,7 @@ bool repack_pays(DType type, int64_t cols) {
   const Target best = best_target();
   // Only the x86 targets decode the repacked forms in registers; the others would read them back through the
   // file form on every matmul.
-  const bool avx512 = best == Target::kAVX512 || best == Target::kAVX512VBMI;
+  const bool avx512 = best == Target::kAVX512 || best == Target::kAVX512VBMI || best == Target::kAMX;
   // The forms of Q4_1, Q5_0 and Q5_1, and rows with a partial last super-block, have direct kernels under
   // AVX-512 only.
   const bool avx2 = best == Target::kAVX2 &&
@@ -205,12 +206,13 @@ bool repack_pays(DType type, int64_t cols) {
   return can_interleave(type, cols) && (avx2 || avx512);
 }
 
-WeightForm repack_form(DType type, int64_t cols, const uint8_t* data) {
+WeightForm repack_form(DType type, int64_t rows, int64_t cols, const uint8_t* data) {
   if (!repack_pays(type, cols)) return WeightForm::kFile;
   const Target best = best_target();
-  const bool avx512 = best == Target::kAVX512 || best == Target::kAVX512VBMI;
-  // (Off 32 bytes, lane pairs would load their code vectors across cache lines.)
+  const bool avx512 = best == Target::kAVX512 || best == Target::kAVX512VBMI || best == Target::kAMX;
+  // (Off 32 bytes, lane pairs and row tiles would load their code vectors across cache lines.)
   const bool aligned = reinterpret_cast<uintptr_t>(data) % 32 == 0;
+  if (best == Target::kAMX && aligned && can_row_tile(type, rows, cols)) return WeightForm::kRowTiles;
   return avx512 && aligned && can_lane_pair(type, cols) && lane_pair_window_fits(type, cols)
              ? WeightForm::kLanePairs
              : WeightForm::kInterleaved;
@@ -515,6 +517,17 @@ void interleave_rows(DType type, int64_t cols, uint8_t* data, size_t bytes) {
 
 void repack_rows(WeightForm form, DType type, int64_t cols, uint8_t* data, size_t bytes) {
   if (form == WeightForm::kInterleaved) return interleave_rows(type, cols, data, bytes);
+  if (form == WeightForm::kRowTiles) {
+    const size_t tile = row_bytes(type, cols) * kTileRows;
+    TANDEM_CHECK(can_row_tile(type, kTileRows, cols) && bytes % tile == 0,
+                 "repack_rows: no row tiles for this type and shape");
+    std::vector<uint8_t> tmp(tile);
+    for (size_t o = 0; o < bytes; o += tile) {
+      std::memcpy(tmp.data(), data + o, tile);
+      row_tile_from_file(cols, tmp.data(), data + o);
+    }
+    return;
+  }
   TANDEM_CHECK(form == WeightForm::kLanePairs && can_lane_pair(type, cols),
                "repack_rows: no such repacked form for this type and width");
   const size_t pair = lane_pair_bytes(type);
@@ -532,6 +545,8 @@ void file_form_row(const MatrixView& w, int64_t r, uint8_t* out) {
     std::memcpy(out, row, w.row_bytes);
     return;
   }
+  if (w.form == WeightForm::kRowTiles)
+    return row_tile_row_to_file(w.cols, w.row(r - r % kTileRows), static_cast<int>(r % kTileRows), out);
   if (w.form == WeightForm::kLanePairs) {
     const size_t pair = lane_pair_bytes(w.type);
     for (size_t o = 0; o < w.row_bytes; o += pair) lane_pair_to_file(w.type, row + o, out + o);

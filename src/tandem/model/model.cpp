@@ -184,7 +184,7 @@ namespace {
 // stays; the kernels read every form, with the same results (lane pairs: the same up to float rounding).
 void repack(const gguf::File& file, MatrixView& m) {
   if (m.empty() || m.form != WeightForm::kFile) return;
-  const WeightForm form = kernels::repack_form(m.type, m.cols, m.data);
+  const WeightForm form = kernels::repack_form(m.type, m.rows, m.cols, m.data);
   if (form == WeightForm::kFile) return;
   uint8_t* bytes = file.writable(m.data, m.bytes());
   if (!bytes) return;

@@ -15,6 +15,7 @@ enum class WeightForm : uint8_t {
   kFile,
   kInterleaved,  // per super-block: the scales side by side, the codes in planes (every x86 target)
   kLanePairs,    // Q4_0 per pair of super-blocks, one 32-bit lane per block (the AVX-512 kernels)
+  kRowTiles,     // Q4_0 per 16 rows and block, one 32-bit lane per row (the AMX kernels)
 };
 
 // A 2-D weight matrix W[rows][cols] (GGUF ne[1] = rows = output features, ne[0] = cols = input features),
@@ -28,6 +29,7 @@ struct MatrixView {
   WeightForm form = WeightForm::kFile;
 
   bool empty() const { return data == nullptr; }
+  // Where row r starts (in row tiles: the start of its tile of 16 rows when r is a multiple of 16).
   const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
   size_t bytes() const { return static_cast<size_t>(rows) * row_bytes; }
 };

@@ -1,0 +1,294 @@
+// Quantized kernels for x86-64 CPUs with AMX tiles (Target::kAMX): the AVX-512 VBMI kernels, and Q4_0 in row
+// tiles (repack.h) against activations in natural order (quant_layout.h).
+//
+// Q4_0 rows in row tiles, 16 output rows at a time. Per 32-element block b, each output row n and activation
+// row m take the integer sum
+//     s = sum((u - 8) * q) = -8 * sum(q) + sum(u * q)   (u the 4-bit codes; q the activation's 8-bit codes)
+// and then, in block order, one float step
+//     acc = fma(float(s), d_w[n] * d_x[m], acc),
+// so y[m][n] = acc after the last block. The integer sums are exact whatever adds them, so a row's result
+// does not depend on which kernel ran it (batch invariance):
+//  - up to kVnniRows rows (decode, short windows): vpdpbusd of each tile vector's low and high nibbles (16
+//    output rows in the lanes) by the activation row's four codes broadcast, from the activations' offset
+//    sum (-8 * sum(q));
+//  - more rows (windows and prefill): one AMX multiply-add of signed bytes (tdpbssd) per block and tile of up
+//    to 16 activation rows: the codes' nibbles minus 8 unpacked into the B tile (8 rows of 64 bytes, K = 32),
+//    the activation rows' block codes the A tile; the tile's sums stored, then scaled by the same float
+//    steps.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "tandem/kernels/quant_layout.h"
+#include "tandem/kernels/repack.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,amx-tile,amx-int8")
+#include <immintrin.h>
+
+namespace tandem::kernels {
+namespace amx_target {
+
+// Rows up to which the vpdpbusd kernel runs; more take the tiles.
+constexpr int64_t kVnniRows = 3;
+// Rows one call takes (one tile of activation rows; prefill runs in passes of up to 16 rows).
+constexpr int64_t kMaxRows = kTileRows;
+// How far ahead the weights are prefetched into L2.
+constexpr int64_t kPrefetchBytes = 6144;
+
+// The tile instructions, with the memory they read or write declared to the compiler (the compiler's own
+// tile intrinsics declare none); register numbers are literal.
+#define TANDEM_TILE_LOAD(t, base, stride) \
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
+#define TANDEM_TILE_STORE(t, base, stride)                                                                   \
+  __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(base), "r"(static_cast<long>(stride)) : "memor" \
+                                                                                                     "y")
+#define TANDEM_TILE_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
+#define TANDEM_TILE_DPBSSD(c, a, b) __asm__ volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+
+// The LDTILECFG operand (palette 1).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+// Where one block of one tile of weight rows lies.
+struct TileBlock {
+  const uint8_t* codes;
+  __m512 d;  // the 16 rows' scales
+};
+
+inline TileBlock tile_block(const uint8_t* tile, int64_t b) {
+  const uint8_t* block = tile + static_cast<size_t>(b) * kRowTileBlockBytes;
+  _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes), _MM_HINT_T1);
+  _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + 64), _MM_HINT_T1);
+  _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + 128), _MM_HINT_T1);
+  _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + 192), _MM_HINT_T1);
+  _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + 256), _MM_HINT_T1);
+  const __m256i h =
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + row_tile_scales_offset(block)));
+  return {block + row_tile_codes_offset(block), _mm512_cvtph_ps(h)};
+}
+
+// Activation row m's block b: its codes, scale and -8 times its code sum.
+struct ActBlock {
+  const int32_t* codes;  // four codes per int32, in natural order
+  float d;
+  int32_t offset;
+};
+
+inline ActBlock act_block(const ActSuper* x, int64_t b) {
+  const ActSuper& s = x[b / 8];
+  const int j = static_cast<int>(b % 8);
+  return {reinterpret_cast<const int32_t*>(s.q + 32 * j), s.d[j], s.offset_sums[fold_index(3)][j]};
+}
+
+// The float step of one block for one activation row (the contract above).
+inline __m512 scale_sum(__m512 acc, __m512i sum, __m512 dw, float dx) {
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc);
+}
+
+// R activation rows (R <= kVnniRows) against n_tiles tiles of 16 weight rows.
+template <int R>
+void vnni_rows(const uint8_t* w, size_t tile_bytes, int64_t n_tiles, int64_t blocks, const ActSuper* x,
+               int64_t x_stride, float* y, int64_t y_stride) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t t = 0; t < n_tiles; ++t) {
+    const uint8_t* tile = w + static_cast<size_t>(t) * tile_bytes;
+    __m512 acc[R];
+    for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const TileBlock tb = tile_block(tile, b);
+      __m512i lo[4], hi[4];
+      for (int v = 0; v < 4; ++v) {
+        const __m512i c = _mm512_loadu_si512(tb.codes + 64 * v);
+        lo[v] = _mm512_and_si512(c, low);
+        hi[v] = _mm512_and_si512(_mm512_srli_epi16(c, 4), low);
+      }
+      for (int m = 0; m < R; ++m) {
+        const ActBlock a = act_block(x + m * x_stride, b);
+        // Two chains (low and high nibbles), added: the same integer.
+        __m512i s0 = _mm512_set1_epi32(a.offset), s1 = _mm512_setzero_si512();
+        for (int v = 0; v < 4; ++v) {
+          s0 = _mm512_dpbusd_epi32(s0, lo[v], _mm512_set1_epi32(a.codes[v]));
+          s1 = _mm512_dpbusd_epi32(s1, hi[v], _mm512_set1_epi32(a.codes[4 + v]));
+        }
+        acc[m] = scale_sum(acc[m], _mm512_add_epi32(s0, s1), tb.d, a.d);
+      }
+    }
+    for (int m = 0; m < R; ++m) _mm512_storeu_ps(y + m * y_stride + kTileRows * t, acc[m]);
+  }
+}
+
+// Blocks by which the tile kernel unpacks the codes ahead of the multiply-adds that read them: a tile load
+// of bytes still in the store buffer waits for them to reach the cache (in a tight loop, 41 ns a block
+// unpacked just before its tile load, 23 ns four blocks ahead, on a 2-core Xeon with AMX).
+constexpr int64_t kUnpackAhead = 4;
+constexpr int64_t kUnpackRing = 8;  // B buffers (a power of two above kUnpackAhead + 1)
+
+// The codes of one block of a tile of weight rows, minus 8 (signed bytes), as the B tile (8 rows of 64 bytes,
+// K = 32): the low nibbles of vector v in row v, the high ones in row 4 + v.
+inline void unpack_b(const uint8_t* codes, uint8_t* bt) {
+  const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+  for (int v = 0; v < 4; ++v) {
+    const __m512i c = _mm512_loadu_si512(codes + 64 * v);
+    _mm512_store_si512(bt + 64 * v, _mm512_sub_epi8(_mm512_and_si512(c, low), eight));
+    _mm512_store_si512(bt + 64 * (4 + v),
+                       _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(c, 4), low), eight));
+  }
+}
+
+// One block's multiply-adds in tile set S (tmm0-2 or tmm3-5: B, A, C): the integer sums of the configured
+// activation rows at a (rows a_stride bytes apart) against the unpacked codes bt, stored to sums [rows][16].
+template <int S>
+inline void tile_sums(const uint8_t* bt, const int32_t* a, int64_t a_stride, int32_t* sums) {
+  if constexpr (S == 0) {
+    TANDEM_TILE_LOAD(0, bt, 64);
+    TANDEM_TILE_LOAD(1, a, a_stride);
+    TANDEM_TILE_ZERO(2);
+    TANDEM_TILE_DPBSSD(2, 1, 0);
+    TANDEM_TILE_STORE(2, sums, 64);
+  } else {
+    TANDEM_TILE_LOAD(3, bt, 64);
+    TANDEM_TILE_LOAD(4, a, a_stride);
+    TANDEM_TILE_ZERO(5);
+    TANDEM_TILE_DPBSSD(5, 4, 3);
+    TANDEM_TILE_STORE(5, sums, 64);
+  }
+}
+
+// R activation rows (R <= 16, the tiles configured for R rows) against n_tiles tiles of 16 weight rows. Per
+// block b: the codes of block b + kUnpackAhead unpacked, block b's multiply-adds (the tile sets alternate),
+// then block b - 1's float steps, so that one block's tile work overlaps the other's float work.
+template <int R>
+void amx_rows(const uint8_t* w, size_t tile_bytes, int64_t n_tiles, int64_t blocks, const ActSuper* x,
+              int64_t x_stride, float* y, int64_t y_stride) {
+  alignas(64) uint8_t bt[kUnpackRing][8 * 64];
+  alignas(64) float d[kUnpackRing][16];
+  alignas(64) int32_t sums[2][R * 16];
+  const int64_t a_stride = x_stride * static_cast<int64_t>(sizeof(ActSuper));
+  for (int64_t t = 0; t < n_tiles; ++t) {
+    const uint8_t* tile = w + static_cast<size_t>(t) * tile_bytes;
+    __m512 acc[R];
+    for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < std::min(kUnpackAhead, blocks); ++b) {
+      const TileBlock tb = tile_block(tile, b);
+      unpack_b(tb.codes, bt[b % kUnpackRing]);
+      _mm512_store_ps(d[b % kUnpackRing], tb.d);
+    }
+    for (int64_t b = 0; b <= blocks; ++b) {
+      if (b + kUnpackAhead < blocks) {
+        const int64_t u = b + kUnpackAhead;
+        const TileBlock tb = tile_block(tile, u);
+        unpack_b(tb.codes, bt[u % kUnpackRing]);
+        _mm512_store_ps(d[u % kUnpackRing], tb.d);
+      }
+      if (b < blocks) {
+        const int32_t* a = act_block(x, b).codes;
+        if (b % 2 == 0)
+          tile_sums<0>(bt[b % kUnpackRing], a, a_stride, sums[0]);
+        else
+          tile_sums<1>(bt[b % kUnpackRing], a, a_stride, sums[1]);
+      }
+      if (b == 0) continue;
+      // Block b - 1's float steps.
+      const int64_t p = b - 1;
+      const int32_t* s = sums[p % 2];
+      const __m512 dw = _mm512_load_ps(d[p % kUnpackRing]);
+      for (int m = 0; m < R; ++m)
+        acc[m] = scale_sum(acc[m], _mm512_load_si512(s + 16 * m), dw, act_block(x + m * x_stride, p).d);
+    }
+    for (int m = 0; m < R; ++m) _mm512_storeu_ps(y + m * y_stride + kTileRows * t, acc[m]);
+  }
+}
+
+using RowsFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, const ActSuper*, int64_t, float*, int64_t);
+
+template <int... R>
+constexpr RowsFn amx_kernel(int rows, std::integer_sequence<int, R...>) {
+  RowsFn fn = nullptr;
+  ((rows == R + 1 ? (fn = amx_rows<R + 1>) : fn), ...);
+  return fn;
+}
+
+void row_tiles_rows(const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t k, const ActSuper* x,
+                    int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
+  const size_t tile_bytes = static_cast<size_t>(row_bytes) * kTileRows;
+  const int64_t n_tiles = n_out / kTileRows, blocks = k / 32;
+  if (n_rows <= kVnniRows) {
+    constexpr RowsFn kVnni[] = {vnni_rows<1>, vnni_rows<2>, vnni_rows<3>};
+    return kVnni[n_rows - 1](w, tile_bytes, n_tiles, blocks, x, x_stride, y, y_stride);
+  }
+  TileConfig cfg;
+  for (int set = 0; set < 2; ++set) {
+    cfg.rows[3 * set] = 8;  // B: 8 rows of 64 bytes (K = 32)
+    cfg.colsb[3 * set] = 64;
+    cfg.rows[3 * set + 1] = cfg.rows[3 * set + 2] = static_cast<uint8_t>(n_rows);
+    cfg.colsb[3 * set + 1] = 32;  // A: a block's codes per activation row
+    cfg.colsb[3 * set + 2] = 64;  // C: 16 sums per activation row
+  }
+  _tile_loadconfig(&cfg);
+  amx_kernel(static_cast<int>(n_rows), std::make_integer_sequence<int, kTileRows>())(
+      w, tile_bytes, n_tiles, blocks, x, x_stride, y, y_stride);
+  _tile_release();
+}
+
+const QuantKernels& vbmi() {
+  return quant_kernels_avx512_vbmi();
+}
+
+int64_t direct_max_rows(DType type, WeightForm form, int64_t k, bool signed_q8) {
+  return form == WeightForm::kRowTiles ? kMaxRows : vbmi().direct_max_rows(type, form, k, signed_q8);
+}
+
+int64_t direct_pass_rows(DType type, WeightForm form, int64_t k, bool signed_q8) {
+  return form == WeightForm::kRowTiles ? kMaxRows : vbmi().direct_pass_rows(type, form, k, signed_q8);
+}
+
+void direct_rows(DType type, WeightForm form, const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t k,
+                 const ActSuper* x, int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride,
+                 PrefetchReach reach) {
+  if (form != WeightForm::kRowTiles)
+    return vbmi().direct_rows(type, form, w, row_bytes, n_out, k, x, x_stride, n_rows, y, y_stride, reach);
+  row_tiles_rows(w, row_bytes, n_out, k, x, x_stride, n_rows, y, y_stride);
+}
+
+#undef TANDEM_TILE_LOAD
+#undef TANDEM_TILE_STORE
+#undef TANDEM_TILE_ZERO
+#undef TANDEM_TILE_DPBSSD
+
+}  // namespace amx_target
+
+const QuantKernels& quant_kernels_amx() {
+  static const QuantKernels kernels = [] {
+    QuantKernels qk = quant_kernels_avx512_vbmi();
+    qk.direct_max_rows = amx_target::direct_max_rows;
+    qk.direct_pass_rows = amx_target::direct_pass_rows;
+    qk.direct_rows = amx_target::direct_rows;
+    qk.row_tiles = true;
+    return qk;
+  }();
+  return kernels;
+}
+
+}  // namespace tandem::kernels
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+#else
+namespace tandem::kernels {
+const QuantKernels& quant_kernels_amx() {
+  return quant_kernels_scalar();
+}
+}  // namespace tandem::kernels
+#endif
