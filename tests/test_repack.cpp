@@ -353,45 +353,50 @@ TEST(Repack, LanePairsPlaceEveryByteAndMatchTheFileForm) {
   }
 }
 
-// Q4_0 in row tiles: every byte where repack.h puts it, the rows back to the file's bytes, and matmuls over
-// them on every target and row class (one row, windows, prefill passes), within the float-order tolerance of
-// the file form's. The loader takes the form only where the kernels read it, for whole tiles of 16 rows.
+// Q4_0 and Q8_0 in row tiles: every byte where repack.h puts it, the rows back to the file's bytes, and
+// matmuls over them on every target and row class (one row, windows, prefill passes), within the float-order
+// tolerance of the file form's. The loader takes the form only where the kernels read it, for whole tiles of
+// 16 rows.
 TEST(Repack, RowTilesPlaceEveryByteAndMatchTheFileForm) {
-  const DType t = DType::Q4_0;
-  EXPECT_TRUE(can_row_tile(t, 16, 32));
-  EXPECT_TRUE(can_row_tile(t, 5632, 2048));
-  EXPECT_FALSE(can_row_tile(t, 45, 2048));
-  EXPECT_FALSE(can_row_tile(DType::Q8_0, 32, 2048));
+  EXPECT_TRUE(can_row_tile(DType::Q4_0, 16, 32));
+  EXPECT_TRUE(can_row_tile(DType::Q8_0, 5632, 2048));
+  EXPECT_FALSE(can_row_tile(DType::Q4_0, 45, 2048));
+  EXPECT_FALSE(can_row_tile(DType::Q4_1, 32, 2048));
   const bool reads = quant_kernels(best_target()).row_tiles;
-  alignas(64) static const uint8_t page[64] = {};
-  EXPECT_EQ(repack_form(t, 32, 2048, page) == WeightForm::kRowTiles, reads);
-  EXPECT_EQ(repack_form(t, 32, 2048, page + 32) == WeightForm::kRowTiles, reads);
-  EXPECT_NE(repack_form(t, 32, 2048, page + 16), WeightForm::kRowTiles);  // code vectors across cache lines
-  EXPECT_NE(repack_form(t, 45, 2048, page), WeightForm::kRowTiles);
-  for (int64_t k : {288, 2048, 5632}) {
-    SCOPED_TRACE("k=" + std::to_string(k));
-    const int64_t n = 48, blocks = k / 32;
-    const std::vector<uint8_t> file = quantized_rows(t, n, k, 8);
-    std::vector<uint8_t> packed = file;
-    repack_rows(WeightForm::kRowTiles, t, k, packed.data(), packed.size());
-    const size_t rb = row_bytes(t, k);
-    size_t at_line = 0;  // blocks on a 64-byte boundary (codes first); the others put their scales first
-    for (int64_t tile = 0; tile < n / 16; ++tile)
-      for (int64_t b = 0; b < blocks; b += 3) {
-        const uint8_t* p = packed.data() + static_cast<size_t>(tile * 16) * rb + b * kRowTileBlockBytes;
-        const auto [codes_first, scales, codes] = pair_places(p, 256);
-        at_line += codes_first;
-        for (size_t r = 0; r < 16; ++r) {
-          const uint8_t* blk = file.data() + (tile * 16 + r) * rb + b * sizeof(BlockQ4_0);
-          EXPECT_EQ(0, std::memcmp(scales + 2 * r, blk, 2)) << "scale of row " << r << " block " << b;
-          for (size_t j = 0; j < 16; ++j)
-            EXPECT_EQ(codes[64 * (j / 4) + 4 * r + j % 4], blk[2 + j]) << "row " << r << " block " << b;
+  for (DType t : {DType::Q4_0, DType::Q8_0}) {
+    SCOPED_TRACE(dtype_name(t));
+    alignas(64) static const uint8_t page[64] = {};
+    EXPECT_EQ(repack_form(t, 32, 2048, page) == WeightForm::kRowTiles, reads);
+    EXPECT_EQ(repack_form(t, 32, 2048, page + 32) == WeightForm::kRowTiles, reads);
+    EXPECT_NE(repack_form(t, 32, 2048, page + 16), WeightForm::kRowTiles);  // code vectors across lines
+    EXPECT_NE(repack_form(t, 45, 2048, page), WeightForm::kRowTiles);
+    const size_t code_bytes = t == DType::Q8_0 ? 32 : 16, block_bytes = row_tile_block_bytes(t);
+    EXPECT_EQ(block_bytes, 16 * (2 + code_bytes));
+    for (int64_t k : {288, 2048, 5632}) {
+      SCOPED_TRACE("k=" + std::to_string(k));
+      const int64_t n = 48, blocks = k / 32;
+      const std::vector<uint8_t> file = quantized_rows(t, n, k, 8);
+      std::vector<uint8_t> packed = file;
+      repack_rows(WeightForm::kRowTiles, t, k, packed.data(), packed.size());
+      const size_t rb = row_bytes(t, k);
+      size_t at_line = 0;  // blocks on a 64-byte boundary (codes first); the others put their scales first
+      for (int64_t tile = 0; tile < n / 16; ++tile)
+        for (int64_t b = 0; b < blocks; b += 3) {
+          const uint8_t* p = packed.data() + static_cast<size_t>(tile * 16) * rb + b * block_bytes;
+          const auto [codes_first, scales, codes] = pair_places(p, 16 * code_bytes);
+          at_line += codes_first;
+          for (size_t r = 0; r < 16; ++r) {
+            const uint8_t* blk = file.data() + (tile * 16 + r) * rb + b * (2 + code_bytes);
+            EXPECT_EQ(0, std::memcmp(scales + 2 * r, blk, 2)) << "scale of row " << r << " block " << b;
+            for (size_t j = 0; j < code_bytes; ++j)
+              EXPECT_EQ(codes[64 * (j / 4) + 4 * r + j % 4], blk[2 + j]) << "row " << r << " block " << b;
+          }
         }
-      }
-    EXPECT_GT(at_line, 0u);  // blocks alternate between the two places (288 = 4.5 cache lines)
-    EXPECT_LT(at_line, static_cast<size_t>(n / 16 * ((blocks + 2) / 3)));
-    expect_repacked_match_file_form(t, n, k, file, packed, WeightForm::kRowTiles,
-                                    {1, 2, 3, 4, 5, 8, 16, 17, 64, 70}, 9);
+      EXPECT_GT(at_line, 0u);  // blocks alternate between the two places (both sizes are 32 mod 64)
+      EXPECT_LT(at_line, static_cast<size_t>(n / 16 * ((blocks + 2) / 3)));
+      expect_repacked_match_file_form(t, n, k, file, packed, WeightForm::kRowTiles,
+                                      {1, 2, 3, 4, 5, 8, 16, 17, 64, 70}, 9);
+    }
   }
 }
 

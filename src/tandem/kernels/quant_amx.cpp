@@ -1,20 +1,22 @@
-// Quantized kernels for x86-64 CPUs with AMX tiles (Target::kAMX): the AVX-512 VBMI kernels, and Q4_0 in row
-// tiles (repack.h) against activations in natural order (quant_layout.h).
+// Quantized kernels for x86-64 CPUs with AMX tiles (Target::kAMX): the AVX-512 VBMI kernels, and Q4_0 and
+// Q8_0 in row tiles (repack.h) against activations in natural order (quant_layout.h).
 //
-// Q4_0 rows in row tiles, 16 output rows at a time. Per 32-element block b, each output row n and activation
-// row m take the integer sum
-//     s = sum((u - 8) * q) = -8 * sum(q) + sum(u * q)   (u the 4-bit codes; q the activation's 8-bit codes)
+// Row tiles, 16 output rows at a time. Per 32-element block b, each output row n and activation row m take
+// the integer sum of the weight codes w (Q4_0: the 4-bit codes minus 8; Q8_0: the signed codes) by the
+// activation's 8-bit codes q,
+//     s = sum(w * q),
 // and then, in block order, one float step
 //     acc = fma(float(s), d_w[n] * d_x[m], acc),
 // so y[m][n] = acc after the last block. The integer sums are exact whatever adds them, so a row's result
 // does not depend on which kernel ran it (batch invariance):
-//  - up to kVnniRows rows (decode, short windows): vpdpbusd of each tile vector's low and high nibbles (16
-//    output rows in the lanes) by the activation row's four codes broadcast, from the activations' offset
-//    sum (-8 * sum(q));
+//  - up to kVnniRows rows (decode, short windows): vpdpbusd of each tile vector as unsigned bytes (Q4_0: its
+//    low and high nibbles; Q8_0: the codes plus 128), 16 output rows in the lanes, by the activation row's
+//    four codes broadcast, from the activations' offset sum for that fixed offset (-8 or -128 times the sum
+//    of the codes);
 //  - more rows (windows and prefill): one AMX multiply-add of signed bytes (tdpbssd) per block and tile of up
-//    to 16 activation rows: the codes' nibbles minus 8 unpacked into the B tile (8 rows of 64 bytes, K = 32),
-//    the activation rows' block codes the A tile; the tile's sums stored, then scaled by the same float
-//    steps.
+//    to 16 activation rows, with the block's codes as the B tile (8 rows of 64 bytes, K = 32: Q4_0's nibbles
+//    minus 8 unpacked, Q8_0's as they lie) and the activation rows' block codes as the A tile; the tile's
+//    sums stored, then scaled by the same float steps.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -38,16 +40,21 @@ namespace amx_target {
 constexpr int64_t kVnniRows = 3;
 // Rows one call takes (one tile of activation rows; prefill runs in passes of up to 16 rows).
 constexpr int64_t kMaxRows = kTileRows;
-// How far ahead the weights are prefetched into L2.
+// How far ahead the weights are prefetched into L2: each line twice, this far and twice as far (as the
+// AVX-512 one-row tiles do). Whole TinyLlama forwards alternating in one process with the model in the
+// previous forms, on the 2-core Xeon with AMX: with the second prefetch Q8_0 took 0.96-0.98x the time at 1
+// and 2 rows and 0.97-0.99x at 4 (without, 0.98-1.0x, 1.05x and 1.04-1.05x), Q4_0 0.99x and 1.01x at 1 and 2
+// rows (without, 1.01x and 1.035x); 3 and 12 KB alone measured alike or worse.
 constexpr int64_t kPrefetchBytes = 6144;
 
 // The tile instructions, with the memory they read or write declared to the compiler (the compiler's own
 // tile intrinsics declare none); register numbers are literal.
 #define TANDEM_TILE_LOAD(t, base, stride) \
   __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
-#define TANDEM_TILE_STORE(t, base, stride)                                                                   \
-  __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(base), "r"(static_cast<long>(stride)) : "memor" \
-                                                                                                     "y")
+#define TANDEM_TILE_STORE(t, base, stride)                                                         \
+  __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(base), "r"(static_cast<long>(stride)) \
+                   : "memor"                                                                       \
+                     "y")
 #define TANDEM_TILE_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
 #define TANDEM_TILE_DPBSSD(c, a, b) __asm__ volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
 
@@ -67,60 +74,80 @@ struct TileBlock {
   __m512 d;  // the 16 rows' scales
 };
 
+// Bytes of one block of a tile (row_tile_block_bytes) and code vectors in it.
+template <DType kType>
+constexpr size_t kBlockBytes = kType == DType::Q8_0 ? 16 * 34 : 16 * 18;
+template <DType kType>
+constexpr int kVectors = kType == DType::Q8_0 ? 8 : 4;
+
+template <DType kType>
 inline TileBlock tile_block(const uint8_t* tile, int64_t b) {
-  const uint8_t* block = tile + static_cast<size_t>(b) * kRowTileBlockBytes;
-  _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes), _MM_HINT_T1);
-  _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + 64), _MM_HINT_T1);
-  _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + 128), _MM_HINT_T1);
-  _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + 192), _MM_HINT_T1);
-  _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + 256), _MM_HINT_T1);
+  const uint8_t* block = tile + static_cast<size_t>(b) * kBlockBytes<kType>;
+  for (size_t line = 0; line < kBlockBytes<kType>; line += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + line), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(block + 2 * kPrefetchBytes + line), _MM_HINT_T1);
+  }
+  _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + kBlockBytes<kType> - 1), _MM_HINT_T1);
+  _mm_prefetch(reinterpret_cast<const char*>(block + 2 * kPrefetchBytes + kBlockBytes<kType> - 1),
+               _MM_HINT_T1);
   const __m256i h =
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + row_tile_scales_offset(block)));
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + row_tile_scales_offset(kType, block)));
   return {block + row_tile_codes_offset(block), _mm512_cvtph_ps(h)};
 }
 
-// Activation row m's block b: its codes, scale and -8 times its code sum.
+// Activation row m's block b: its codes, scale and offset sum for weights stored with a fixed offset of
+// -2^kFold (Q4_0's codes 0..15: -8 times the codes' sum; Q8_0's codes plus 128: -128 times it).
 struct ActBlock {
   const int32_t* codes;  // four codes per int32, in natural order
   float d;
   int32_t offset;
 };
 
+template <int kFold>
 inline ActBlock act_block(const ActSuper* x, int64_t b) {
   const ActSuper& s = x[b / 8];
   const int j = static_cast<int>(b % 8);
-  return {reinterpret_cast<const int32_t*>(s.q + 32 * j), s.d[j], s.offset_sums[fold_index(3)][j]};
+  return {reinterpret_cast<const int32_t*>(s.q + 32 * j), s.d[j], s.offset_sums[fold_index(kFold)][j]};
 }
+
+template <DType kType>
+constexpr int kFold = kType == DType::Q8_0 ? 7 : 3;
 
 // The float step of one block for one activation row (the contract above).
 inline __m512 scale_sum(__m512 acc, __m512i sum, __m512 dw, float dx) {
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc);
 }
 
-// R activation rows (R <= kVnniRows) against n_tiles tiles of 16 weight rows.
-template <int R>
+// R activation rows (R <= kVnniRows) against n_tiles tiles of 16 weight rows: each code vector as unsigned
+// bytes (Q4_0: its low and high nibbles; Q8_0: the codes plus 128) by the activation row's four codes
+// broadcast, from the offset sum of that fixed offset.
+template <DType kType, int R>
 void vnni_rows(const uint8_t* w, size_t tile_bytes, int64_t n_tiles, int64_t blocks, const ActSuper* x,
                int64_t x_stride, float* y, int64_t y_stride) {
-  const __m512i low = _mm512_set1_epi8(0x0F);
+  const __m512i low = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t t = 0; t < n_tiles; ++t) {
     const uint8_t* tile = w + static_cast<size_t>(t) * tile_bytes;
     __m512 acc[R];
     for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
-      const TileBlock tb = tile_block(tile, b);
-      __m512i lo[4], hi[4];
-      for (int v = 0; v < 4; ++v) {
+      const TileBlock tb = tile_block<kType>(tile, b);
+      __m512i u[8];  // the unsigned codes of elements 4v..4v+3 in vector v
+      for (int v = 0; v < kVectors<kType>; ++v) {
         const __m512i c = _mm512_loadu_si512(tb.codes + 64 * v);
-        lo[v] = _mm512_and_si512(c, low);
-        hi[v] = _mm512_and_si512(_mm512_srli_epi16(c, 4), low);
+        if constexpr (kType == DType::Q8_0) {
+          u[v] = _mm512_xor_si512(c, bias);
+        } else {
+          u[v] = _mm512_and_si512(c, low);
+          u[4 + v] = _mm512_and_si512(_mm512_srli_epi16(c, 4), low);
+        }
       }
       for (int m = 0; m < R; ++m) {
-        const ActBlock a = act_block(x + m * x_stride, b);
-        // Two chains (low and high nibbles), added: the same integer.
+        const ActBlock a = act_block<kFold<kType>>(x + m * x_stride, b);
+        // Two chains, added: the same integer.
         __m512i s0 = _mm512_set1_epi32(a.offset), s1 = _mm512_setzero_si512();
-        for (int v = 0; v < 4; ++v) {
-          s0 = _mm512_dpbusd_epi32(s0, lo[v], _mm512_set1_epi32(a.codes[v]));
-          s1 = _mm512_dpbusd_epi32(s1, hi[v], _mm512_set1_epi32(a.codes[4 + v]));
+        for (int v = 0; v < 8; v += 2) {
+          s0 = _mm512_dpbusd_epi32(s0, u[v], _mm512_set1_epi32(a.codes[v]));
+          s1 = _mm512_dpbusd_epi32(s1, u[v + 1], _mm512_set1_epi32(a.codes[v + 1]));
         }
         acc[m] = scale_sum(acc[m], _mm512_add_epi32(s0, s1), tb.d, a.d);
       }
@@ -148,7 +175,8 @@ inline void unpack_b(const uint8_t* codes, uint8_t* bt) {
 }
 
 // One block's multiply-adds in tile set S (tmm0-2 or tmm3-5: B, A, C): the integer sums of the configured
-// activation rows at a (rows a_stride bytes apart) against the unpacked codes bt, stored to sums [rows][16].
+// activation rows at a (rows a_stride bytes apart) against the signed codes at bt (the B tile, 8 rows of 64
+// bytes), stored to sums [rows][16].
 template <int S>
 inline void tile_sums(const uint8_t* bt, const int32_t* a, int64_t a_stride, int32_t* sums) {
   if constexpr (S == 0) {
@@ -167,37 +195,41 @@ inline void tile_sums(const uint8_t* bt, const int32_t* a, int64_t a_stride, int
 }
 
 // R activation rows (R <= 16, the tiles configured for R rows) against n_tiles tiles of 16 weight rows. Per
-// block b: the codes of block b + kUnpackAhead unpacked, block b's multiply-adds (the tile sets alternate),
-// then block b - 1's float steps, so that one block's tile work overlaps the other's float work.
-template <int R>
+// block b: the codes of block b + kUnpackAhead made ready (Q4_0 unpacked; Q8_0's codes are the B tile as they
+// lie), block b's multiply-adds (the tile sets alternate), then block b - 1's float steps, so that one
+// block's tile work overlaps the other's float work.
+template <DType kType, int R>
 void amx_rows(const uint8_t* w, size_t tile_bytes, int64_t n_tiles, int64_t blocks, const ActSuper* x,
               int64_t x_stride, float* y, int64_t y_stride) {
-  alignas(64) uint8_t bt[kUnpackRing][8 * 64];
+  alignas(64) uint8_t bt[kType == DType::Q4_0 ? kUnpackRing : 1][8 * 64];
   alignas(64) float d[kUnpackRing][16];
+  const uint8_t* b_tile[kUnpackRing];
   alignas(64) int32_t sums[2][R * 16];
   const int64_t a_stride = x_stride * static_cast<int64_t>(sizeof(ActSuper));
   for (int64_t t = 0; t < n_tiles; ++t) {
     const uint8_t* tile = w + static_cast<size_t>(t) * tile_bytes;
     __m512 acc[R];
     for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < std::min(kUnpackAhead, blocks); ++b) {
-      const TileBlock tb = tile_block(tile, b);
-      unpack_b(tb.codes, bt[b % kUnpackRing]);
-      _mm512_store_ps(d[b % kUnpackRing], tb.d);
-    }
-    for (int64_t b = 0; b <= blocks; ++b) {
-      if (b + kUnpackAhead < blocks) {
-        const int64_t u = b + kUnpackAhead;
-        const TileBlock tb = tile_block(tile, u);
-        unpack_b(tb.codes, bt[u % kUnpackRing]);
-        _mm512_store_ps(d[u % kUnpackRing], tb.d);
+    const auto ready = [&](int64_t u) {
+      const TileBlock tb = tile_block<kType>(tile, u);
+      const int64_t slot = u % kUnpackRing;
+      if constexpr (kType == DType::Q4_0) {
+        unpack_b(tb.codes, bt[slot]);
+        b_tile[slot] = bt[slot];
+      } else {
+        b_tile[slot] = tb.codes;
       }
+      _mm512_store_ps(d[slot], tb.d);
+    };
+    for (int64_t b = 0; b < std::min(kUnpackAhead, blocks); ++b) ready(b);
+    for (int64_t b = 0; b <= blocks; ++b) {
+      if (b + kUnpackAhead < blocks) ready(b + kUnpackAhead);
       if (b < blocks) {
-        const int32_t* a = act_block(x, b).codes;
+        const int32_t* a = act_block<kFold<kType>>(x, b).codes;
         if (b % 2 == 0)
-          tile_sums<0>(bt[b % kUnpackRing], a, a_stride, sums[0]);
+          tile_sums<0>(b_tile[b % kUnpackRing], a, a_stride, sums[0]);
         else
-          tile_sums<1>(bt[b % kUnpackRing], a, a_stride, sums[1]);
+          tile_sums<1>(b_tile[b % kUnpackRing], a, a_stride, sums[1]);
       }
       if (b == 0) continue;
       // Block b - 1's float steps.
@@ -205,7 +237,8 @@ void amx_rows(const uint8_t* w, size_t tile_bytes, int64_t n_tiles, int64_t bloc
       const int32_t* s = sums[p % 2];
       const __m512 dw = _mm512_load_ps(d[p % kUnpackRing]);
       for (int m = 0; m < R; ++m)
-        acc[m] = scale_sum(acc[m], _mm512_load_si512(s + 16 * m), dw, act_block(x + m * x_stride, p).d);
+        acc[m] = scale_sum(acc[m], _mm512_load_si512(s + 16 * m), dw,
+                           act_block<kFold<kType>>(x + m * x_stride, p).d);
     }
     for (int m = 0; m < R; ++m) _mm512_storeu_ps(y + m * y_stride + kTileRows * t, acc[m]);
   }
@@ -213,19 +246,20 @@ void amx_rows(const uint8_t* w, size_t tile_bytes, int64_t n_tiles, int64_t bloc
 
 using RowsFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, const ActSuper*, int64_t, float*, int64_t);
 
-template <int... R>
+template <DType kType, int... R>
 constexpr RowsFn amx_kernel(int rows, std::integer_sequence<int, R...>) {
   RowsFn fn = nullptr;
-  ((rows == R + 1 ? (fn = amx_rows<R + 1>) : fn), ...);
+  ((rows == R + 1 ? (fn = amx_rows<kType, R + 1>) : fn), ...);
   return fn;
 }
 
+template <DType kType>
 void row_tiles_rows(const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t k, const ActSuper* x,
                     int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
   const size_t tile_bytes = static_cast<size_t>(row_bytes) * kTileRows;
   const int64_t n_tiles = n_out / kTileRows, blocks = k / 32;
   if (n_rows <= kVnniRows) {
-    constexpr RowsFn kVnni[] = {vnni_rows<1>, vnni_rows<2>, vnni_rows<3>};
+    constexpr RowsFn kVnni[] = {vnni_rows<kType, 1>, vnni_rows<kType, 2>, vnni_rows<kType, 3>};
     return kVnni[n_rows - 1](w, tile_bytes, n_tiles, blocks, x, x_stride, y, y_stride);
   }
   TileConfig cfg;
@@ -237,7 +271,7 @@ void row_tiles_rows(const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t 
     cfg.colsb[3 * set + 2] = 64;  // C: 16 sums per activation row
   }
   _tile_loadconfig(&cfg);
-  amx_kernel(static_cast<int>(n_rows), std::make_integer_sequence<int, kTileRows>())(
+  amx_kernel<kType>(static_cast<int>(n_rows), std::make_integer_sequence<int, kTileRows>())(
       w, tile_bytes, n_tiles, blocks, x, x_stride, y, y_stride);
   _tile_release();
 }
@@ -259,7 +293,9 @@ void direct_rows(DType type, WeightForm form, const uint8_t* w, int64_t row_byte
                  PrefetchReach reach) {
   if (form != WeightForm::kRowTiles)
     return vbmi().direct_rows(type, form, w, row_bytes, n_out, k, x, x_stride, n_rows, y, y_stride, reach);
-  row_tiles_rows(w, row_bytes, n_out, k, x, x_stride, n_rows, y, y_stride);
+  if (type == DType::Q8_0)
+    return row_tiles_rows<DType::Q8_0>(w, row_bytes, n_out, k, x, x_stride, n_rows, y, y_stride);
+  row_tiles_rows<DType::Q4_0>(w, row_bytes, n_out, k, x, x_stride, n_rows, y, y_stride);
 }
 
 #undef TANDEM_TILE_LOAD

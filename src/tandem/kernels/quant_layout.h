@@ -42,10 +42,10 @@
 // + i of the pair at position 64 * (v % 4) + 4 * b + i (b < 16 the block, i < 4), so that 32-bit lane b holds
 // block b throughout and a block's eight vectors' integer sums add up lane by lane before one float scaling
 // per block. Lane group b is block b, kept in the first super's arrays; the second super's are zero. And
-// natural order, the AMX target's activations for Q4_0 rows in row tiles (ActForm::kNatural, repack.h):
-// element e at position e, so that block b's 32 codes are one contiguous row of a tile; lane group b < 8 is
-// block b, groups 8..15 zero. The per-group arrays below (a, b, d, bs, offset_sums) are indexed by lane group
-// in each order.
+// natural order, the AMX target's activations for Q4_0 and Q8_0 rows in row tiles (ActForm::kNatural,
+// repack.h): element e at position e, so that block b's 32 codes are one contiguous row of a tile; lane group
+// b < 8 is block b, groups 8..15 zero. The per-group arrays below (a, b, d, bs, offset_sums) are indexed by
+// lane group in each order.
 #pragma once
 
 #include <cstdint>
@@ -91,7 +91,7 @@ enum class CodeOrder { kGroup, kBlock, kBlockLanes };
 // How a matmul's activation rows are quantized: per-32 scales in the target's legacy order (block order or
 // block lanes), per-256 scales in group order (K-quant weights), or per-32 scales in lane pairs (Q4_0, Q4_K
 // and Q8_0 rows in their lane-pair form, on targets that read it: QuantKernels::lane_pairs).
-// kNatural: per-32 scales in natural order (Q4_0 rows in row tiles, on targets that read them:
+// kNatural: per-32 scales in natural order (Q4_0 and Q8_0 rows in row tiles, on targets that read them:
 // QuantKernels::row_tiles).
 enum class ActForm : uint8_t { kBlocks, kSupers, kLanePairs, kNatural };
 
@@ -195,8 +195,8 @@ struct QuantKernels {
   // Whether the direct kernels read Q4_0, Q4_K and Q8_0 rows in their lane-pair form (WeightForm::kLanePairs)
   // against activations in lane pairs; other targets read such rows through the file form (unpack_row).
   bool lane_pairs = false;
-  // Whether the direct kernels read Q4_0 rows in row tiles (WeightForm::kRowTiles) against activations in
-  // natural order; other targets read such rows through the file form.
+  // Whether the direct kernels read Q4_0 and Q8_0 rows in row tiles (WeightForm::kRowTiles) against
+  // activations in natural order; other targets read such rows through the file form.
   bool row_tiles = false;
 };
 

@@ -109,30 +109,33 @@ bool lane_pair_window_fits(DType type, int64_t cols);
 void lane_pair_from_file(DType type, const uint8_t* in, uint8_t* out);
 void lane_pair_to_file(DType type, const uint8_t* in, uint8_t* out);
 
-// Q4_0 in row tiles (WeightForm::kRowTiles), the AMX target's form: per tile of 16 consecutive rows (16 x
-// row_bytes bytes, in row order) and per 32-element block b of those rows, in block order, 288 bytes (as
-// many as in the file): a 32-byte header of the 16 rows' f16 scales, row n at 2n, and four code vectors of 64
-// bytes, vector v's bytes 4n..4n+3 holding row n's file code bytes 4v..4v+3 (low nibbles elements 4v..4v+3,
-// high ones 16 + 4v..16 + 4v + 3). A vector's low nibbles (and its high ones) are then one row of a tile in
-// the layout the AMX multiply-adds take (four consecutive elements of each of 16 columns), and a lane of
-// either is four elements of one output row. As lane pairs, the header comes first in a block 32 bytes past
-// a 64-byte boundary and last in one on a boundary (every block is 32 mod 64 bytes), so that each code
-// vector is one aligned load wherever the matrix starts on 32 bytes. Rows are whole tiles (rows % 16 == 0).
+// Q4_0 and Q8_0 in row tiles (WeightForm::kRowTiles), the AMX target's form: per tile of 16 consecutive rows
+// (16 x row_bytes bytes, in row order) and per 32-element block b of those rows, in block order, as many bytes
+// as in the file (row_tile_block_bytes: 288 for Q4_0, 544 for Q8_0): a 32-byte header of the 16 rows' f16
+// scales, row n at 2n, and the code vectors, 64 bytes each, vector v's bytes 4n..4n+3 holding row n's file code
+// bytes 4v..4v+3:
+//   Q4_0: four vectors, whose low nibbles are elements 4v..4v+3 and high ones 16 + 4v..16 + 4v + 3;
+//   Q8_0: eight vectors, elements 4v..4v+3 (signed codes, as in the file).
+// A vector (Q4_0: its low or its high nibbles) is then one row of a tile in the layout the AMX multiply-adds
+// take (four consecutive elements of each of 16 columns), and each lane is four elements of one output row.
+// As lane pairs, the header comes first in a block 32 bytes past a 64-byte boundary and last in one on a
+// boundary (every block is 32 mod 64 bytes), so that each code vector is one aligned load wherever the matrix
+// starts on 32 bytes. Rows are whole tiles (rows % 16 == 0).
 constexpr int64_t kTileRows = 16;
-constexpr size_t kRowTileBlockBytes = kTileRows * 18;
+size_t row_tile_block_bytes(DType type);
 inline size_t row_tile_codes_offset(const uint8_t* block) {
   return reinterpret_cast<uintptr_t>(block) & 32;
 }
-inline size_t row_tile_scales_offset(const uint8_t* block) {
-  return row_tile_codes_offset(block) != 0 ? 0 : kRowTileBlockBytes - 32;
+inline size_t row_tile_scales_offset(DType type, const uint8_t* block) {
+  return row_tile_codes_offset(block) != 0 ? 0 : row_tile_block_bytes(type) - 32;
 }
 bool can_row_tile(DType type, int64_t rows, int64_t cols);
 // One tile of 16 rows of `cols` elements: the file's form (16 rows end to end) at in -> row tiles at out,
 // and back (in != out).
-void row_tile_from_file(int64_t cols, const uint8_t* in, uint8_t* out);
-void row_tile_to_file(int64_t cols, const uint8_t* in, uint8_t* out);
+void row_tile_from_file(DType type, int64_t cols, const uint8_t* in, uint8_t* out);
+void row_tile_to_file(DType type, int64_t cols, const uint8_t* in, uint8_t* out);
 // Row n < 16 of the tile at `tile` in the file's form (out [row bytes]).
-void row_tile_row_to_file(int64_t cols, const uint8_t* tile, int n, uint8_t* out);
+void row_tile_row_to_file(DType type, int64_t cols, const uint8_t* tile, int n, uint8_t* out);
 
 // Whether a matrix of this type and width has an interleaved form.
 bool can_interleave(DType type, int64_t cols);
@@ -147,8 +150,8 @@ bool can_interleave(DType type, int64_t cols);
 // (can_lane_pair, lane_pair_window_fits) under AVX-512, where the matrix starts on 32 bytes (repack_form).
 bool repack_pays(DType type, int64_t cols);
 // The form the loader repacks a matrix of this type and shape, starting at data, into on this CPU (kFile:
-// none). Row tiles take the place of every other form for Q4_0 where the AMX target runs (can_row_tile,
-// the matrix on 32 bytes).
+// none). Row tiles take the place of every other form for Q4_0 and Q8_0 where the AMX target runs
+// (can_row_tile, the matrix on 32 bytes).
 WeightForm repack_form(DType type, int64_t rows, int64_t cols, const uint8_t* data);
 // Bytes of one super-block of `type` (84 to 272).
 size_t interleave_super_bytes(DType type);

@@ -15,7 +15,7 @@ enum class WeightForm : uint8_t {
   kFile,
   kInterleaved,  // per super-block: the scales side by side, the codes in planes (every x86 target)
   kLanePairs,    // Q4_0 per pair of super-blocks, one 32-bit lane per block (the AVX-512 kernels)
-  kRowTiles,     // Q4_0 per 16 rows and block, one 32-bit lane per row (the AMX kernels)
+  kRowTiles,     // Q4_0, Q8_0 per 16 rows and block, one 32-bit lane per row (the AMX kernels)
 };
 
 // A 2-D weight matrix W[rows][cols] (GGUF ne[1] = rows = output features, ne[0] = cols = input features),
