@@ -9,10 +9,10 @@
 //     acc = fma(float(s), d_w[n] * d_x[m], acc),
 // so y[m][n] = acc after the last block. The integer sums are exact whatever adds them, so a row's result
 // does not depend on which kernel ran it (batch invariance):
-//  - up to kVnniRows rows (decode, short windows): vpdpbusd of each tile vector as unsigned bytes (Q4_0: its
-//    low and high nibbles; Q8_0: the codes plus 128), 16 output rows in the lanes, by the activation row's
-//    four codes broadcast, from the activations' offset sum for that fixed offset (-8 or -128 times the sum
-//    of the codes);
+//  - up to kVnniRows rows (3 for Q4_0, 4 for Q8_0: decode, short windows): vpdpbusd of each tile vector as
+//    unsigned bytes (Q4_0: its low and high nibbles; Q8_0: the codes plus 128), 16 output rows in the
+//    lanes, by the activation row's four codes broadcast, from the activations' offset sum for that fixed
+//    offset (-8 or -128 times the sum of the codes);
 //  - more rows (windows and prefill): one AMX multiply-add of signed bytes (tdpbssd) per block and tile of up
 //    to 16 activation rows, with the block's codes as the B tile (8 rows of 64 bytes, K = 32: Q4_0's nibbles
 //    minus 8 unpacked, Q8_0's as they lie) and the activation rows' block codes as the A tile; the tile's
@@ -37,7 +37,8 @@ namespace tandem::kernels {
 namespace amx_target {
 
 // Rows up to which the vpdpbusd kernel runs; more take the tiles.
-constexpr int64_t kVnniRows = 3;
+template <DType kType>
+constexpr int64_t kVnniRows = kType == DType::Q8_0 ? 4 : 3;
 // Rows one call takes (one tile of activation rows; prefill runs in passes of up to 16 rows).
 constexpr int64_t kMaxRows = kTileRows;
 // How far ahead the weights are prefetched into L2: each line twice, this far and twice as far (as the
@@ -118,9 +119,9 @@ inline __m512 scale_sum(__m512 acc, __m512i sum, __m512 dw, float dx) {
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc);
 }
 
-// R activation rows (R <= kVnniRows) against n_tiles tiles of 16 weight rows: each code vector as unsigned
-// bytes (Q4_0: its low and high nibbles; Q8_0: the codes plus 128) by the activation row's four codes
-// broadcast, from the offset sum of that fixed offset.
+// R activation rows (R <= kVnniRows<kType>) against n_tiles tiles of 16 weight rows: each code vector as
+// unsigned bytes (Q4_0: its low and high nibbles; Q8_0: the codes plus 128) by the activation row's four
+// codes broadcast, from the offset sum of that fixed offset.
 template <DType kType, int R>
 void vnni_rows(const uint8_t* w, size_t tile_bytes, int64_t n_tiles, int64_t blocks, const ActSuper* x,
                int64_t x_stride, float* y, int64_t y_stride) {
@@ -258,8 +259,9 @@ void row_tiles_rows(const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t 
                     int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
   const size_t tile_bytes = static_cast<size_t>(row_bytes) * kTileRows;
   const int64_t n_tiles = n_out / kTileRows, blocks = k / 32;
-  if (n_rows <= kVnniRows) {
-    constexpr RowsFn kVnni[] = {vnni_rows<kType, 1>, vnni_rows<kType, 2>, vnni_rows<kType, 3>};
+  if (n_rows <= kVnniRows<kType>) {
+    constexpr RowsFn kVnni[] = {vnni_rows<kType, 1>, vnni_rows<kType, 2>, vnni_rows<kType, 3>,
+                                vnni_rows<kType, 4>};
     return kVnni[n_rows - 1](w, tile_bytes, n_tiles, blocks, x, x_stride, y, y_stride);
   }
   TileConfig cfg;

@@ -546,7 +546,8 @@ void file_form_row(const MatrixView& w, int64_t r, uint8_t* out) {
     return;
   }
   if (w.form == WeightForm::kRowTiles)
-    return row_tile_row_to_file(w.type, w.cols, w.row(r - r % kTileRows), static_cast<int>(r % kTileRows), out);
+    return row_tile_row_to_file(w.type, w.cols, w.row(r - r % kTileRows), static_cast<int>(r % kTileRows),
+                                out);
   if (w.form == WeightForm::kLanePairs) {
     const size_t pair = lane_pair_bytes(w.type);
     for (size_t o = 0; o < w.row_bytes; o += pair) lane_pair_to_file(w.type, row + o, out + o);

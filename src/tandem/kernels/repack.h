@@ -109,11 +109,11 @@ bool lane_pair_window_fits(DType type, int64_t cols);
 void lane_pair_from_file(DType type, const uint8_t* in, uint8_t* out);
 void lane_pair_to_file(DType type, const uint8_t* in, uint8_t* out);
 
-// Q4_0 and Q8_0 in row tiles (WeightForm::kRowTiles), the AMX target's form: per tile of 16 consecutive rows
-// (16 x row_bytes bytes, in row order) and per 32-element block b of those rows, in block order, as many bytes
-// as in the file (row_tile_block_bytes: 288 for Q4_0, 544 for Q8_0): a 32-byte header of the 16 rows' f16
-// scales, row n at 2n, and the code vectors, 64 bytes each, vector v's bytes 4n..4n+3 holding row n's file code
-// bytes 4v..4v+3:
+// Q4_0 and Q8_0 in row tiles (WeightForm::kRowTiles), the AMX target's form: per tile of 16 consecutive
+// rows (16 x row_bytes bytes, in row order) and per 32-element block b of those rows, in block order, as many
+// bytes as in the file (row_tile_block_bytes: 288 for Q4_0, 544 for Q8_0): a 32-byte header of the 16 rows'
+// f16 scales, row n at 2n, and the code vectors, 64 bytes each, vector v's bytes 4n..4n+3 holding row n's
+// file code bytes 4v..4v+3:
 //   Q4_0: four vectors, whose low nibbles are elements 4v..4v+3 and high ones 16 + 4v..16 + 4v + 3;
 //   Q8_0: eight vectors, elements 4v..4v+3 (signed codes, as in the file).
 // A vector (Q4_0: its low or its high nibbles) is then one row of a tile in the layout the AMX multiply-adds
