@@ -168,9 +168,16 @@ const BAD = [
 ];
 
 async function sendBad([method, route, body, status]) {
-  const res = await fetch(`${server.url}${route}`, {
-    method, body: body ?? undefined, headers: body ? { 'content-type': 'application/json' } : {},
-  });
+  let res;
+  try {
+    res = await fetch(`${server.url}${route}`, {
+      method, body: body ?? undefined, headers: body ? { 'content-type': 'application/json' } : {},
+    });
+  } catch (e) {
+    // Say which request failed and why (the connection's own error), not just "fetch failed".
+    throw new Error(`${method} ${route} (${body ? String(body.length) : 'no'} body bytes, expecting ${status}): ` +
+      `${e.message}: ${e.cause ? `${e.cause.code ?? ''} ${e.cause.message}` : 'no cause'}`);
+  }
   const text = await res.text();
   assert.equal(res.status, status, `${method} ${route} ${String(body).slice(0, 80)} -> ${res.status} ${text}`);
   const j = JSON.parse(text);

@@ -51,11 +51,12 @@ constexpr int64_t kPrefetchBytes = 6144;
 // The tile instructions, with the memory they read or write declared to the compiler (the compiler's own
 // tile intrinsics declare none); register numbers are literal.
 #define TANDEM_TILE_LOAD(t, base, stride) \
-  __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
-#define TANDEM_TILE_STORE(t, base, stride)                                                         \
-  __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(base), "r"(static_cast<long>(stride)) \
-                   : "memor"                                                                       \
-                     "y")
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t : : "r"(base), "r"(static_cast<long>(stride)) : "memory")
+#define TANDEM_TILE_STORE(t, base, stride)                     \
+  __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)"         \
+                   :                                           \
+                   : "r"(base), "r"(static_cast<long>(stride)) \
+                   : "memory")
 #define TANDEM_TILE_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
 #define TANDEM_TILE_DPBSSD(c, a, b) __asm__ volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
 
@@ -104,11 +105,11 @@ struct ActBlock {
   int32_t offset;
 };
 
-template <int kFold>
+template <int kOffsetFold>
 inline ActBlock act_block(const ActSuper* x, int64_t b) {
   const ActSuper& s = x[b / 8];
   const int j = static_cast<int>(b % 8);
-  return {reinterpret_cast<const int32_t*>(s.q + 32 * j), s.d[j], s.offset_sums[fold_index(kFold)][j]};
+  return {reinterpret_cast<const int32_t*>(s.q + 32 * j), s.d[j], s.offset_sums[fold_index(kOffsetFold)][j]};
 }
 
 template <DType kType>
