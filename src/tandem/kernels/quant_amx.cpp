@@ -200,9 +200,11 @@ inline void tile_sums(const uint8_t* bt, const int32_t* a, int64_t a_stride, int
 // block b: the codes of block b + kUnpackAhead made ready (Q4_0 unpacked; Q8_0's codes are the B tile as they
 // lie), block b's multiply-adds (the tile sets alternate), then block b - 1's float steps, so that one
 // block's tile work overlaps the other's float work.
+// With `unpacked` (Q4_0, one tile of weight rows: its blocks' B tiles end to end, and their scales at
+// `scales`), the codes are read from there instead.
 template <DType kType, int R>
 void amx_rows(const uint8_t* w, size_t tile_bytes, int64_t n_tiles, int64_t blocks, const ActSuper* x,
-              int64_t x_stride, float* y, int64_t y_stride) {
+              int64_t x_stride, float* y, int64_t y_stride, const uint8_t* unpacked, const float* scales) {
   alignas(64) uint8_t bt[kType == DType::Q4_0 ? kUnpackRing : 1][8 * 64];
   alignas(64) float d[kUnpackRing][16];
   const uint8_t* b_tile[kUnpackRing];
@@ -213,8 +215,13 @@ void amx_rows(const uint8_t* w, size_t tile_bytes, int64_t n_tiles, int64_t bloc
     __m512 acc[R];
     for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps();
     const auto ready = [&](int64_t u) {
-      const TileBlock tb = tile_block<kType>(tile, u);
       const int64_t slot = u % kUnpackRing;
+      if (unpacked != nullptr) {
+        b_tile[slot] = unpacked + 8 * 64 * u;
+        std::memcpy(d[slot], scales + 16 * u, sizeof d[slot]);
+        return;
+      }
+      const TileBlock tb = tile_block<kType>(tile, u);
       if constexpr (kType == DType::Q4_0) {
         unpack_b(tb.codes, bt[slot]);
         b_tile[slot] = bt[slot];
@@ -247,13 +254,33 @@ void amx_rows(const uint8_t* w, size_t tile_bytes, int64_t n_tiles, int64_t bloc
 }
 
 using RowsFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, const ActSuper*, int64_t, float*, int64_t);
+using TileRowsFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, const ActSuper*, int64_t, float*,
+                            int64_t, const uint8_t*, const float*);
 
 template <DType kType, int... R>
-constexpr RowsFn amx_kernel(int rows, std::integer_sequence<int, R...>) {
-  RowsFn fn = nullptr;
+constexpr TileRowsFn amx_kernel(int rows, std::integer_sequence<int, R...>) {
+  TileRowsFn fn = nullptr;
   ((rows == R + 1 ? (fn = amx_rows<kType, R + 1>) : fn), ...);
   return fn;
 }
+
+// The tiles configured for `rows` activation rows (both sets: tmm0-2 and tmm3-5, B, A and C).
+inline void configure_tiles(int64_t rows) {
+  TileConfig cfg;
+  for (int set = 0; set < 2; ++set) {
+    cfg.rows[3 * set] = 8;  // B: 8 rows of 64 bytes (K = 32)
+    cfg.colsb[3 * set] = 64;
+    cfg.rows[3 * set + 1] = cfg.rows[3 * set + 2] = static_cast<uint8_t>(rows);
+    cfg.colsb[3 * set + 1] = 32;  // A: a block's codes per activation row
+    cfg.colsb[3 * set + 2] = 64;  // C: 16 sums per activation row
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// Q4_0 passes of more than 16 rows (prefill) take the activation rows 16 at a time against each tile of
+// weight rows, its codes unpacked once for all of them, where a tile's unpacked codes fit kUnpackedBytes.
+constexpr int64_t kUnpackedBytes = 128 << 10;
+constexpr int64_t kWideRows = 64;
 
 template <DType kType>
 void row_tiles_rows(const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t k, const ActSuper* x,
@@ -265,17 +292,33 @@ void row_tiles_rows(const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t 
                                 vnni_rows<kType, 4>};
     return kVnni[n_rows - 1](w, tile_bytes, n_tiles, blocks, x, x_stride, y, y_stride);
   }
-  TileConfig cfg;
-  for (int set = 0; set < 2; ++set) {
-    cfg.rows[3 * set] = 8;  // B: 8 rows of 64 bytes (K = 32)
-    cfg.colsb[3 * set] = 64;
-    cfg.rows[3 * set + 1] = cfg.rows[3 * set + 2] = static_cast<uint8_t>(n_rows);
-    cfg.colsb[3 * set + 1] = 32;  // A: a block's codes per activation row
-    cfg.colsb[3 * set + 2] = 64;  // C: 16 sums per activation row
+  const auto rows_fn = [](int64_t rows) {
+    return amx_kernel<kType>(static_cast<int>(rows), std::make_integer_sequence<int, kTileRows>());
+  };
+  if (n_rows <= kTileRows) {
+    configure_tiles(n_rows);
+    rows_fn(n_rows)(w, tile_bytes, n_tiles, blocks, x, x_stride, y, y_stride, nullptr, nullptr);
+    _tile_release();
+    return;
   }
-  _tile_loadconfig(&cfg);
-  amx_kernel<kType>(static_cast<int>(n_rows), std::make_integer_sequence<int, kTileRows>())(
-      w, tile_bytes, n_tiles, blocks, x, x_stride, y, y_stride);
+  // (Q4_0 only: direct_pass_rows.)
+  alignas(64) uint8_t unpacked[kUnpackedBytes];
+  alignas(64) float scales[kUnpackedBytes / (8 * 64)][16];
+  int64_t configured = 0;
+  for (int64_t t = 0; t < n_tiles; ++t) {
+    const uint8_t* tile = w + static_cast<size_t>(t) * tile_bytes;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const TileBlock tb = tile_block<kType>(tile, b);
+      unpack_b(tb.codes, unpacked + 8 * 64 * b);
+      _mm512_store_ps(scales[b], tb.d);
+    }
+    for (int64_t r0 = 0; r0 < n_rows; r0 += kTileRows) {
+      const int64_t rows = std::min(kTileRows, n_rows - r0);
+      if (rows != configured) configure_tiles(configured = rows);
+      rows_fn(rows)(tile, tile_bytes, 1, blocks, x + r0 * x_stride, x_stride,
+                    y + r0 * y_stride + kTileRows * t, y_stride, unpacked, scales[0]);
+    }
+  }
   _tile_release();
 }
 
@@ -283,12 +326,19 @@ const QuantKernels& vbmi() {
   return quant_kernels_avx512_vbmi();
 }
 
+// Rows one call takes: Q4_0 up to kWideRows where a tile's unpacked codes fit, else 16.
+int64_t row_tile_rows(DType type, int64_t k) {
+  return type == DType::Q4_0 && k / 32 * 8 * 64 <= kUnpackedBytes ? kWideRows : kMaxRows;
+}
+
 int64_t direct_max_rows(DType type, WeightForm form, int64_t k, bool signed_q8) {
-  return form == WeightForm::kRowTiles ? kMaxRows : vbmi().direct_max_rows(type, form, k, signed_q8);
+  return form == WeightForm::kRowTiles ? row_tile_rows(type, k)
+                                       : vbmi().direct_max_rows(type, form, k, signed_q8);
 }
 
 int64_t direct_pass_rows(DType type, WeightForm form, int64_t k, bool signed_q8) {
-  return form == WeightForm::kRowTiles ? kMaxRows : vbmi().direct_pass_rows(type, form, k, signed_q8);
+  return form == WeightForm::kRowTiles ? row_tile_rows(type, k)
+                                       : vbmi().direct_pass_rows(type, form, k, signed_q8);
 }
 
 void direct_rows(DType type, WeightForm form, const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t k,
