@@ -19,7 +19,6 @@
 //    sums stored, then scaled by the same float steps.
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <utility>
 
 #include "tandem/kernels/quant_layout.h"
@@ -208,6 +207,7 @@ void amx_rows(const uint8_t* w, size_t tile_bytes, int64_t n_tiles, int64_t bloc
   alignas(64) uint8_t bt[kType == DType::Q4_0 ? kUnpackRing : 1][8 * 64];
   alignas(64) float d[kUnpackRing][16];
   const uint8_t* b_tile[kUnpackRing];
+  const float* d_of[kUnpackRing];  // each block's 16 scales: in d, or in `scales`
   alignas(64) int32_t sums[2][R * 16];
   const int64_t a_stride = x_stride * static_cast<int64_t>(sizeof(ActSuper));
   for (int64_t t = 0; t < n_tiles; ++t) {
@@ -218,7 +218,7 @@ void amx_rows(const uint8_t* w, size_t tile_bytes, int64_t n_tiles, int64_t bloc
       const int64_t slot = u % kUnpackRing;
       if (unpacked != nullptr) {
         b_tile[slot] = unpacked + 8 * 64 * u;
-        std::memcpy(d[slot], scales + 16 * u, sizeof d[slot]);
+        d_of[slot] = scales + 16 * u;
         return;
       }
       const TileBlock tb = tile_block<kType>(tile, u);
@@ -229,6 +229,7 @@ void amx_rows(const uint8_t* w, size_t tile_bytes, int64_t n_tiles, int64_t bloc
         b_tile[slot] = tb.codes;
       }
       _mm512_store_ps(d[slot], tb.d);
+      d_of[slot] = d[slot];
     };
     for (int64_t b = 0; b < std::min(kUnpackAhead, blocks); ++b) ready(b);
     for (int64_t b = 0; b <= blocks; ++b) {
@@ -244,7 +245,7 @@ void amx_rows(const uint8_t* w, size_t tile_bytes, int64_t n_tiles, int64_t bloc
       // Block b - 1's float steps.
       const int64_t p = b - 1;
       const int32_t* s = sums[p % 2];
-      const __m512 dw = _mm512_load_ps(d[p % kUnpackRing]);
+      const __m512 dw = _mm512_load_ps(d_of[p % kUnpackRing]);
       for (int m = 0; m < R; ++m)
         acc[m] = scale_sum(acc[m], _mm512_load_si512(s + 16 * m), dw,
                            act_block<kFold<kType>>(x + m * x_stride, p).d);
