@@ -9,10 +9,10 @@
 //     acc = fma(float(s), d_w[n] * d_x[m], acc),
 // so y[m][n] = acc after the last block. The integer sums are exact whatever adds them, so a row's result
 // does not depend on which kernel ran it (batch invariance):
-//  - up to kVnniRows rows (3 for Q4_0, 4 for Q8_0: decode, short windows): vpdpbusd of each tile vector as
-//    unsigned bytes (Q4_0: its low and high nibbles; Q8_0: the codes plus 128), 16 output rows in the
-//    lanes, by the activation row's four codes broadcast, from the activations' offset sum for that fixed
-//    offset (-8 or -128 times the sum of the codes);
+//  - up to kVnniRows rows (4: decode, short windows): vpdpbusd of each tile vector as unsigned bytes (Q4_0:
+//    its low nibbles, and its high nibbles times 16 in a chain of their own, shifted back; Q8_0: the codes
+//    plus 128), 16 output rows in the lanes, by the activation row's four codes broadcast, from the
+//    activations' offset sum for that fixed offset (-8 or -128 times the sum of the codes);
 //  - more rows (windows and prefill): one AMX multiply-add of signed bytes (tdpbssd) per block and tile of up
 //    to 16 activation rows, with the block's codes as the B tile (8 rows of 64 bytes, K = 32: Q4_0's nibbles
 //    minus 8 unpacked, Q8_0's as they lie) and the activation rows' block codes as the A tile; the tile's
@@ -35,9 +35,10 @@
 namespace tandem::kernels {
 namespace amx_target {
 
-// Rows up to which the vpdpbusd kernel runs; more take the tiles.
-template <DType kType>
-constexpr int64_t kVnniRows = kType == DType::Q8_0 ? 4 : 3;
+// Rows up to which the vpdpbusd kernel runs; more take the tiles. Synthetic TinyLlama's four-row matrix
+// products (2-core Xeon, two threads, alternating in one process): Q8_0 0.95-0.97x the time of the tiles,
+// Q4_0 0.93-0.94x (with its high nibbles masked in place, not shifted; 1.15-1.24x at 2 and 3 rows).
+constexpr int64_t kVnniRows = 4;
 // Rows one call takes (one tile of activation rows; prefill runs in passes of up to 16 rows).
 constexpr int64_t kMaxRows = kTileRows;
 // How far ahead the weights are prefetched into L2: each line twice, this far and twice as far (as the
@@ -46,6 +47,7 @@ constexpr int64_t kMaxRows = kTileRows;
 // and 2 rows and 0.97-0.99x at 4 (without, 0.98-1.0x, 1.05x and 1.04-1.05x), Q4_0 0.99x and 1.01x at 1 and 2
 // rows (without, 1.01x and 1.035x); 3 and 12 KB alone measured alike or worse.
 constexpr int64_t kPrefetchBytes = 6144;
+static_assert(kPrefetchBytes % 64 == 0, "prefetch_block finds a block's lines from the prefetched address");
 
 // The tile instructions, with the memory they read or write declared to the compiler (the compiler's own
 // tile intrinsics declare none); register numbers are literal.
@@ -81,16 +83,22 @@ constexpr size_t kBlockBytes = kType == DType::Q8_0 ? 16 * 34 : 16 * 18;
 template <DType kType>
 constexpr int kVectors = kType == DType::Q8_0 ? 8 : 4;
 
+// Prefetches into L2 the lines that begin within the block at p (a block lies 0 or 32 bytes past a 64-byte
+// boundary, and blocks are 32 mod 64 bytes long, so each block's lines are prefetched once: Q4_0 five or four
+// lines a block, Q8_0 nine or eight). Prefetching every line the block touches instead, as before, issued a
+// third more prefetches for Q4_0: synthetic TinyLlama's one-row matrix products took 1.02-1.03x the time.
+template <DType kType>
+inline void prefetch_block(const uint8_t* p) {
+  for (size_t line = 64; line < kBlockBytes<kType> + 32; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + line), _MM_HINT_T1);
+  if (row_tile_codes_offset(p) == 0) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
+}
+
 template <DType kType>
 inline TileBlock tile_block(const uint8_t* tile, int64_t b) {
   const uint8_t* block = tile + static_cast<size_t>(b) * kBlockBytes<kType>;
-  for (size_t line = 0; line < kBlockBytes<kType>; line += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + line), _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(block + 2 * kPrefetchBytes + line), _MM_HINT_T1);
-  }
-  _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + kBlockBytes<kType> - 1), _MM_HINT_T1);
-  _mm_prefetch(reinterpret_cast<const char*>(block + 2 * kPrefetchBytes + kBlockBytes<kType> - 1),
-               _MM_HINT_T1);
+  prefetch_block<kType>(block + kPrefetchBytes);
+  prefetch_block<kType>(block + 2 * kPrefetchBytes);
   const __m256i h =
       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + row_tile_scales_offset(kType, block)));
   return {block + row_tile_codes_offset(block), _mm512_cvtph_ps(h)};
@@ -119,38 +127,51 @@ inline __m512 scale_sum(__m512 acc, __m512i sum, __m512 dw, float dx) {
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc);
 }
 
-// R activation rows (R <= kVnniRows<kType>) against n_tiles tiles of 16 weight rows: each code vector as
-// unsigned bytes (Q4_0: its low and high nibbles; Q8_0: the codes plus 128) by the activation row's four
-// codes broadcast, from the offset sum of that fixed offset.
+// R activation rows (R <= kVnniRows) against n_tiles tiles of 16 weight rows: each code vector as
+// unsigned bytes by the activation row's four codes broadcast, from the offset sum of that fixed offset.
+// Q8_0: the codes plus 128. Q4_0: the low nibbles, and the high ones masked in place (16 times their value)
+// into a second chain, which is a multiple of 16 and so shifts back exactly; against shifting each vector's
+// high nibbles down, one instruction fewer per vector: synthetic TinyLlama's matrix products took 0.97-0.98x
+// the time at one row, 0.96x at two.
 template <DType kType, int R>
 void vnni_rows(const uint8_t* w, size_t tile_bytes, int64_t n_tiles, int64_t blocks, const ActSuper* x,
                int64_t x_stride, float* y, int64_t y_stride) {
   const __m512i low = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i high = _mm512_set1_epi8(static_cast<char>(0xF0));
   for (int64_t t = 0; t < n_tiles; ++t) {
     const uint8_t* tile = w + static_cast<size_t>(t) * tile_bytes;
     __m512 acc[R];
     for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
       const TileBlock tb = tile_block<kType>(tile, b);
-      __m512i u[8];  // the unsigned codes of elements 4v..4v+3 in vector v
+      // The unsigned codes of elements 4v..4v+3 in vector v (Q4_0: of 16 + 4v.. times 16 in u[4 + v]).
+      __m512i u[8];
       for (int v = 0; v < kVectors<kType>; ++v) {
         const __m512i c = _mm512_loadu_si512(tb.codes + 64 * v);
         if constexpr (kType == DType::Q8_0) {
           u[v] = _mm512_xor_si512(c, bias);
         } else {
           u[v] = _mm512_and_si512(c, low);
-          u[4 + v] = _mm512_and_si512(_mm512_srli_epi16(c, 4), low);
+          u[4 + v] = _mm512_and_si512(c, high);
         }
       }
       for (int m = 0; m < R; ++m) {
         const ActBlock a = act_block<kFold<kType>>(x + m * x_stride, b);
-        // Two chains, added: the same integer.
+        // Two chains, added (Q4_0: the high nibbles' shifted back): the same integer.
         __m512i s0 = _mm512_set1_epi32(a.offset), s1 = _mm512_setzero_si512();
-        for (int v = 0; v < 8; v += 2) {
-          s0 = _mm512_dpbusd_epi32(s0, u[v], _mm512_set1_epi32(a.codes[v]));
-          s1 = _mm512_dpbusd_epi32(s1, u[v + 1], _mm512_set1_epi32(a.codes[v + 1]));
+        if constexpr (kType == DType::Q8_0) {
+          for (int v = 0; v < 8; v += 2) {
+            s0 = _mm512_dpbusd_epi32(s0, u[v], _mm512_set1_epi32(a.codes[v]));
+            s1 = _mm512_dpbusd_epi32(s1, u[v + 1], _mm512_set1_epi32(a.codes[v + 1]));
+          }
+          acc[m] = scale_sum(acc[m], _mm512_add_epi32(s0, s1), tb.d, a.d);
+        } else {
+          for (int v = 0; v < 4; ++v) {
+            s0 = _mm512_dpbusd_epi32(s0, u[v], _mm512_set1_epi32(a.codes[v]));
+            s1 = _mm512_dpbusd_epi32(s1, u[4 + v], _mm512_set1_epi32(a.codes[4 + v]));
+          }
+          acc[m] = scale_sum(acc[m], _mm512_add_epi32(s0, _mm512_srai_epi32(s1, 4)), tb.d, a.d);
         }
-        acc[m] = scale_sum(acc[m], _mm512_add_epi32(s0, s1), tb.d, a.d);
       }
     }
     for (int m = 0; m < R; ++m) _mm512_storeu_ps(y + m * y_stride + kTileRows * t, acc[m]);
@@ -288,7 +309,7 @@ void row_tiles_rows(const uint8_t* w, int64_t row_bytes, int64_t n_out, int64_t 
                     int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
   const size_t tile_bytes = static_cast<size_t>(row_bytes) * kTileRows;
   const int64_t n_tiles = n_out / kTileRows, blocks = k / 32;
-  if (n_rows <= kVnniRows<kType>) {
+  if (n_rows <= kVnniRows) {
     constexpr RowsFn kVnni[] = {vnni_rows<kType, 1>, vnni_rows<kType, 2>, vnni_rows<kType, 3>,
                                 vnni_rows<kType, 4>};
     return kVnni[n_rows - 1](w, tile_bytes, n_tiles, blocks, x, x_stride, y, y_stride);

@@ -22,13 +22,12 @@ size_t codes_at(const uint8_t* block, int n, int v) {
 
 }  // namespace
 
+static_assert(row_tile_block_bytes(DType::Q4_0) == kTileRows * sizeof(BlockQ4_0));
+static_assert(row_tile_block_bytes(DType::Q8_0) == kTileRows * sizeof(BlockQ8_0));
+
 bool can_row_tile(DType type, int64_t rows, int64_t cols) {
   return (type == DType::Q4_0 || type == DType::Q8_0) && rows > 0 && rows % kTileRows == 0 && cols > 0 &&
          cols % kQK == 0;
-}
-
-size_t row_tile_block_bytes(DType type) {
-  return kTileRows * (2 + code_bytes(type));
 }
 
 void row_tile_from_file(DType type, int64_t cols, const uint8_t* in, uint8_t* out) {
