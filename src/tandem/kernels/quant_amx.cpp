@@ -41,11 +41,14 @@ namespace amx_target {
 constexpr int64_t kVnniRows = 4;
 // Rows one call takes (one tile of activation rows; prefill runs in passes of up to 16 rows).
 constexpr int64_t kMaxRows = kTileRows;
-// How far ahead the weights are prefetched into L2: each line twice, this far and twice as far (as the
-// AVX-512 one-row tiles do). Whole TinyLlama forwards alternating in one process with the model in the
-// previous forms, on the 2-core Xeon with AMX: with the second prefetch Q8_0 took 0.96-0.98x the time at 1
-// and 2 rows and 0.97-0.99x at 4 (without, 0.98-1.0x, 1.05x and 1.04-1.05x), Q4_0 0.99x and 1.01x at 1 and 2
-// rows (without, 1.01x and 1.035x); 3 and 12 KB alone measured alike or worse.
+// How far ahead the weights are prefetched: each line twice, this far into L1 and twice as far into L2.
+// Whole TinyLlama forwards alternating in one process with the model in the previous forms, on the 2-core
+// Xeon with AMX (48 KB L1 data cache): with the second prefetch (both into L2) Q8_0 took 0.96-0.98x the time
+// at 1 and 2 rows and 0.97-0.99x at 4 (without, 0.98-1.0x, 1.05x and 1.04-1.05x), Q4_0 0.99x and 1.01x at 1
+// and 2 rows (without, 1.01x and 1.035x); 3 and 12 KB alone measured alike or worse. The nearer prefetch into
+// L1 instead of L2, whole decode forwards alternating in one process: Q4_0 0.95-0.97x the time at 1, 2 and 4
+// rows, Q8_0 0.98x at one, 8 rows (the tiles) 1.00x; into L1 3 KB ahead 1.01x, a third into L2 18 KB ahead
+// 1.02x, both twice as far 1.01x, the nearer one non-temporal 0.97-0.98x.
 constexpr int64_t kPrefetchBytes = 6144;
 static_assert(kPrefetchBytes % 64 == 0, "prefetch_block finds a block's lines from the prefetched address");
 
@@ -87,18 +90,18 @@ constexpr int kVectors = kType == DType::Q8_0 ? 8 : 4;
 // boundary, and blocks are 32 mod 64 bytes long, so each block's lines are prefetched once: Q4_0 five or four
 // lines a block, Q8_0 nine or eight). Prefetching every line the block touches instead, as before, issued a
 // third more prefetches for Q4_0: synthetic TinyLlama's one-row matrix products took 1.02-1.03x the time.
-template <DType kType>
+template <DType kType, _mm_hint kHint>
 inline void prefetch_block(const uint8_t* p) {
   for (size_t line = 64; line < kBlockBytes<kType> + 32; line += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(p + line), _MM_HINT_T1);
-  if (row_tile_codes_offset(p) == 0) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(p + line), kHint);
+  if (row_tile_codes_offset(p) == 0) _mm_prefetch(reinterpret_cast<const char*>(p), kHint);
 }
 
 template <DType kType>
 inline TileBlock tile_block(const uint8_t* tile, int64_t b) {
   const uint8_t* block = tile + static_cast<size_t>(b) * kBlockBytes<kType>;
-  prefetch_block<kType>(block + kPrefetchBytes);
-  prefetch_block<kType>(block + 2 * kPrefetchBytes);
+  prefetch_block<kType, _MM_HINT_T0>(block + kPrefetchBytes);
+  prefetch_block<kType, _MM_HINT_T1>(block + 2 * kPrefetchBytes);
   const __m256i h =
       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + row_tile_scales_offset(kType, block)));
   return {block + row_tile_codes_offset(block), _mm512_cvtph_ps(h)};
