@@ -662,7 +662,7 @@ TEST(Kernels, ActivationQuantizationEdgeCasesAreBitIdenticalOnEveryTarget) {
 
 TEST(Kernels, StreamReadCoversEveryWord) {
   // Every length from none to past four vectors of the widest target, at every 8-byte offset of a line: the
-  // wide kernel's XOR in either form equals the scalar reference's, and each word counts (one set bit per
+  // wide kernel's XOR in every form equals the scalar reference's, and each word counts (one set bit per
   // word).
   std::vector<uint8_t> buf(64 * 40 + 64, 0);
   for (size_t i = 0; i < buf.size(); i += 8)
@@ -670,7 +670,7 @@ TEST(Kernels, StreamReadCoversEveryWord) {
   for (size_t offset = 0; offset < 64; offset += 8)
     for (size_t bytes = 0; bytes + offset <= 64 * 40; bytes += 8) {
       const uint8_t* p = buf.data() + offset;
-      for (const StreamForm form : {StreamForm::kPlain, StreamForm::kPrefetchL2})
+      for (const StreamForm form : kStreamForms)
         ASSERT_EQ(stream_xor(p, bytes, form), stream_xor_reference(p, bytes)) << offset << " " << bytes;
     }
   uint64_t want = 0;

@@ -19,10 +19,9 @@ namespace tandem::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// The widest vectors of the target into four independent accumulators; with kPrefetchL2, each cache line is
-// also prefetched into L2 kStreamL2Ahead bytes ahead (stream.h). Prefetches past the end read nothing: a
-// prefetch never faults.
-template <bool kPrefetchL2>
+// The widest vectors of the target into four independent accumulators, each cache line also prefetched as
+// kForm says (stream.h). Prefetches past the end read nothing: a prefetch never faults.
+template <StreamForm kForm>
 uint64_t StreamXorForm(const uint8_t* data, size_t bytes) {
   const hn::ScalableTag<uint64_t> d;
   const size_t n = hn::Lanes(d);
@@ -31,9 +30,14 @@ uint64_t StreamXorForm(const uint8_t* data, size_t bytes) {
   size_t i = 0;
   const auto* words_at = reinterpret_cast<const uint64_t*>(data);  // LoadU: any alignment
   for (; i + 4 * n <= words; i += 4 * n) {
-    if constexpr (kPrefetchL2) {
-      const uintptr_t at = reinterpret_cast<uintptr_t>(data) + 8 * i + kStreamL2Ahead;
+    const uintptr_t at = reinterpret_cast<uintptr_t>(data) + 8 * i + kStreamL2Ahead;
+    if constexpr (kForm == StreamForm::kPrefetchL2) {
       for (size_t b = 0; b < 32 * n; b += 64) __builtin_prefetch(reinterpret_cast<const void*>(at + b), 0, 2);
+    } else if constexpr (kForm == StreamForm::kPrefetchL1L2) {
+      for (size_t b = 0; b < 32 * n; b += 64) {
+        __builtin_prefetch(reinterpret_cast<const void*>(at + b), 0, 3);
+        __builtin_prefetch(reinterpret_cast<const void*>(at + kStreamL2Ahead + b), 0, 2);
+      }
     }
     a0 = hn::Xor(a0, hn::LoadU(d, words_at + i));
     a1 = hn::Xor(a1, hn::LoadU(d, words_at + i + n));
@@ -54,11 +58,15 @@ uint64_t StreamXorForm(const uint8_t* data, size_t bytes) {
 }
 
 uint64_t StreamXor(const uint8_t* data, size_t bytes) {
-  return StreamXorForm<false>(data, bytes);
+  return StreamXorForm<StreamForm::kPlain>(data, bytes);
 }
 
 uint64_t StreamXorPrefetch(const uint8_t* data, size_t bytes) {
-  return StreamXorForm<true>(data, bytes);
+  return StreamXorForm<StreamForm::kPrefetchL2>(data, bytes);
+}
+
+uint64_t StreamXorPrefetchL1L2(const uint8_t* data, size_t bytes) {
+  return StreamXorForm<StreamForm::kPrefetchL1L2>(data, bytes);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -70,10 +78,17 @@ namespace tandem::kernels {
 
 HWY_EXPORT(StreamXor);
 HWY_EXPORT(StreamXorPrefetch);
+HWY_EXPORT(StreamXorPrefetchL1L2);
 
 uint64_t stream_xor(const uint8_t* data, size_t bytes, StreamForm form) {
-  return form == StreamForm::kPrefetchL2 ? HWY_DYNAMIC_DISPATCH(StreamXorPrefetch)(data, bytes)
-                                         : HWY_DYNAMIC_DISPATCH(StreamXor)(data, bytes);
+  switch (form) {
+    case StreamForm::kPrefetchL2:
+      return HWY_DYNAMIC_DISPATCH(StreamXorPrefetch)(data, bytes);
+    case StreamForm::kPrefetchL1L2:
+      return HWY_DYNAMIC_DISPATCH(StreamXorPrefetchL1L2)(data, bytes);
+    default:
+      return HWY_DYNAMIC_DISPATCH(StreamXor)(data, bytes);
+  }
 }
 
 uint64_t stream_xor_reference(const uint8_t* data, size_t bytes) {
@@ -93,7 +108,7 @@ double measure_read_bandwidth(const uint8_t* data, size_t bytes, ThreadPool& poo
   double best = 0;
   for (int p = 0; p < passes; ++p) {
     double rate = 0;
-    for (const StreamForm form : {StreamForm::kPlain, StreamForm::kPrefetchL2}) {
+    for (const StreamForm form : kStreamForms) {
       const auto t0 = std::chrono::steady_clock::now();
       pool.parallel_for(static_cast<int64_t>(lines), 1024, [&](int64_t a, int64_t b, int t) {
         sink[static_cast<size_t>(t) * 8] ^=
