@@ -35,6 +35,10 @@ namespace {
 using namespace tandem;
 using namespace tandem::kernels;
 
+// Every prefetch reach (the tuner's two and their L1 forms): results never depend on it.
+const PrefetchReach kAllReaches[] = {PrefetchReach::kNear, PrefetchReach::kFar, PrefetchReach::kNearL1,
+                                     PrefetchReach::kFarL1};
+
 const DType kQuantTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0,
                              DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
@@ -322,12 +326,12 @@ TEST(Kernels, DirectKernelsAreBitIdenticalToUnpackAndDot) {
               qk.unpack_row(t, form, m.view.row(o), k, signed_codes, buf.data());
               qk.dot_rows(buf.data(), ns, act.data(), ns, rows, t, signed_codes, want.data() + o, n);
             }
-            for (const PrefetchReach reach : {PrefetchReach::kNear, PrefetchReach::kFar}) {
+            for (const PrefetchReach reach : kAllReaches) {
               std::fill(got.begin(), got.end(), -1.0f);
               qk.direct_rows(t, form, m.view.row(0), static_cast<int64_t>(m.view.row_bytes), n, k, act.data(),
                              ns, rows, got.data(), n, reach);
               EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
-                  << "rows=" << rows << " far=" << (reach == PrefetchReach::kFar);
+                  << "rows=" << rows << " reach=" << static_cast<int>(reach);
             }
           }
         }
@@ -388,12 +392,12 @@ TEST(Kernels, LanePairKernelsKeepTheirBitsAndMatchTheQuantizedProduct) {
           }
         }
         for (int64_t rows = 1; rows <= max_rows; ++rows)
-          for (const PrefetchReach reach : {PrefetchReach::kNear, PrefetchReach::kFar}) {
+          for (const PrefetchReach reach : kAllReaches) {
             std::vector<float> got(static_cast<size_t>(rows * n), -1.0f);
             qk.direct_rows(t, WeightForm::kLanePairs, m.view.row(0), static_cast<int64_t>(m.view.row_bytes),
                            n, k, act.data(), ns, rows, got.data(), n, reach);
             EXPECT_EQ(0, std::memcmp(got.data(), alone.data(), got.size() * sizeof(float)))
-                << "rows=" << rows << " far=" << (reach == PrefetchReach::kFar);
+                << "rows=" << rows << " reach=" << static_cast<int>(reach);
           }
         ++tested;
       }
