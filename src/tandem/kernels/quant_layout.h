@@ -147,8 +147,8 @@ bool is_quantized_weight(DType t);
 // row of every type but Q8_0, and for two rows of Q4_0 and the types without a fixed offset). Which is faster
 // changes with the machine's memory state, so a PrefetchTuner (prefetch_tuner.h) picks it by measuring
 // forwards (kNear or kFar). The L1 forms, which a target asks of the kernels it shares with another
-// (with_near_l1), are those reaches with the AVX-512 one-row tiles' first prefetch into L1 6 KB ahead instead
-// (quant_prefetch_avx512.inc). Results never depend on the reach.
+// (with_near_l1), are those reaches with the AVX-512 tiles of decode and short windows taking their first
+// prefetch into L1 6 KB ahead instead (quant_prefetch_avx512.inc). Results never depend on the reach.
 enum class PrefetchReach : uint8_t { kNear, kFar, kNearL1, kFarL1 };
 constexpr bool is_far(PrefetchReach r) {
   return r == PrefetchReach::kFar || r == PrefetchReach::kFarL1;

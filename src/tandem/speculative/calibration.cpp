@@ -127,7 +127,7 @@ std::string cpu_model_name() {
 
 std::string machine_key() {
   // Bump kKernelRevision whenever kernel (or calibration) changes move the verify cost curve.
-  constexpr int kKernelRevision = 55;
+  constexpr int kKernelRevision = 56;
   return cpu_model_name() + " | " + std::string(kernels::target_name(kernels::best_target())) + " r" +
          std::to_string(kKernelRevision);
 }
