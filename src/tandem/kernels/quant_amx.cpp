@@ -38,7 +38,8 @@ namespace amx_target {
 
 // Rows up to which the vpdpbusd kernel runs; more take the tiles. Synthetic TinyLlama's four-row matrix
 // products (2-core Xeon, two threads, alternating in one process): Q8_0 0.95-0.97x the time of the tiles,
-// Q4_0 0.93-0.94x (with its high nibbles masked in place, not shifted; 1.15-1.24x at 2 and 3 rows).
+// Q4_0 0.93-0.94x (with its high nibbles masked in place, not shifted). At 2 and 3 rows the tiles took
+// 1.15-1.24x the time of vpdpbusd.
 constexpr int64_t kVnniRows = 4;
 // Rows one call takes (one tile of activation rows; prefill runs in passes of up to 16 rows).
 constexpr int64_t kMaxRows = kTileRows;
@@ -87,10 +88,11 @@ constexpr size_t kBlockBytes = kType == DType::Q8_0 ? 16 * 34 : 16 * 18;
 template <DType kType>
 constexpr int kVectors = kType == DType::Q8_0 ? 8 : 4;
 
-// Prefetches into L2 the lines that begin within the block at p (a block lies 0 or 32 bytes past a 64-byte
-// boundary, and blocks are 32 mod 64 bytes long, so each block's lines are prefetched once: Q4_0 five or four
-// lines a block, Q8_0 nine or eight). Prefetching every line the block touches instead, as before, issued a
-// third more prefetches for Q4_0: synthetic TinyLlama's one-row matrix products took 1.02-1.03x the time.
+// Prefetches, with kHint, the lines that begin within the block at p (a block lies 0 or 32 bytes past a
+// 64-byte boundary, and blocks are 32 mod 64 bytes long, so each block's lines are prefetched once: Q4_0 five
+// or four lines a block, Q8_0 nine or eight). Prefetching every line the block touches instead, as before,
+// issued a third more prefetches for Q4_0: synthetic TinyLlama's one-row matrix products took 1.02-1.03x the
+// time.
 template <DType kType, _mm_hint kHint>
 inline void prefetch_block(const uint8_t* p) {
   for (size_t line = 64; line < kBlockBytes<kType> + 32; line += 64)
