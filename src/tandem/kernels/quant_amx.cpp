@@ -82,9 +82,9 @@ struct TileBlock {
   __m512 d;  // the 16 rows' scales
 };
 
-// Bytes of one block of a tile (row_tile_block_bytes) and code vectors in it.
+// Bytes of one block of a tile and code vectors in it.
 template <DType kType>
-constexpr size_t kBlockBytes = kType == DType::Q8_0 ? 16 * 34 : 16 * 18;
+constexpr size_t kBlockBytes = row_tile_block_bytes(kType);
 template <DType kType>
 constexpr int kVectors = kType == DType::Q8_0 ? 8 : 4;
 
