@@ -361,11 +361,54 @@ void accumulate_blocked(const float* p, int64_t G, int64_t p_stride, const Value
       }
 }
 
+template <DType T>
+void accumulate_runs_t(const float* p, int64_t G, int64_t p_stride, const ValueRun* runs, int64_t n_runs,
+                       int64_t dim, float* acc, int64_t acc_stride);
+
+// Floats of value rows converted from f16 at a time for groups of more than 8 queries (16 KB: four 16-row
+// cache blocks at head size 64), and the runs they may come from.
+constexpr int64_t kConvertedValueFloats = 4096, kConvertedRuns = 16;
+
+// The f16 runs' rows converted to f32, kConvertedValueFloats at a time, and weighed by the f32 kernel: every
+// vector of a row is converted once for all the group's queries instead of once per block of queries, and
+// the sums are the same bits (the conversion is exact; each element's additions run in row order across
+// the pieces as within one call).
+void accumulate_runs_converted(const float* p, int64_t G, int64_t p_stride, const ValueRun* runs,
+                               int64_t n_runs, int64_t dim, float* acc, int64_t acc_stride) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df), d = static_cast<size_t>(dim), full = d / lanes * lanes;
+  const int64_t chunk_rows = kConvertedValueFloats / dim;
+  HWY_ALIGN float rows[kConvertedValueFloats];
+  ValueRun out[kConvertedRuns];
+  int64_t n_out = 0, used = 0;  // runs and rows of the piece so far
+  const auto flush = [&] {
+    accumulate_runs_t<DType::F32>(p, G, p_stride, out, n_out, dim, acc, acc_stride);
+    n_out = used = 0;
+  };
+  for (int64_t k = 0; k < n_runs; ++k) {
+    for (int64_t j = 0; j < runs[k].n;) {
+      if (used == chunk_rows || n_out == kConvertedRuns) flush();
+      const int64_t take = std::min(runs[k].n - j, chunk_rows - used);
+      float* to = rows + used * dim;
+      for (int64_t t = 0; t < take; ++t) {
+        const uint8_t* from = runs[k].rows + static_cast<size_t>(j + t) * d * 2;
+        float* row = to + t * dim;
+        for (size_t i = 0; i < full; i += lanes) hn::StoreU(load_w<DType::F16>(df, from, i), df, row + i);
+        for (size_t i = full; i < d; ++i) row[i] = scalar_w<DType::F16>(from, i);
+      }
+      out[n_out++] = {reinterpret_cast<const uint8_t*>(to), take, runs[k].p_offset + j};
+      used += take, j += take;
+    }
+  }
+  if (n_out > 0) flush();
+}
+
 // Groups of 8 queries or more take 8 queries by 2 vectors of 64 bytes (each value row converted once per 8
 // queries: 1.14x the rate of 4 by 4 at 8 queries, AttentionValues), smaller ones 4 by 4 (more independent
 // chains; 8 by 2 ran 0.72x at one query); narrower vectors the same bytes in more vectors. On 32-byte vectors
 // (AVX2, 16 registers) every group takes 4 queries by 2 vectors: 8 by 1 took 1.12-1.17x the time at 8
-// queries (AttentionValues).
+// queries (AttentionValues). Groups of more than 8 queries (a window's) weigh f16 rows converted once
+// (accumulate_runs_converted).
 template <DType T>
 void accumulate_runs_t(const float* p, int64_t G, int64_t p_stride, const ValueRun* runs, int64_t n_runs,
                        int64_t dim, float* acc, int64_t acc_stride) {
@@ -376,7 +419,9 @@ void accumulate_runs_t(const float* p, int64_t G, int64_t p_stride, const ValueR
                       acc + h * acc_stride);
 #else
   constexpr int kWide = HWY_MAX_BYTES >= 64 ? 1 : 2;  // 64-byte vectors: 1, else the same bytes in 2
-  if (G >= 8 && HWY_MAX_BYTES != 32) {
+  if (T == DType::F16 && G > 8 && dim <= kConvertedValueFloats) {
+    accumulate_runs_converted(p, G, p_stride, runs, n_runs, dim, acc, acc_stride);
+  } else if (G >= 8 && HWY_MAX_BYTES != 32) {
     accumulate_blocked<T, 8, 2 / kWide>(p, G, p_stride, runs, n_runs, dim, acc, acc_stride);
   } else {
     accumulate_blocked<T, 4, 4 / kWide>(p, G, p_stride, runs, n_runs, dim, acc, acc_stride);
