@@ -13,8 +13,8 @@
 //   MatmulWidth/TYPE/ROWS/K  512 weight rows of K elements (768, 896, 1024) in cache, one thread: rows of a
 //                      partial last super-block (896) against whole ones, per byte
 //   MatmulWidthCold2/TYPE/ROWS/K  the same, 2048 rows from memory on two threads
-//   MatmulHotTarget/TYPE/ROWS/TARGET  MatmulHot on one given SIMD target (0 scalar, 1 AVX2, 2 AVX-512), to
-//                      compare the targets a CPU can run
+//   MatmulHotTarget/TYPE/ROWS/TARGET  MatmulHot on one given SIMD target (kernels::Target: 0 scalar, 1 AVX2,
+//                      2 AVX2 with AVX-VNNI, 3 AVX-512, ...), to compare the targets a CPU can run
 //   Unpack/TYPE        decoding one 2048-element weight row into the kernel form
 //   QuantizeRow/K/PER_SUPER  quantizing one activation row of K elements (per-32 scales for the legacy types,
 //                      PER_SUPER 0; per-256 for the K-quants, 1), best target: matmuls of up to four rows

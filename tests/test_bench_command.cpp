@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tandem/kernels/cpu_target.h"
 #include "test_util.h"
 
 namespace {
@@ -73,6 +74,32 @@ TEST(BenchCommand, JsonLineHasEveryFigureAndTheyAgree) {
   // The model's weights are all F32: no int8 multiply-adds, so no verify floor (not a floor of zero).
   EXPECT_EQ(j["macs_per_token"].get<double>(), 0.0);
   EXPECT_TRUE(j["verify_cost_floor"].is_null());
+}
+
+// TANDEM_KERNELS runs the kernels of the target it names (bench reports which), every target this CPU runs
+// included; a name it cannot run is refused before any work, with the names it can.
+TEST(BenchCommand, TandemKernelsPicksTheTargetAndRefusesOthers) {
+  const std::string tandem(TANDEM_BINARY);
+  const std::string model = tandem::testing::shared_path("models/stories260K.gguf");
+  for (const tandem::kernels::Target t : tandem::kernels::runnable_targets()) {
+    const std::string name(tandem::kernels::target_name(t));
+    const auto [out, rc] =
+        tandem::testing::run_command("TANDEM_KERNELS=" + name + " " + tandem + " bench -m '" + model +
+                                     "' -t 2 --decode-tokens 4 --reps 1 --json 2>&1");
+    ASSERT_EQ(rc, 0) << name << "\n" << out;
+    const size_t last = out.find_last_of('\n', out.size() - 2);
+    const nlohmann::json j = nlohmann::json::parse(out.substr(last == std::string::npos ? 0 : last + 1));
+    EXPECT_EQ(j["kernels"].get<std::string>(), name);
+    EXPECT_GT(j["decode_tps"].get<double>(), 0.0) << name;
+  }
+  const auto [out, rc] = tandem::testing::run_command("TANDEM_KERNELS=no-such-target " + tandem +
+                                                      " info -m '" + model + "' 2>&1");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("TANDEM_KERNELS=no-such-target names no kernel target this CPU runs"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find(std::string(tandem::kernels::target_name(tandem::kernels::Target::kScalar))),
+            std::string::npos)
+      << out;
 }
 
 }  // namespace

@@ -3,12 +3,17 @@
 #include <exception>
 
 #include "tandem/cli/commands.h"
+#include "tandem/kernels/cpu_target.h"
 #include "tandem/util/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
       "Tandem: LLM inference on the CPU with lossless speculative decoding.\n"
-      "Loads GGUF checkpoints (llama, qwen2, qwen3, gemma2 families)."};
+      "Loads GGUF checkpoints (llama, qwen2, qwen3, gemma2 families).\n"
+      "Environment: TANDEM_MODEL (the model when -m is not given), TANDEM_KERNELS (a kernel target to use\n"
+      "instead of the best this CPU runs: scalar, avx2, avx2-vnni, avx512-vnni, avx512-vnni-vbmi, "
+      "avx512-amx,\n"
+      "neon, neon-dotprod)."};
   app.require_subcommand(1);
   app.set_version_flag("--version", "tandem 0.1.0");
   tandem::cli::add_info_command(app);
@@ -24,6 +29,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_bench_spec_command(app);
 
   try {
+    tandem::kernels::best_target();  // a TANDEM_KERNELS this CPU cannot run fails here, before any work
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

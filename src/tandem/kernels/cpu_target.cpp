@@ -2,6 +2,12 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
+#include <string>
+
+#include "hwy/targets.h"
+#include "tandem/util/error.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 #endif
@@ -45,6 +51,8 @@ bool cpu_supports(Target t) {
     case Target::kAVX2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
              __builtin_cpu_supports("f16c");
+    case Target::kAVX2VNNI:
+      return cpu_supports(Target::kAVX2) && __builtin_cpu_supports("avxvnni");
     case Target::kAVX512:
       return cpu_supports(Target::kAVX2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
@@ -78,6 +86,8 @@ std::string_view target_name(Target t) {
       return "scalar";
     case Target::kAVX2:
       return "avx2";
+    case Target::kAVX2VNNI:
+      return "avx2-vnni";
     case Target::kAVX512:
       return "avx512-vnni";
     case Target::kAVX512VBMI:
@@ -94,14 +104,31 @@ std::string_view target_name(Target t) {
 
 std::vector<Target> runnable_targets() {
   std::vector<Target> out;
-  for (Target t : {Target::kScalar, Target::kAVX2, Target::kAVX512, Target::kAVX512VBMI, Target::kAMX,
-                   Target::kNEON, Target::kNEONDot})
+  for (Target t : {Target::kScalar, Target::kAVX2, Target::kAVX2VNNI, Target::kAVX512, Target::kAVX512VBMI,
+                   Target::kAMX, Target::kNEON, Target::kNEONDot})
     if (cpu_supports(t)) out.push_back(t);
   return out;
 }
 
 Target best_target() {
-  static const Target best = runnable_targets().back();
+  static const Target best = [] {
+    const std::vector<Target> runnable = runnable_targets();
+    const char* named = std::getenv("TANDEM_KERNELS");
+    if (named == nullptr || *named == '\0') return runnable.back();
+    std::string names;
+    for (Target t : runnable) {
+      if (target_name(t) != named) {
+        names += (names.empty() ? "" : ", ") + std::string(target_name(t));
+        continue;
+      }
+      // The float kernels follow: no AVX-512 below it, no SIMD beyond the baseline for scalar.
+      if (t == Target::kAVX2 || t == Target::kAVX2VNNI) hwy::DisableTargets(HWY_AVX3 | HWY_AVX3_DL);
+      if (t == Target::kScalar) hwy::DisableTargets(~int64_t{0});
+      return t;
+    }
+    throw Error("TANDEM_KERNELS=" + std::string(named) + " names no kernel target this CPU runs; it runs " +
+                names + " (unset TANDEM_KERNELS for the best of them)");
+  }();
   return best;
 }
 

@@ -11,6 +11,7 @@ namespace tandem::kernels {
 enum class Target {
   kScalar,      // portable C++: the reference every SIMD kernel is tested against
   kAVX2,        // x86-64 AVX2 + FMA + F16C
+  kAVX2VNNI,    // the same with AVX-VNNI (vpdpbusd on 256-bit vectors: Intel cores without AVX-512)
   kAVX512,      // x86-64 AVX-512 F/BW/VL + VNNI
   kAVX512VBMI,  // the same with VBMI (byte permutes)
   kAMX,         // the same with AMX tiles and their 8-bit multiply-adds (Linux grants the tile state)
@@ -19,7 +20,10 @@ enum class Target {
 };
 
 std::string_view target_name(Target t);
-// The best target this CPU supports.
+// The best target this CPU supports, or the one the environment variable TANDEM_KERNELS names (a
+// target_name, to compare targets or to run as a CPU with fewer instructions would): read once, on the first
+// call, which throws Error if it names no target this CPU runs. A named x86 target below AVX-512 also holds
+// the float kernels (Highway's dispatch) to AVX2, and the scalar one holds them to the compiler's baseline.
 Target best_target();
 // Every target compiled in that this CPU can run, scalar first.
 std::vector<Target> runnable_targets();

@@ -41,6 +41,8 @@ const QuantKernels& quant_kernels(Target t) {
       return quant_kernels_amx();
     case Target::kAVX2:
       return quant_kernels_avx2();
+    case Target::kAVX2VNNI:
+      return quant_kernels_avx2_vnni();
     case Target::kNEON:
       return quant_kernels_neon();
     case Target::kNEONDot:

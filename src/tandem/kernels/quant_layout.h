@@ -221,6 +221,7 @@ inline int64_t no_direct_rows(DType, WeightForm, int64_t, bool) {
 // Kernels of one target (Target values from cpu_target.h; a target not compiled in gives the scalar kernels).
 const QuantKernels& quant_kernels_scalar();
 const QuantKernels& quant_kernels_avx2();
+const QuantKernels& quant_kernels_avx2_vnni();
 const QuantKernels& quant_kernels_avx512();
 const QuantKernels& quant_kernels_avx512_vbmi();
 const QuantKernels& quant_kernels_amx();

@@ -201,7 +201,7 @@ bool repack_pays(DType type, int64_t cols) {
   const bool avx512 = best == Target::kAVX512 || best == Target::kAVX512VBMI || best == Target::kAMX;
   // The forms of Q4_1, Q5_0 and Q5_1, and rows with a partial last super-block, have direct kernels under
   // AVX-512 only.
-  const bool avx2 = best == Target::kAVX2 &&
+  const bool avx2 = (best == Target::kAVX2 || best == Target::kAVX2VNNI) &&
                     (type == DType::Q4_0 || type == DType::Q8_0 || !legacy_type(type)) && cols % kSuper == 0;
   return can_interleave(type, cols) && (avx2 || avx512);
 }

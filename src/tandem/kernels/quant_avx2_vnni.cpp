@@ -1,0 +1,44 @@
+// Quantized kernels for x86-64 CPUs with AVX2 and AVX-VNNI (vpdpbusd on 256-bit vectors, without AVX-512):
+// quant_avx2.inc.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "tandem/kernels/quant_layout.h"
+#include "tandem/kernels/repack.h"
+#include "tandem/tensor/blocks.h"
+#include "tandem/tensor/fp16.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avxvnni")
+#include <immintrin.h>
+
+namespace tandem::kernels {
+namespace avx2_vnni_target {
+
+#define TANDEM_AVX2_VNNI 1
+#include "tandem/kernels/quant_avx2.inc"
+#undef TANDEM_AVX2_VNNI
+
+}  // namespace avx2_vnni_target
+
+const QuantKernels& quant_kernels_avx2_vnni() {
+  return avx2_vnni_target::kernels();
+}
+
+}  // namespace tandem::kernels
+#pragma GCC pop_options
+
+#else
+namespace tandem::kernels {
+const QuantKernels& quant_kernels_avx2_vnni() {
+  return quant_kernels_scalar();
+}
+}  // namespace tandem::kernels
+#endif
