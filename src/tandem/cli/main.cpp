@@ -10,10 +10,9 @@ int main(int argc, char** argv) {
   CLI::App app{
       "Tandem: LLM inference on the CPU with lossless speculative decoding.\n"
       "Loads GGUF checkpoints (llama, qwen2, qwen3, gemma2 families).\n"
-      "Environment: TANDEM_MODEL (the model when -m is not given), TANDEM_KERNELS (a kernel target to use\n"
-      "instead of the best this CPU runs: scalar, avx2, avx2-vnni, avx512-vnni, avx512-vnni-vbmi, "
-      "avx512-amx,\n"
-      "neon, neon-dotprod)."};
+      "Environment: TANDEM_MODEL, the model when -m is not given; TANDEM_KERNELS, a kernel target to run\n"
+      "instead of the best this CPU runs (scalar, avx2, avx2-vnni, avx512-vnni, avx512-vnni-vbmi,\n"
+      "avx512-amx, neon, neon-dotprod)."};
   app.require_subcommand(1);
   app.set_version_flag("--version", "tandem 0.1.0");
   tandem::cli::add_info_command(app);
