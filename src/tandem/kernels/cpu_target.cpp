@@ -152,4 +152,13 @@ bool splits_512bit_ops() {
 #endif
 }
 
+bool intel_cpu() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool intel = __builtin_cpu_is("intel");
+  return intel;
+#else
+  return false;
+#endif
+}
+
 }  // namespace tandem::kernels

@@ -34,5 +34,8 @@ int64_t l1_data_cache_bytes();
 // 19h with AVX-512: Zen 4). Its window kernels are bound by those pipes, not by the L2 cache supplying their
 // activations (QuantKernels::direct_pass_rows).
 bool splits_512bit_ops();
+// Whether the CPU is Intel's (false off x86-64). The x86 kernels prefetch as measured on Intel cores there
+// (quant_avx2.inc, quant_avx512.inc), and as measured on AMD cores elsewhere.
+bool intel_cpu();
 
 }  // namespace tandem::kernels
