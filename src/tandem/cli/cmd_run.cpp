@@ -8,6 +8,7 @@
 #include "tandem/cli/common.h"
 #include "tandem/cli/spec_common.h"
 #include "tandem/engine/generate.h"
+#include "tandem/kernels/cpu_target.h"
 #include "tandem/tokenizer/tokenizer.h"
 #include "tandem/util/error.h"
 
@@ -74,12 +75,13 @@ void add_run_command(CLI::App& app) {
       prompt = tok->encode(text, /*add_special=*/!o->no_bos, /*parse_special=*/true);
     }
     if (prompt.empty()) throw Error("the prompt tokenized to nothing; give a non-empty prompt");
-    std::fprintf(stderr, "model: %s (%s, %lld layers), %d threads, context %lld, KV %s, seed %llu\n",
-                 o->model.model_path.c_str(), model->config().arch.c_str(),
-                 static_cast<long long>(model->config().n_layer), pool.size(),
-                 static_cast<long long>(session.n_ctx()),
-                 std::string(cache::kv_type_name(so.kv_type)).c_str(),
-                 static_cast<unsigned long long>(o->sampling.seed));
+    std::fprintf(
+        stderr, "model: %s (%s, %lld layers), %d threads (kernels %s), context %lld, KV %s, seed %llu\n",
+        o->model.model_path.c_str(), model->config().arch.c_str(),
+        static_cast<long long>(model->config().n_layer), pool.size(),
+        std::string(kernels::target_name(kernels::best_target())).c_str(),
+        static_cast<long long>(session.n_ctx()), std::string(cache::kv_type_name(so.kv_type)).c_str(),
+        static_cast<unsigned long long>(o->sampling.seed));
 
     engine::GenerateOptions go;
     go.max_tokens = o->n_predict;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <string>
 
@@ -115,9 +116,11 @@ Target best_target() {
     const std::vector<Target> runnable = runnable_targets();
     const char* named = std::getenv("TANDEM_KERNELS");
     if (named == nullptr || *named == '\0') return runnable.back();
+    std::string want(named);  // in any case: AVX2 is avx2
+    for (char& c : want) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     std::string names;
     for (Target t : runnable) {
-      if (target_name(t) != named) {
+      if (target_name(t) != want) {
         names += (names.empty() ? "" : ", ") + std::string(target_name(t));
         continue;
       }
