@@ -110,13 +110,13 @@ void DotsDimMajorF16(const float* q, int64_t G, int64_t q_stride, const uint16_t
   if (B % N == 0) {
     const auto* keys = reinterpret_cast<const hwy::float16_t*>(block);
     // More than one pass: each vector of positions is converted once, where the head fits kConvertedFloats.
-    const int64_t converted = G > kPassQueries && dim * N <= kConvertedFloats ? dim : 0;
+    const bool converted = G > kPassQueries && dim * N <= kConvertedFloats;
     HWY_ALIGN float kf[kConvertedFloats];
     for (int64_t p0 = off / N * N; p0 < off + n; p0 += N) {
       const int64_t lo = std::max(off, p0), hi = std::min(off + n, p0 + N);
       const auto l = static_cast<size_t>(lo - p0), h = static_cast<size_t>(hi - p0);
       float* sp = s + (lo - off);
-      if (converted > 0) {
+      if (converted) {
         for (int64_t i = 0; i < dim; ++i) hn::Store(load_keys(keys + i * B + p0), DF(), kf + i * N);
         dims_passes_over(q, G, q_stride, kf, N, dim, l, h, sp, s_stride);
       } else {

@@ -1,5 +1,5 @@
-// Quantized kernels for x86-64 CPUs with AMX tiles (Target::kAMX): the AVX-512 VBMI kernels (their tiles of
-// decode and short windows prefetching first into L1: PrefetchReach's L1 forms), and Q4_0 and Q8_0 in row
+// Quantized kernels for x86-64 CPUs with AMX tiles (Target::kAMX): the AVX-512 VBMI kernels (which on these
+// Intel cores take PrefetchReach's L1 forms: quant_avx512.inc's direct_rows_target), and Q4_0 and Q8_0 in row
 // tiles (repack.h) against activations in natural order (quant_layout.h).
 //
 // Row tiles, 16 output rows at a time. Per 32-element block b, each output row n and activation row m take
@@ -373,8 +373,7 @@ void direct_rows(DType type, WeightForm form, const uint8_t* w, int64_t row_byte
                  const ActSuper* x, int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride,
                  PrefetchReach reach) {
   if (form != WeightForm::kRowTiles)
-    return vbmi().direct_rows(type, form, w, row_bytes, n_out, k, x, x_stride, n_rows, y, y_stride,
-                              with_near_l1(reach));
+    return vbmi().direct_rows(type, form, w, row_bytes, n_out, k, x, x_stride, n_rows, y, y_stride, reach);
   if (type == DType::Q8_0)
     return row_tiles_rows<DType::Q8_0>(w, row_bytes, n_out, k, x, x_stride, n_rows, y, y_stride);
   row_tiles_rows<DType::Q4_0>(w, row_bytes, n_out, k, x, x_stride, n_rows, y, y_stride);

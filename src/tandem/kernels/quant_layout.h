@@ -146,9 +146,9 @@ bool is_quantized_weight(DType t);
 // target's measured distance, or a longer one where the target has one (AVX-512: twice as far into L2 for one
 // row of every type but Q8_0, and for two rows of Q4_0 and the types without a fixed offset). Which is faster
 // changes with the machine's memory state, so a PrefetchTuner (prefetch_tuner.h) picks it by measuring
-// forwards (kNear or kFar). The L1 forms, which a target asks of the kernels it shares with another
-// (with_near_l1), are those reaches with the AVX-512 tiles of decode and short windows taking their first
-// prefetch into L1 6 KB ahead instead (quant_prefetch_avx512.inc). Results never depend on the reach.
+// forwards (kNear or kFar). The L1 forms, which the x86 kernel tables take on Intel cores (with_near_l1,
+// intel_cpu), are those reaches with the tiles of decode and short windows taking their first prefetch into
+// L1 6 KB ahead instead (quant_prefetch_avx512.inc, quant_avx2.inc). Results never depend on the reach.
 enum class PrefetchReach : uint8_t { kNear, kFar, kNearL1, kFarL1 };
 constexpr bool is_far(PrefetchReach r) {
   return r == PrefetchReach::kFar || r == PrefetchReach::kFarL1;
