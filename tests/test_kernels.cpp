@@ -60,6 +60,18 @@ struct TestMatrix {
   std::vector<float> dequant;  // [rows, cols]
 };
 
+// A Q8_0 row's codes at the ends of the byte range: every 7th code -128 (the reference's quantizer never
+// writes it, but a file may hold it) and every 11th 127, so that each target's handling of the signed codes
+// (the sign trick, or a bias to unsigned) meets both.
+void with_extreme_q8_codes(uint8_t* row, int64_t cols) {
+  for (int64_t b = 0; b < cols / 32; ++b)
+    for (int i = 0; i < 32; ++i) {
+      int8_t* code = reinterpret_cast<int8_t*>(row + b * sizeof(BlockQ8_0) + 2 + i);
+      if ((b * 32 + i) % 7 == 0) *code = -128;
+      if ((b * 32 + i) % 11 == 0) *code = 127;
+    }
+}
+
 TestMatrix make_matrix(DType t, int64_t rows, int64_t cols, uint32_t seed) {
   TestMatrix m;
   const size_t rb = row_bytes(t, cols);
@@ -72,6 +84,7 @@ TestMatrix make_matrix(DType t, int64_t rows, int64_t cols, uint32_t seed) {
   for (int64_t o = 0; o < rows; ++o) {
     for (auto& v : row) v = dist(rng);
     quantize_row(t, row.data(), m.storage.data() + skip + static_cast<size_t>(o) * rb, cols);
+    if (t == DType::Q8_0) with_extreme_q8_codes(m.storage.data() + skip + static_cast<size_t>(o) * rb, cols);
     dequantize_row(t, m.storage.data() + skip + static_cast<size_t>(o) * rb, m.dequant.data() + o * cols,
                    cols);
   }
