@@ -47,6 +47,15 @@ ActForm act_form_of(DType t) {
   return per_super_activations(t) ? ActForm::kSupers : ActForm::kBlocks;
 }
 
+// Whether a target takes this type's rows in block lanes (k4_block_lanes), and the activation form its rows
+// of the type meet.
+bool k4_lanes(const QuantKernels& qk, DType t) {
+  return qk.k4_block_lanes && (t == DType::Q4_K || t == DType::Q5_K);
+}
+ActForm act_form_on(const QuantKernels& qk, DType t) {
+  return k4_lanes(qk, t) ? ActForm::kSuperLanes : act_form_of(t);
+}
+
 // Bytes past an aligned address at which test matrices start: misaligned for every vector width, but at the
 // alignment the loader guarantees for the type's data (4 for F32, 2 for the block types, F16 and BF16).
 size_t misalign(DType t) {
@@ -168,12 +177,15 @@ TEST(Kernels, UnpackAndActivationQuantizationAreBitIdenticalOnEveryTarget) {
           qk.unpack_row(t, WeightForm::kFile, m.view.row(o), k, qk.signed_q8, b.data());
           if (qk.block_lanes && is_legacy(t))
             for (UnpackedSuper& us : a) to_block_lanes(us);
+          if (k4_lanes(qk, t))
+            for (UnpackedSuper& us : a) k4_group_to_block_lanes(us);
           EXPECT_EQ(0, std::memcmp(a.data(), b.data(), ns * sizeof(UnpackedSuper)));
         }
         const auto x = make_activations(2, k, 9);
         std::vector<ActSuper> xa(ns), xb(ns);
-        for (ActForm form : {ActForm::kBlocks, ActForm::kSupers, ActForm::kLanePairs}) {
-          if ((form == ActForm::kSupers && k % 256 != 0) || (form == ActForm::kLanePairs && k % 512 != 0))
+        for (ActForm form : {ActForm::kBlocks, ActForm::kSupers, ActForm::kLanePairs, ActForm::kSuperLanes}) {
+          if (((form == ActForm::kSupers || form == ActForm::kSuperLanes) && k % 256 != 0) ||
+              (form == ActForm::kLanePairs && k % 512 != 0))
             continue;
           ref.quantize_row(x.data() + 1, k, form, xa.data());
           qk.quantize_row(x.data() + 1, k, form, xb.data());
@@ -284,6 +296,8 @@ TEST(Kernels, KQuantUnpackIsBitIdenticalOnRandomBlocks) {
           std::memset(static_cast<void*>(got.data()), 0xCD, got.size() * sizeof(UnpackedSuper));
           ref.unpack_row(l.type, WeightForm::kFile, row, k, qk.signed_q8, a.data());
           qk.unpack_row(l.type, WeightForm::kFile, row, k, qk.signed_q8, got.data());
+          if (k4_lanes(qk, l.type))
+            for (UnpackedSuper& us : a) k4_group_to_block_lanes(us);
           EXPECT_EQ(0, std::memcmp(a.data(), got.data(), a.size() * sizeof(UnpackedSuper)));
         }
       }
@@ -331,7 +345,7 @@ TEST(Kernels, DirectKernelsAreBitIdenticalToUnpackAndDot) {
           const auto x = make_activations(max_rows, k, 19);
           std::vector<ActSuper> act(static_cast<size_t>(ns * max_rows));
           for (int64_t r = 0; r < max_rows; ++r)
-            qk.quantize_row(x.data() + 1 + r * k, k, act_form_of(t), act.data() + r * ns);
+            qk.quantize_row(x.data() + 1 + r * k, k, act_form_on(qk, t), act.data() + r * ns);
           std::vector<UnpackedSuper> buf(static_cast<size_t>(ns));
           for (int64_t rows = 1; rows <= max_rows; ++rows) {
             std::vector<float> want(static_cast<size_t>(rows * n)), got(want.size());
@@ -447,6 +461,11 @@ TEST(Kernels, DotRowsMatchScalarAndDoNotDependOnTheWindow) {
         std::vector<ActSuper> own = act;  // the activations in this target's order
         if (qk.block_lanes && is_legacy(t))
           for (ActSuper& as : own) to_block_lanes(as);
+        if (k4_lanes(qk, t))  // the same codes and scales in block lanes, with per-32 sums
+          for (int64_t r = 0; r < kRows; ++r) {
+            ref.quantize_row(x.data() + 1 + r * k, k, ActForm::kSuperLanes, own.data() + r * ns);
+            for (int64_t i = r * ns; i < (r + 1) * ns; ++i) to_block_lanes(own[static_cast<size_t>(i)]);
+          }
         for (int64_t o = 0; o < kOut; ++o) {
           qk.unpack_row(t, WeightForm::kFile, m.view.row(o), k, signed_codes, buf.data());
           std::vector<float> alone(static_cast<size_t>(kRows));

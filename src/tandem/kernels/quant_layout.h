@@ -28,13 +28,13 @@
 //    8), a transpose of 8-byte units. Lane 2j holds elements 32j + {0..3, 8..11, 16..19, 24..27}, lane 2j + 1
 //    the other 16 of block j. This is the order a Q4_0 or Q8_0 block decodes to with the fewest shuffles:
 //    quarter q is byte half q % 2 of each block's codes (Q4_0: low nibbles for q < 2, high ones after);
-//  - block lanes, the AVX2 target's form of the legacy types and their per-32 activations
-//    (QuantKernels::block_lanes): position 32 * v + 4 * L + i holds element 32 * kLaneBlock[L] + 4 * v + i
-//    (v < 8 the vector, L < 8 the lane, i < 4): each 32-bit lane holds one block throughout, so the eight
-//    vectors' integer sums of a block add up lane by lane (in 16 bits for codes below 32) before one float
-//    scaling per block instead of two. Lane L's block is kLaneBlock[L] = 0, 1, 4, 5, 2, 3, 6, 7: the order
-//    one 32-bit shuffle per vector pair gives from block order. Lane group L is block kLaneBlock[L]; groups 8
-//    to 15 of the arrays are zero.
+//  - block lanes, the AVX2 target's form of the legacy types, of Q4_K and Q5_K (QuantKernels::k4_block_lanes)
+//    and of their per-32 activations (QuantKernels::block_lanes): position 32 * v + 4 * L + i holds element
+//    32 * kLaneBlock[L] + 4 * v + i (v < 8 the vector, L < 8 the lane, i < 4): each 32-bit lane holds one
+//    block throughout, so the eight vectors' integer sums of a block add up lane by lane (in 16 bits for
+//    codes below 32) before one float scaling per block instead of two. Lane L's block is kLaneBlock[L] = 0,
+//    1, 4, 5, 2, 3, 6, 7: the order one 32-bit shuffle per vector pair gives from block order. Lane group L
+//    is block kLaneBlock[L]; groups 8 to 15 of the arrays are zero.
 // And one order over a pair of supers (512 elements), lane pairs, the AVX-512 target's form of Q4_0, Q4_K and
 // Q8_0 rows whose width is a multiple of 512 (WeightForm::kLanePairs) and of their activations
 // (ActForm::kLanePairs): vector v < 8 of the pair (vectors 0..3 in the first super, 4..7 in the second) holds
@@ -92,8 +92,10 @@ enum class CodeOrder { kGroup, kBlock, kBlockLanes };
 // block lanes), per-256 scales in group order (K-quant weights), or per-32 scales in lane pairs (Q4_0, Q4_K
 // and Q8_0 rows in their lane-pair form, on targets that read it: QuantKernels::lane_pairs).
 // kNatural: per-32 scales in natural order (Q4_0 and Q8_0 rows in row tiles, on targets that read them:
-// QuantKernels::row_tiles).
-enum class ActForm : uint8_t { kBlocks, kSupers, kLanePairs, kNatural };
+// QuantKernels::row_tiles). kSuperLanes: the codes and per-256 scales of kSupers in the legacy order, with
+// the sums of each 32-element block (Q4_K and Q5_K rows on targets that read them in block lanes:
+// QuantKernels::k4_block_lanes).
+enum class ActForm : uint8_t { kBlocks, kSupers, kLanePairs, kNatural, kSuperLanes };
 
 // Super (0 or 1) and position in its codes of element e < 512 of a pair of supers in lane pairs.
 constexpr int lane_pair_super(int e) {
@@ -130,13 +132,28 @@ constexpr int code_group(int e, CodeOrder order) {
   }
 }
 
+// A Q4_K or Q5_K super-block unpacked in group order -> block lanes (QuantKernels::k4_block_lanes): the codes
+// moved, block j's scale and offset (those of its groups 2j and 2j + 1) to lane group kLaneBlock[j], groups 8
+// to 15 zero.
+inline void k4_group_to_block_lanes(UnpackedSuper& s) {
+  UnpackedSuper g = s;
+  for (int e = 0; e < kSuper; ++e)
+    s.u[code_position(e, CodeOrder::kBlockLanes)] = g.u[code_position(e, CodeOrder::kGroup)];
+  for (int j = 0; j < 8; ++j) {
+    s.a[kLaneBlock[j]] = g.a[2 * j];
+    s.b[kLaneBlock[j]] = g.b[2 * j];
+  }
+  for (int l = 8; l < kGroups; ++l) s.a[l] = s.b[l] = 0.0f;
+}
+
 inline int64_t super_count(int64_t k) {
   return (k + kSuper - 1) / kSuper;
 }
 
 // Whether activations for this weight type take one scale per 256 elements (K-quants) rather than per 32.
 // Per-32 activations and the weights they meet use block order, per-256 ones group order. (Q4_K rows in lane
-// pairs meet per-32 activations in lane pairs instead: matmul's activation form.)
+// pairs meet per-32 activations in lane pairs instead, and Q4_K and Q5_K rows on targets with k4_block_lanes
+// per-256 ones in block lanes: matmul's activation form.)
 bool per_super_activations(DType t);
 
 // Whether matmul takes the quantized path for this weight type (else the float path: F32, F16, BF16).
@@ -209,6 +226,10 @@ struct QuantKernels {
   // Whether the direct kernels read Q4_0 and Q8_0 rows in row tiles (WeightForm::kRowTiles) against
   // activations in natural order; other targets read such rows through the file form.
   bool row_tiles = false;
+  // Whether Q4_K and Q5_K rows are unpacked in block lanes (k4_group_to_block_lanes) and meet their per-256
+  // activations in block lanes (ActForm::kSuperLanes) rather than in group order: the AVX2 targets, whose
+  // kernels then take them as the legacy types with an offset (one 32-element block a lane).
+  bool k4_block_lanes = false;
 };
 
 constexpr int kDotProbeChains = 16;

@@ -18,7 +18,8 @@ inline float half_to_float(uint16_t h) {
 }
 
 #include "tandem/kernels/quant_plain_helpers.inc"
-constexpr bool kBlockLanes = false;  // the legacy types in block order (quant_layout.h)
+constexpr bool kBlockLanes = false;    // the legacy types in block order (quant_layout.h)
+constexpr bool kK4BlockLanes = false;  // Q4_K and Q5_K in group order
 #include "tandem/kernels/quant_unpack.inc"
 
 float dot_one(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, bool signed_codes) {

@@ -349,8 +349,8 @@ void unpack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
   move_codes(type, plans[k_index(type)], in, out);
 }
 
-// A K-quant super-block to the interleaved form through this CPU's unpack kernel, which lays its codes out in
-// group order (UnpackedSuper::u: position 64q + p, p = 4g + i, holds quarter q of position p), so the planes
+// A K-quant super-block to the interleaved form through this CPU's unpack kernel, its codes taken in group
+// order (UnpackedSuper::u: position 64q + p, p = 4g + i, holds quarter q of position p), so the planes
 // are plain byte loops over p: nibble plane A takes quarters 0 and 2, plane B quarters 1 and 3; the two-bit
 // planes (Q2_K's and Q3_K's low bits, Q6_K's high ones) a field of each quarter; the 32-byte planes (Q3_K's
 // third bits, Q5_K's fifth) one bit of each quarter of p and of p + 32. (With their move plans, element by
@@ -360,6 +360,11 @@ void pack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
   static const QuantKernels& qk = quant_kernels(best_target());
   UnpackedSuper us;
   qk.unpack_row(type, WeightForm::kFile, in, kSuper, qk.signed_q8, &us);
+  if (qk.k4_block_lanes && (type == DType::Q4_K || type == DType::Q5_K)) {  // those unpack in block lanes
+    const UnpackedSuper lanes = us;
+    for (int e = 0; e < kSuper; ++e)
+      us.u[code_position(e, CodeOrder::kGroup)] = lanes.u[code_position(e, CodeOrder::kBlockLanes)];
+  }
   const uint8_t* u = us.u;
   std::memcpy(out, in, interleave_super_bytes(type));
   // The `bits` bits from bit `shift` of the code of each quarter q at position p, at bit bits * q of a byte.
