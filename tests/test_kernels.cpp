@@ -47,13 +47,9 @@ ActForm act_form_of(DType t) {
   return per_super_activations(t) ? ActForm::kSupers : ActForm::kBlocks;
 }
 
-// Whether a target takes this type's rows in block lanes (k4_block_lanes), and the activation form its rows
-// of the type meet.
-bool k4_lanes(const QuantKernels& qk, DType t) {
-  return qk.k4_block_lanes && (t == DType::Q4_K || t == DType::Q5_K);
-}
+// The activation form a target's rows of this type meet.
 ActForm act_form_on(const QuantKernels& qk, DType t) {
-  return k4_lanes(qk, t) ? ActForm::kSuperLanes : act_form_of(t);
+  return in_k4_block_lanes(qk, t) ? ActForm::kSuperLanes : act_form_of(t);
 }
 
 // Bytes past an aligned address at which test matrices start: misaligned for every vector width, but at the
@@ -177,7 +173,7 @@ TEST(Kernels, UnpackAndActivationQuantizationAreBitIdenticalOnEveryTarget) {
           qk.unpack_row(t, WeightForm::kFile, m.view.row(o), k, qk.signed_q8, b.data());
           if (qk.block_lanes && is_legacy(t))
             for (UnpackedSuper& us : a) to_block_lanes(us);
-          if (k4_lanes(qk, t))
+          if (in_k4_block_lanes(qk, t))
             for (UnpackedSuper& us : a) k4_group_to_block_lanes(us);
           EXPECT_EQ(0, std::memcmp(a.data(), b.data(), ns * sizeof(UnpackedSuper)));
         }
@@ -296,7 +292,7 @@ TEST(Kernels, KQuantUnpackIsBitIdenticalOnRandomBlocks) {
           std::memset(static_cast<void*>(got.data()), 0xCD, got.size() * sizeof(UnpackedSuper));
           ref.unpack_row(l.type, WeightForm::kFile, row, k, qk.signed_q8, a.data());
           qk.unpack_row(l.type, WeightForm::kFile, row, k, qk.signed_q8, got.data());
-          if (k4_lanes(qk, l.type))
+          if (in_k4_block_lanes(qk, l.type))
             for (UnpackedSuper& us : a) k4_group_to_block_lanes(us);
           EXPECT_EQ(0, std::memcmp(a.data(), got.data(), a.size() * sizeof(UnpackedSuper)));
         }
@@ -461,7 +457,7 @@ TEST(Kernels, DotRowsMatchScalarAndDoNotDependOnTheWindow) {
         std::vector<ActSuper> own = act;  // the activations in this target's order
         if (qk.block_lanes && is_legacy(t))
           for (ActSuper& as : own) to_block_lanes(as);
-        if (k4_lanes(qk, t))  // the same codes and scales in block lanes, with per-32 sums
+        if (in_k4_block_lanes(qk, t))  // the same codes and scales in block lanes, with per-32 sums
           for (int64_t r = 0; r < kRows; ++r) {
             ref.quantize_row(x.data() + 1 + r * k, k, ActForm::kSuperLanes, own.data() + r * ns);
             for (int64_t i = r * ns; i < (r + 1) * ns; ++i) to_block_lanes(own[static_cast<size_t>(i)]);

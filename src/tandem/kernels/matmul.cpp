@@ -62,7 +62,7 @@ namespace {
 ActForm activation_form(const QuantKernels& qk, const MatrixView& w) {
   if (w.form == WeightForm::kLanePairs && qk.lane_pairs) return ActForm::kLanePairs;
   if (w.form == WeightForm::kRowTiles && qk.row_tiles) return ActForm::kNatural;
-  if ((w.type == DType::Q4_K || w.type == DType::Q5_K) && qk.k4_block_lanes) return ActForm::kSuperLanes;
+  if (in_k4_block_lanes(qk, w.type)) return ActForm::kSuperLanes;
   return per_super_activations(w.type) ? ActForm::kSupers : ActForm::kBlocks;
 }
 

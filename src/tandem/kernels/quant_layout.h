@@ -232,6 +232,11 @@ struct QuantKernels {
   bool k4_block_lanes = false;
 };
 
+// Whether a target takes rows of this type in block lanes (QuantKernels::k4_block_lanes).
+inline bool in_k4_block_lanes(const QuantKernels& qk, DType t) {
+  return qk.k4_block_lanes && (t == DType::Q4_K || t == DType::Q5_K);
+}
+
 constexpr int kDotProbeChains = 16;
 
 // For targets without direct kernels.

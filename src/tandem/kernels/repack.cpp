@@ -360,7 +360,7 @@ void pack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
   static const QuantKernels& qk = quant_kernels(best_target());
   UnpackedSuper us;
   qk.unpack_row(type, WeightForm::kFile, in, kSuper, qk.signed_q8, &us);
-  if (qk.k4_block_lanes && (type == DType::Q4_K || type == DType::Q5_K)) {  // those unpack in block lanes
+  if (in_k4_block_lanes(qk, type)) {  // unpacked in block lanes
     const UnpackedSuper lanes = us;
     for (int e = 0; e < kSuper; ++e)
       us.u[code_position(e, CodeOrder::kGroup)] = lanes.u[code_position(e, CodeOrder::kBlockLanes)];
