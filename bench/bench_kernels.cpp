@@ -3,18 +3,19 @@
 //   MatmulHot/TYPE/ROWS  the same with 256 x 2048 weights, which stay in the L2 cache: the kernel's compute
 //                      throughput, with memory out of the way (decode-class rows should run far above DRAM
 //                      speed)
-//   MatmulCold/TYPE/ROWS  the same with 32768 x 2048 weights (38-71 MB), beyond the last-level cache: the
-//                      kernel's rate with the weights streaming from memory, to set beside the bandwidth
-//                      probe
+//   MatmulCold/TYPE/ROWS  the same with 32768 x 2048 weights (38-71 MB), copies in turn beyond the
+//                      last-level cache (twice its size, at least 96 MB): the kernel's rate with the weights
+//                      streaming from memory, to set beside the bandwidth probe
 //   MatmulK/TYPE/ROWS/K  whole matmul of 2048 weight rows of K elements (TinyLlama's 2048 and 5632): time
 //                      per row and super-block at either row length
-//   MatmulKCold2/TYPE/ROWS/K  MatmulK with the weights streaming from memory (copies in turn, 96 MB or
-//                      more), on two threads as the model runs them: MatmulK's matrices fit in a large L3
+//   MatmulKCold2/TYPE/ROWS/K  MatmulK with the weights streaming from memory (copies in turn, as
+//                      MatmulCold's), on two threads as the model runs them: MatmulK's matrices fit in an L3
 //   MatmulWidth/TYPE/ROWS/K  512 weight rows of K elements (768, 896, 1024) in cache, one thread: rows of a
 //                      partial last super-block (896) against whole ones, per byte
 //   MatmulWidthCold2/TYPE/ROWS/K  the same, 2048 rows from memory on two threads
 //   MatmulHotTarget/TYPE/ROWS/TARGET  MatmulHot on one given SIMD target (kernels::Target: 0 scalar, 1 AVX2,
-//                      2 AVX2 with AVX-VNNI, 3 AVX-512, ...), to compare the targets a CPU can run
+//                      2 AVX2 with AVX-VNNI, 3 AVX-512, ...), the weights repacked for it as the loader
+//                      would under TANDEM_KERNELS, to compare the targets a CPU can run
 //   Unpack/TYPE        decoding one 2048-element weight row into the kernel form
 //   QuantizeRow/K/PER_SUPER  quantizing one activation row of K elements (per-32 scales for the legacy types,
 //                      PER_SUPER 0; per-256 for the K-quants, 1), best target: matmuls of up to four rows
@@ -38,6 +39,7 @@
 // Bytes/s counts weight bytes, so decode-class numbers compare directly with memory bandwidth.
 #include <benchmark/benchmark.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -73,7 +75,9 @@ struct Weights {
   MatrixView view;
 };
 
-Weights make_weights(DType t, int64_t n, int64_t k) {
+// Repacked as the model loader repacks them for `target` (the loader takes the best one, or the one
+// TANDEM_KERNELS names): a lower target's kernels would read another's form through a slow path.
+Weights make_weights(DType t, int64_t n, int64_t k, Target target) {
   Weights w;
   const size_t rb = row_bytes(t, k);
   w.bytes = ZeroedMemory(rb * static_cast<size_t>(n));
@@ -85,7 +89,7 @@ Weights make_weights(DType t, int64_t n, int64_t k) {
     quantize_row(t, row.data(), w.bytes.data() + static_cast<size_t>(o) * rb, k);
   }
   w.view = {t, n, k, rb, w.bytes.data()};
-  w.view.form = repack_form(t, n, k, w.bytes.data());  // as the model loader repacks them
+  w.view.form = repack_form(t, n, k, w.bytes.data(), target);
   if (w.view.form != WeightForm::kFile) repack_rows(w.view.form, t, k, w.bytes.data(), w.bytes.size());
   return w;
 }
@@ -98,16 +102,23 @@ std::vector<float> make_activations(int64_t rows, int64_t k) {
   return x;
 }
 
-// from_memory: each iteration takes the next of as many copies of the weights as fill 96 MB or more (beyond
-// the last-level cache), for matrices that would otherwise stay in it.
+// Bytes of copies that one pass over leaves beyond the last-level cache: twice its size as the C library
+// reports it (a server core's shared L3 may hold 300 MB), and at least 96 MB.
+size_t beyond_last_level_cache() {
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return std::max<size_t>(size_t{96} << 20, l3 > 0 ? 2 * static_cast<size_t>(l3) : 0);
+}
+
+// from_memory: each iteration takes the next of as many copies of the weights as fill
+// beyond_last_level_cache(), for matrices that would otherwise stay in it.
 void run_matmul(benchmark::State& state, int64_t n, Target target = best_target(), int64_t k = kK,
                 int threads = 1, bool from_memory = false) {
   const DType t = kTypes[state.range(0)];
   const int64_t rows = state.range(1);
-  const Weights w = make_weights(t, n, k);
+  const Weights w = make_weights(t, n, k, target);
   // (Copies 64 bytes apart keep every pair's place in its cache line: lane pairs lie by their address.)
   const size_t stride = (w.bytes.size() + 63) / 64 * 64;
-  const size_t n_copies = from_memory ? std::max<size_t>(4, (size_t{96} << 20) / stride + 1) : 1;
+  const size_t n_copies = from_memory ? std::max<size_t>(4, beyond_last_level_cache() / stride + 1) : 1;
   ZeroedMemory copies(from_memory ? stride * n_copies : 0);
   for (size_t c = 0; c < copies.size(); c += stride)
     std::memcpy(copies.data() + c, w.bytes.data(), w.bytes.size());
@@ -139,12 +150,12 @@ void BM_MatmulHot(benchmark::State& state) {
 }
 
 void BM_MatmulCold(benchmark::State& state) {
-  run_matmul(state, 16 * kN);
+  run_matmul(state, 16 * kN, best_target(), kK, 1, true);
 }
 
 // As MatmulCold on two threads, as decode runs (wall time): both cores stream at once.
 void BM_MatmulCold2(benchmark::State& state) {
-  run_matmul(state, 16 * kN, best_target(), kK, 2);
+  run_matmul(state, 16 * kN, best_target(), kK, 2, true);
 }
 
 void BM_MatmulHotTarget(benchmark::State& state) {
@@ -181,7 +192,7 @@ void BM_Unpack(benchmark::State& state) {
   const DType t = kTypes[state.range(0)];
   const Target target = static_cast<Target>(state.range(1));
   const QuantKernels& qk = quant_kernels(target);
-  const Weights w = make_weights(t, 64, kK);
+  const Weights w = make_weights(t, 64, kK, target);
   std::vector<UnpackedSuper> buf(static_cast<size_t>(super_count(kK)));
   int64_t o = 0;
   for (auto _ : state) {
@@ -213,7 +224,7 @@ void BM_DotRows(benchmark::State& state) {
   const int64_t rows = state.range(1);
   const QuantKernels& qk = quant_kernels(target);
   const int64_t ns = super_count(kK);
-  const Weights w = make_weights(DType::Q4_0, 1, kK);
+  const Weights w = make_weights(DType::Q4_0, 1, kK, target);
   std::vector<UnpackedSuper> buf(static_cast<size_t>(ns));
   qk.unpack_row(DType::Q4_0, w.view.form, w.view.row(0), kK, false, buf.data());
   const auto x = make_activations(rows, kK);

@@ -194,25 +194,23 @@ bool can_interleave(DType type, int64_t cols) {
   return k_quant && cols > 0 && cols % kSuper == 0;
 }
 
-bool repack_pays(DType type, int64_t cols) {
-  const Target best = best_target();
+bool repack_pays(DType type, int64_t cols, Target target) {
   // Only the x86 targets decode the repacked forms in registers; the others would read them back through the
   // file form on every matmul.
-  const bool avx512 = best == Target::kAVX512 || best == Target::kAVX512VBMI || best == Target::kAMX;
+  const bool avx512 = target == Target::kAVX512 || target == Target::kAVX512VBMI || target == Target::kAMX;
   // The forms of Q4_1, Q5_0 and Q5_1, and rows with a partial last super-block, have direct kernels under
   // AVX-512 only.
-  const bool avx2 = (best == Target::kAVX2 || best == Target::kAVX2VNNI) &&
+  const bool avx2 = (target == Target::kAVX2 || target == Target::kAVX2VNNI) &&
                     (type == DType::Q4_0 || type == DType::Q8_0 || !legacy_type(type)) && cols % kSuper == 0;
   return can_interleave(type, cols) && (avx2 || avx512);
 }
 
-WeightForm repack_form(DType type, int64_t rows, int64_t cols, const uint8_t* data) {
-  if (!repack_pays(type, cols)) return WeightForm::kFile;
-  const Target best = best_target();
-  const bool avx512 = best == Target::kAVX512 || best == Target::kAVX512VBMI || best == Target::kAMX;
+WeightForm repack_form(DType type, int64_t rows, int64_t cols, const uint8_t* data, Target target) {
+  if (!repack_pays(type, cols, target)) return WeightForm::kFile;
+  const bool avx512 = target == Target::kAVX512 || target == Target::kAVX512VBMI || target == Target::kAMX;
   // (Off 32 bytes, lane pairs and row tiles would load their code vectors across cache lines.)
   const bool aligned = reinterpret_cast<uintptr_t>(data) % 32 == 0;
-  if (best == Target::kAMX && aligned && can_row_tile(type, rows, cols)) return WeightForm::kRowTiles;
+  if (target == Target::kAMX && aligned && can_row_tile(type, rows, cols)) return WeightForm::kRowTiles;
   return avx512 && aligned && can_lane_pair(type, cols) && lane_pair_window_fits(type, cols)
              ? WeightForm::kLanePairs
              : WeightForm::kInterleaved;

@@ -143,20 +143,22 @@ void row_tile_row_to_file(DType type, int64_t cols, const uint8_t* tile, int n, 
 
 // Whether a matrix of this type and width has an interleaved form.
 bool can_interleave(DType type, int64_t cols);
-// Whether the loader repacks such a matrix for the best kernels of this CPU: never for the scalar and NEON
-// kernels (they would read the repacked form through the file's, super-block by super-block); every type with
-// a form under AVX-512, and under AVX2 every type but Q4_1, Q5_0 and Q5_1 and rows with a partial last
-// super-block, which its kernels would read through the file form. (Q4_0 under AVX-512 kept the file form
-// while weights were read from a file mapping, where one row measured 1.09x the time repacked; with the
-// weights copied into 2 MB pages (gguf/mapped_file.h) synthetic TinyLlama decodes in 0.90-0.97x the time
-// repacked, windows of 2 to 8 rows 0.92-0.97x; under AVX2 the repacked form takes 0.73-0.87x.)
+// Whether the loader repacks such a matrix for the kernels of `target` (by default the best this CPU runs,
+// which the loader takes): never for the scalar and NEON kernels (they would read the repacked form through
+// the file's, super-block by super-block); every type with a form under AVX-512, and under AVX2 every type
+// but Q4_1, Q5_0 and Q5_1 and rows with a partial last super-block, which its kernels would read through the
+// file form. (Q4_0 under AVX-512 kept the file form while weights were read from a file mapping, where one
+// row measured 1.09x the time repacked; with the weights copied into 2 MB pages (gguf/mapped_file.h)
+// synthetic TinyLlama decodes in 0.90-0.97x the time repacked, windows of 2 to 8 rows 0.92-0.97x; under AVX2
+// the repacked form takes 0.73-0.87x.)
 // Lane pairs take the place of the interleaved form for Q4_0, Q4_K and Q8_0 rows that have them
 // (can_lane_pair, lane_pair_window_fits) under AVX-512, where the matrix starts on 32 bytes (repack_form).
-bool repack_pays(DType type, int64_t cols);
-// The form the loader repacks a matrix of this type and shape, starting at data, into on this CPU (kFile:
-// none). Row tiles take the place of every other form for Q4_0 and Q8_0 where the AMX target runs
-// (can_row_tile, the matrix on 32 bytes).
-WeightForm repack_form(DType type, int64_t rows, int64_t cols, const uint8_t* data);
+bool repack_pays(DType type, int64_t cols, Target target = best_target());
+// The form the loader repacks a matrix of this type and shape, starting at data, into for the kernels of
+// `target` (by default this CPU's best; kFile: none). Row tiles take the place of every other form for Q4_0
+// and Q8_0 where the AMX target runs (can_row_tile, the matrix on 32 bytes).
+WeightForm repack_form(DType type, int64_t rows, int64_t cols, const uint8_t* data,
+                       Target target = best_target());
 // Bytes of one super-block of `type` (84 to 272).
 size_t interleave_super_bytes(DType type);
 
