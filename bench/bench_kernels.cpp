@@ -32,6 +32,7 @@
 //                      of 64 dims, in blocks of 16 positions as the paged cache holds them (TinyLlama: G = 8)
 //   AttentionDotsDimMajor/G  the same scores from key blocks stored dimension-major (the f16 key cache)
 //   AttentionValues/G  the weighted sum of the same rows' values for G heads
+//   Softmax/N          one query's softmax over N scores (its exponentials and their sum)
 //   AttendWindow/ROWS/CTX/TOGETHER  attention of a window of ROWS rows (one KV head of TinyLlama's layer: 8
 //                      query heads of 64 dims, f16 cache of CTX positions), its rows' queries sharing each
 //                      pass over the cache (TOGETHER 1, cache::attend_rows) or one row at a time (0)
@@ -626,6 +627,24 @@ void BM_AttentionValues(benchmark::State& state) {
   state.SetLabel("items = weighted rows");
 }
 BENCHMARK(BM_AttentionValues)->ArgsProduct({{1, 2, 4, 6, 8}, {1, 4}});
+
+// The softmax of one query's scores over N positions (kernels::softmax, attention's scale 1/8): per element,
+// to set beside the scores' and value sums' work (64 multiply-adds each per position at head size 64).
+void BM_Softmax(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  std::vector<float> x(static_cast<size_t>(n)), work(x.size());
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 8.0f);
+  for (auto& v : x) v = dist(rng);
+  for (auto _ : state) {
+    std::copy(x.begin(), x.end(), work.begin());
+    softmax(work.data(), n, 0.125f, 0.0f);
+    benchmark::DoNotOptimize(work.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * n);
+  state.SetLabel("items = scores");
+}
+BENCHMARK(BM_Softmax)->Arg(256)->Arg(2048);
 
 // One layer's new K or V of a decode step (four KV heads of 64) into f16 cache bits: the kernel
 // (kernels::f32_to_f16, arg 1) against the scalar reference element by element (arg 0).

@@ -507,49 +507,94 @@ void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
-// Softmax in three passes over x: scores (scaled, soft-capped) and their max; exponentials and their sum;
-// normalization. The tail runs through one padded vector pass, so every element takes the same code path.
-void Softmax(float* x, int64_t n, float scale, float softcap) {
+// e^x for the x <= 0 a softmax takes (scores less their max), in fewer operations than hn::Exp, which also
+// serves positive and huge arguments: n = round(x log2 e) by the shifter 1.5 * 2^23 (t's low mantissa bits
+// hold n), r = x - n ln 2 in two steps, e^r = 1 + r + r^2 P(r) with hn::Exp's coefficients (Horner), and 2^n
+// built in the exponent field from t's bits. Below -87 (2^n would leave the normal floats) the result is 0;
+// above it e^r >= 0.7 and n >= -126 keep every result normal (denormals would cost microcode assists).
+template <class D, class V>
+HWY_INLINE V ExpNonPositive(D d, V x) {
+  const hn::RebindToSigned<D> di;
+  const V shifter = hn::Set(d, 12582912.0f);
+  const V t = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), shifter);
+  const V n = hn::Sub(t, shifter);
+  V r = hn::MulAdd(n, hn::Set(d, -0.693145751953125f), x);
+  r = hn::MulAdd(n, hn::Set(d, -1.428606765330187045e-6f), r);
+  V p = hn::Set(d, 0.000198527617612853646278381f);
+  p = hn::MulAdd(p, r, hn::Set(d, 0.00139304355252534151077271f));
+  p = hn::MulAdd(p, r, hn::Set(d, 0.00833336077630519866943359f));
+  p = hn::MulAdd(p, r, hn::Set(d, 0.0416664853692054748535156f));
+  p = hn::MulAdd(p, r, hn::Set(d, 0.166666671633720397949219f));
+  p = hn::MulAdd(p, r, hn::Set(d, 0.5f));
+  const V er = hn::Add(hn::MulAdd(p, hn::Mul(r, r), r), hn::Set(d, 1.0f));
+  const V two_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127))));
+  return hn::IfThenElseZero(hn::Ge(x, hn::Set(d, -87.0f)), hn::Mul(er, two_n));
+}
+
+// Softmax in three passes over x: the scores' max; exponentials and their sum; normalization. Plain scores
+// (kPlain: no soft cap and a positive scale, as attention's) are scaled inside the exponent, x * scale - max
+// in one rounding, and their max is taken of the raw scores (a positive scale keeps their order, so
+// max(x) * scale is the max of the scaled scores), so the first pass only reads; soft-capped ones are
+// scaled and capped in the first pass, which stores them. The tail runs through one padded vector pass, so
+// every element takes the same code path. (Against hn::Exp, a first pass that scaled and stored and a scalar
+// last pass: 0.65x the time over 256 and 2048 scores on AVX-512, alternating in one process.)
+template <bool kPlain>
+void SoftmaxT(float* x, int64_t n, float scale, float softcap) {
   const DF df;
   using V = hn::Vec<DF>;
   const size_t lanes = hn::Lanes(df), full = static_cast<size_t>(n) / lanes * lanes,
                rest = static_cast<size_t>(n) - full;
-  const V vscale = hn::Set(df, scale), vcap = hn::Set(df, softcap);
+  const V vscale = hn::Set(df, scale), vcap = hn::Set(df, softcap), low = hn::Set(df, -HUGE_VALF);
+  // The first pass: the score as the max and the exponent take it.
   const auto score = [&](V v) {
+    if constexpr (kPlain) return v;
     v = hn::Mul(v, vscale);
     return softcap > 0 ? hn::Mul(vcap, hn::Tanh(df, hn::Div(v, vcap))) : v;
   };
   alignas(64) float buf[HWY_MAX_BYTES / sizeof(float)];
-  V vmax = hn::Set(df, -HUGE_VALF);
+  V vmax = low;
   for (size_t i = 0; i < full; i += lanes) {
     const V v = score(hn::LoadU(df, x + i));
-    hn::StoreU(v, df, x + i);
+    if constexpr (!kPlain) hn::StoreU(v, df, x + i);
     vmax = hn::Max(vmax, v);
   }
   if (rest > 0) {
     std::fill_n(buf, lanes, 0.0f);
     std::memcpy(buf, x + full, rest * 4);
     const V v = score(hn::Load(df, buf));
-    hn::Store(v, df, buf);
-    std::memcpy(x + full, buf, rest * 4);
-    vmax = hn::Max(vmax, hn::IfThenElse(hn::FirstN(df, rest), v, hn::Set(df, -HUGE_VALF)));
+    if constexpr (!kPlain) {
+      hn::Store(v, df, buf);
+      std::memcpy(x + full, buf, rest * 4);
+    }
+    vmax = hn::Max(vmax, hn::IfThenElse(hn::FirstN(df, rest), v, low));
   }
-  const V max = hn::MaxOfLanes(df, vmax);
+  const V max = kPlain ? hn::Mul(hn::MaxOfLanes(df, vmax), vscale) : hn::MaxOfLanes(df, vmax);
+  const auto exponent = [&](V v) { return kPlain ? hn::MulSub(v, vscale, max) : hn::Sub(v, max); };
   V sum = hn::Zero(df);
   for (size_t i = 0; i < full; i += lanes) {
-    const V e = hn::Exp(df, hn::Sub(hn::LoadU(df, x + i), max));
+    const V e = ExpNonPositive(df, exponent(hn::LoadU(df, x + i)));
     hn::StoreU(e, df, x + i);
     sum = hn::Add(sum, e);
   }
   if (rest > 0) {
     std::memcpy(buf, x + full, rest * 4);
-    const V e = hn::IfThenElseZero(hn::FirstN(df, rest), hn::Exp(df, hn::Sub(hn::Load(df, buf), max)));
+    const V e = hn::IfThenElseZero(hn::FirstN(df, rest), ExpNonPositive(df, exponent(hn::Load(df, buf))));
     hn::Store(e, df, buf);
     std::memcpy(x + full, buf, rest * 4);
     sum = hn::Add(sum, e);
   }
   const float inv = 1.0f / hn::GetLane(hn::SumOfLanes(df, sum));
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+  const V vinv = hn::Set(df, inv);
+  for (size_t i = 0; i < full; i += lanes) hn::StoreU(hn::Mul(hn::LoadU(df, x + i), vinv), df, x + i);
+  for (size_t i = full; i < static_cast<size_t>(n); ++i) x[i] *= inv;
+}
+
+void Softmax(float* x, int64_t n, float scale, float softcap) {
+  if (softcap <= 0 && scale > 0) {
+    SoftmaxT<true>(x, n, scale, softcap);
+  } else {
+    SoftmaxT<false>(x, n, scale, softcap);
+  }
 }
 
 }  // namespace HWY_NAMESPACE
