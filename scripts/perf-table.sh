@@ -34,7 +34,7 @@ if [[ ${#models[@]} -eq 0 ]]; then
   done
 fi
 
-echo "| model | type | threads | bandwidth GB/s | decode tok/s | roofline | roofline beside | prefill 64 tok/s | prefill 512 tok/s | verify cost n=2,4,8,16 | int8 peak GMAC/s | cost(8) floor | peak RSS MB |"
+echo "| model | type | threads | bandwidth GB/s | decode tok/s | roofline | roofline beside | prefill 64 tok/s | prefill 512 tok/s | verify cost n=2,4,8,16 | int8 peak GMAC/s | cost(8) floor | peak RSS MiB |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for m in "${models[@]}"; do
   echo "bench: $m" >&2

@@ -36,7 +36,8 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Peak resident set size in MB (VmHWM), 0 when unknown.
+// Peak resident set size in MiB (VmHWM, reported in KiB), 0 when unknown. The JSON key keeps the name
+// peak_rss_mb.
 double peak_rss_mb() {
   std::ifstream in("/proc/self/status");
   std::string line;
@@ -291,7 +292,7 @@ void add_bench_command(CLI::App& app) {
       std::printf("%d:%.1f/%.1f/%.1f ", widths[i], ms[0], ms[1], ms[2]);
       verify_parts[std::to_string(widths[i])] = {{"matmul", ms[0]}, {"attention", ms[1]}, {"other", ms[2]}};
     }
-    std::printf(" (matrix products/attention/rest)\npeak RSS         %.1f MB\n", rss);
+    std::printf(" (matrix products/attention/rest)\npeak RSS         %.1f MiB\n", rss);
     if (o->json) {
       nlohmann::json j;
       j["model"] = o->model.model_path;
