@@ -353,6 +353,35 @@ TEST(Repack, LanePairsPlaceEveryByteAndMatchTheFileForm) {
   }
 }
 
+// The form follows the target asked (the loader asks for the best one; bench_kernels for each target it
+// compares), whatever this CPU runs: none for the scalar and NEON kernels, the interleaved form under AVX2
+// for the types its kernels read repacked, lane pairs under AVX-512 where the window fits, row tiles under
+// AMX.
+TEST(Repack, TheFormFollowsTheTargetAsked) {
+  alignas(64) static const uint8_t page[64] = {};
+  const auto form = [](DType t, Target target) { return repack_form(t, 32, 2048, page, target); };
+  for (Target none : {Target::kScalar, Target::kNEON, Target::kNEONDot})
+    for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K})
+      EXPECT_EQ(form(t, none), WeightForm::kFile);
+  for (Target avx2 : {Target::kAVX2, Target::kAVX2VNNI}) {
+    for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K})
+      EXPECT_EQ(form(t, avx2), WeightForm::kInterleaved) << dtype_name(t);
+    EXPECT_EQ(form(DType::Q4_1, avx2), WeightForm::kFile);
+  }
+  const WeightForm pairs =
+      lane_pair_window_fits(DType::Q4_0, 2048) ? WeightForm::kLanePairs : WeightForm::kInterleaved;
+  for (Target avx512 : {Target::kAVX512, Target::kAVX512VBMI}) {
+    EXPECT_EQ(form(DType::Q4_0, avx512), pairs);
+    EXPECT_EQ(form(DType::Q4_1, avx512), WeightForm::kInterleaved);
+    EXPECT_EQ(form(DType::Q6_K, avx512), WeightForm::kInterleaved);
+  }
+  EXPECT_EQ(form(DType::Q4_0, Target::kAMX), WeightForm::kRowTiles);
+  EXPECT_EQ(form(DType::Q8_0, Target::kAMX), WeightForm::kRowTiles);
+  EXPECT_EQ(repack_form(DType::Q4_0, 45, 2048, page, Target::kAMX), pairs);  // no whole tiles of 16 rows
+  for (DType t : {DType::Q4_0, DType::Q4_K, DType::Q6_K})
+    EXPECT_EQ(repack_form(t, 32, 2048, page), form(t, best_target()));
+}
+
 // Q4_0 and Q8_0 in row tiles: every byte where repack.h puts it, the rows back to the file's bytes, and
 // matmuls over them on every target and row class (one row, windows, prefill passes), within the float-order
 // tolerance of the file form's. The loader takes the form only where the kernels read it, for whole tiles of
