@@ -210,6 +210,28 @@ TEST(Kernels, SoftmaxMatchesTheFormulaOnEveryHighwayTarget) {
   }
 }
 
+// Scores so large that their scaled max is far from the exact product (scale 0.1, scores of 9e10 and 2e11:
+// their roundings lie up to hundreds apart), positive and negative: the softmax still gives a distribution,
+// largest where the score is, on every Highway target.
+TEST(Kernels, SoftmaxOfHugeScoresStaysADistribution) {
+  for (float base : {9e10f, 2e11f, -2e11f}) {
+    std::vector<float> x(100);
+    for (size_t j = 0; j < x.size(); ++j) x[j] = base + 65536.0f * static_cast<float>((j * 37) % 100);
+    const auto top = std::max_element(x.begin(), x.end()) - x.begin();
+    tandem::testing::for_each_hwy_target([&] {
+      std::vector<float> got = x;
+      softmax(got.data(), static_cast<int64_t>(got.size()), 0.1f, 0.0f);
+      double sum = 0;
+      for (float p : got) {
+        ASSERT_TRUE(std::isfinite(p) && p >= 0.0f && p <= 1.0f) << "base=" << base << " p=" << p;
+        sum += p;
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-5) << "base=" << base;
+      EXPECT_EQ(std::max_element(got.begin(), got.end()) - got.begin(), top) << "base=" << base;
+    });
+  }
+}
+
 }  // namespace
 
 TEST(Kernels, DimMajorScoresMatchTheReferenceOnEveryHighwayTarget) {

@@ -531,45 +531,20 @@ HWY_INLINE V ExpNonPositive(D d, V x) {
   return hn::IfThenElseZero(hn::Ge(x, hn::Set(d, -87.0f)), hn::Mul(er, two_n));
 }
 
-// Softmax in three passes over x: the scores' max; exponentials and their sum; normalization. Plain scores
-// (kPlain: no soft cap and a positive scale, as attention's) are scaled inside the exponent, x * scale - max
-// in one rounding, and their max is taken of the raw scores (a positive scale keeps their order, so
-// max(x) * scale is the max of the scaled scores), so the first pass only reads; soft-capped ones are
-// scaled and capped in the first pass, which stores them. The tail runs through one padded vector pass, so
-// every element takes the same code path. (Against hn::Exp, a first pass that scaled and stored and a scalar
-// last pass: 0.65x the time over 256 and 2048 scores on AVX-512, alternating in one process.)
-template <bool kPlain>
-void SoftmaxT(float* x, int64_t n, float scale, float softcap) {
+// The exponentials of x less max and their sum (the softmax's second pass), each exponent x * scale - max in
+// one rounding (kScaleInside) or x - max (x already scaled). The tail runs through one padded vector.
+template <bool kScaleInside>
+float exponentials(float* x, size_t full, size_t rest, float scale, hn::Vec<DF> max) {
   const DF df;
   using V = hn::Vec<DF>;
-  const size_t lanes = hn::Lanes(df), full = static_cast<size_t>(n) / lanes * lanes,
-               rest = static_cast<size_t>(n) - full;
-  const V vscale = hn::Set(df, scale), vcap = hn::Set(df, softcap), low = hn::Set(df, -HUGE_VALF);
-  // The first pass: the score as the max and the exponent take it.
-  const auto score = [&](V v) {
-    if constexpr (kPlain) return v;
-    v = hn::Mul(v, vscale);
-    return softcap > 0 ? hn::Mul(vcap, hn::Tanh(df, hn::Div(v, vcap))) : v;
+  const size_t lanes = hn::Lanes(df);
+  const V vscale = hn::Set(df, scale);
+  // (Scaled inside, the exponent at the max is the product's rounding residual, which may lie above zero: it
+  // is held at zero.)
+  const auto exponent = [&](V v) {
+    return kScaleInside ? hn::Min(hn::MulSub(v, vscale, max), hn::Zero(df)) : hn::Sub(v, max);
   };
   alignas(64) float buf[HWY_MAX_BYTES / sizeof(float)];
-  V vmax = low;
-  for (size_t i = 0; i < full; i += lanes) {
-    const V v = score(hn::LoadU(df, x + i));
-    if constexpr (!kPlain) hn::StoreU(v, df, x + i);
-    vmax = hn::Max(vmax, v);
-  }
-  if (rest > 0) {
-    std::fill_n(buf, lanes, 0.0f);
-    std::memcpy(buf, x + full, rest * 4);
-    const V v = score(hn::Load(df, buf));
-    if constexpr (!kPlain) {
-      hn::Store(v, df, buf);
-      std::memcpy(x + full, buf, rest * 4);
-    }
-    vmax = hn::Max(vmax, hn::IfThenElse(hn::FirstN(df, rest), v, low));
-  }
-  const V max = kPlain ? hn::Mul(hn::MaxOfLanes(df, vmax), vscale) : hn::MaxOfLanes(df, vmax);
-  const auto exponent = [&](V v) { return kPlain ? hn::MulSub(v, vscale, max) : hn::Sub(v, max); };
   V sum = hn::Zero(df);
   for (size_t i = 0; i < full; i += lanes) {
     const V e = ExpNonPositive(df, exponent(hn::LoadU(df, x + i)));
@@ -577,24 +552,69 @@ void SoftmaxT(float* x, int64_t n, float scale, float softcap) {
     sum = hn::Add(sum, e);
   }
   if (rest > 0) {
+    std::fill_n(buf, lanes, 0.0f);
     std::memcpy(buf, x + full, rest * 4);
     const V e = hn::IfThenElseZero(hn::FirstN(df, rest), ExpNonPositive(df, exponent(hn::Load(df, buf))));
     hn::Store(e, df, buf);
     std::memcpy(x + full, buf, rest * 4);
     sum = hn::Add(sum, e);
   }
-  const float inv = 1.0f / hn::GetLane(hn::SumOfLanes(df, sum));
+  return hn::GetLane(hn::SumOfLanes(df, sum));
+}
+
+// Softmax in three passes over x: the scores' max; exponentials and their sum; normalization. Plain scores
+// (no soft cap and a positive scale, as attention's) are scaled inside the exponent, and their max is taken
+// of the raw scores (a positive scale keeps their order, so max(x) * scale rounded is the max of the scaled
+// scores), so the first pass only reads. Where that max exceeds 2^20 in magnitude the exponent's single
+// rounding could leave it far from zero at the max itself (half a unit in the last place of the product: more
+// than 87 beyond 2^31, every exponential zero), so such scores, and soft-capped ones, are scaled (and capped)
+// and stored first, and the exponents are differences of the stored scores. Every element takes the same code
+// path: tails run through one padded vector. (Against hn::Exp, a first pass that scaled and stored and a
+// scalar last pass: 0.64-0.69x the time over 256 and 2048 scores on AVX-512, alternating in one process.)
+void Softmax(float* x, int64_t n, float scale, float softcap) {
+  const DF df;
+  using V = hn::Vec<DF>;
+  const size_t lanes = hn::Lanes(df), full = static_cast<size_t>(n) / lanes * lanes,
+               rest = static_cast<size_t>(n) - full;
+  const V vscale = hn::Set(df, scale), vcap = hn::Set(df, softcap), low = hn::Set(df, -HUGE_VALF);
+  alignas(64) float buf[HWY_MAX_BYTES / sizeof(float)];
+  // The max of the scores as f gives them, over x in place (f's result stored when store).
+  const auto max_of = [&](auto f, bool store) {
+    V vmax = low;
+    for (size_t i = 0; i < full; i += lanes) {
+      const V v = f(hn::LoadU(df, x + i));
+      if (store) hn::StoreU(v, df, x + i);
+      vmax = hn::Max(vmax, v);
+    }
+    if (rest > 0) {
+      std::fill_n(buf, lanes, 0.0f);
+      std::memcpy(buf, x + full, rest * 4);
+      const V v = f(hn::Load(df, buf));
+      if (store) {
+        hn::Store(v, df, buf);
+        std::memcpy(x + full, buf, rest * 4);
+      }
+      vmax = hn::Max(vmax, hn::IfThenElse(hn::FirstN(df, rest), v, low));
+    }
+    return hn::MaxOfLanes(df, vmax);
+  };
+  const auto scaled = [&](V v) {
+    v = hn::Mul(v, vscale);
+    return softcap > 0 ? hn::Mul(vcap, hn::Tanh(df, hn::Div(v, vcap))) : v;
+  };
+  float sum;
+  V max;
+  if (softcap <= 0 && scale > 0 &&
+      std::fabs(hn::GetLane(max = hn::Mul(max_of([](V v) { return v; }, false), vscale))) <= 1048576.0f) {
+    sum = exponentials<true>(x, full, rest, scale, max);
+  } else {
+    max = max_of(scaled, true);
+    sum = exponentials<false>(x, full, rest, scale, max);
+  }
+  const float inv = 1.0f / sum;
   const V vinv = hn::Set(df, inv);
   for (size_t i = 0; i < full; i += lanes) hn::StoreU(hn::Mul(hn::LoadU(df, x + i), vinv), df, x + i);
   for (size_t i = full; i < static_cast<size_t>(n); ++i) x[i] *= inv;
-}
-
-void Softmax(float* x, int64_t n, float scale, float softcap) {
-  if (softcap <= 0 && scale > 0) {
-    SoftmaxT<true>(x, n, scale, softcap);
-  } else {
-    SoftmaxT<false>(x, n, scale, softcap);
-  }
 }
 
 }  // namespace HWY_NAMESPACE
