@@ -602,15 +602,16 @@ void Softmax(float* x, int64_t n, float scale, float softcap) {
     v = hn::Mul(v, vscale);
     return softcap > 0 ? hn::Mul(vcap, hn::Tanh(df, hn::Div(v, vcap))) : v;
   };
-  float sum;
-  V max;
-  if (softcap <= 0 && scale > 0 &&
-      std::fabs(hn::GetLane(max = hn::Mul(max_of([](V v) { return v; }, false), vscale))) <= 1048576.0f) {
-    sum = exponentials<true>(x, full, rest, scale, max);
-  } else {
-    max = max_of(scaled, true);
-    sum = exponentials<false>(x, full, rest, scale, max);
+  // Plain scores: the max of the raw ones, scaled; it decides whether the scaling goes inside the exponent.
+  V max = hn::Zero(df);
+  bool scale_inside = softcap <= 0 && scale > 0;
+  if (scale_inside) {
+    max = hn::Mul(max_of([](V v) { return v; }, false), vscale);
+    scale_inside = std::fabs(hn::GetLane(max)) <= 1048576.0f;
   }
+  if (!scale_inside) max = max_of(scaled, true);
+  const float sum = scale_inside ? exponentials<true>(x, full, rest, scale, max)
+                                 : exponentials<false>(x, full, rest, scale, max);
   const float inv = 1.0f / sum;
   const V vinv = hn::Set(df, inv);
   for (size_t i = 0; i < full; i += lanes) hn::StoreU(hn::Mul(hn::LoadU(df, x + i), vinv), df, x + i);
