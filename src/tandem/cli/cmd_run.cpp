@@ -76,9 +76,8 @@ void add_run_command(CLI::App& app) {
     }
     if (prompt.empty())
       throw Error(
-          "the prompt tokenized to nothing (an empty prompt starts from BOS only where the model adds one "
-          "and "
-          "--no-bos is not given); give a non-empty prompt");
+          "the prompt tokenized to nothing; give a non-empty prompt (an empty one starts from BOS only "
+          "where the model adds one and --no-bos is not given)");
     std::fprintf(
         stderr, "model: %s (%s, %lld layers), %d threads (kernels %s), context %lld, KV %s, seed %llu\n",
         o->model.model_path.c_str(), model->config().arch.c_str(),
