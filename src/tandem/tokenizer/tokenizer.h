@@ -101,8 +101,8 @@ class StreamDecoder {
  private:
   const Tokenizer& tokenizer_;
   std::string pending_;
-  bool
-      at_start_;  // no non-empty piece seen yet at the start of a text (the leading-space rule still applies)
+  // No non-empty piece seen yet at the start of a text: the leading-space rule still applies.
+  bool at_start_;
 };
 
 }  // namespace tandem::tokenizer
