@@ -4,8 +4,11 @@
 // tensor used, and a vocabulary as long as the embedding. No allocation is sized by a metadata number before
 // that number is checked against the tensors the file holds.
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <numbers>
+#include <optional>
+#include <string>
 
 #include "tandem/model/model.h"
 #include "tandem/util/error.h"
@@ -61,7 +64,10 @@ void check_layer_count(const ArchReader& r, const Config& c) {
       throw Error("metadata '" + r.arch() + ".block_count' is " + std::to_string(c.n_layer) +
                   ", but the file holds tensor '" + t.name + "' of layer " + std::to_string(layer) +
                   "; block_count must be the number of blk.N layers");
-    if (layer + 1 > present) present = layer + 1, last = &t;
+    if (layer + 1 > present) {
+      present = layer + 1;
+      last = &t;
+    }
   }
   if (present < c.n_layer)
     throw Error("metadata '" + r.arch() + ".block_count' is " + std::to_string(c.n_layer) +
