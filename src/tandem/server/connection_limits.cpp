@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -32,6 +33,8 @@ constexpr const char* kAddedHeaders[] = {"REMOTE_ADDR", "REMOTE_PORT", "LOCAL_AD
 constexpr size_t kLargeBody = 256u << 10;
 // Between two trims under continuous load; an idle server trims at once.
 constexpr auto kTrimInterval = std::chrono::seconds(1);
+// Requests one connection may carry before it is closed (cpp-httplib's default is 5).
+constexpr size_t kKeepAliveRequests = 1000;
 // Longest wait, after an error response, for the rest of a request the client is still sending.
 constexpr int64_t kLingerMs = 2000;
 
@@ -189,14 +192,19 @@ class ConnectionStream final : public httplib::Stream {
 // One thread per admitted connection, started when no idle one is free, so that no connection ever waits
 // behind another. Past max_connections the connection is handed to a single refusal thread, which answers
 // 503 (LimitedServer knows it by the thread it runs on) without giving it a thread of its own.
+//
+// Threads idle for kThreadIdle beyond kSpareThreads end, and the listening thread joins them when it next
+// accepts or idles (on_idle), then calls `reaped`: a burst of connections leaves no threads behind.
 class ConnectionQueue final : public httplib::TaskQueue {
  public:
-  explicit ConnectionQueue(size_t max_connections) : max_(max_connections) {
+  ConnectionQueue(size_t max_connections, std::function<void()> reaped)
+      : max_(max_connections), reaped_(std::move(reaped)) {
     refuser_ = std::thread([this] { refuse_loop(); });
   }
   ~ConnectionQueue() override { shutdown(); }
 
   void enqueue(std::function<void()> fn) override {
+    reap();
     std::unique_lock lock(mu_);
     if (busy_ + jobs_.size() >= max_) {
       refusals_.push_back(std::move(fn));
@@ -207,7 +215,11 @@ class ConnectionQueue final : public httplib::TaskQueue {
     if (idle_ >= jobs_.size())
       cv_.notify_one();
     else
-      workers_.emplace_back([this] { work(); });
+      start_worker();
+  }
+
+  void on_idle() override {
+    if (reap() > 0 && reaped_) reaped_();
   }
 
   void shutdown() override {
@@ -218,7 +230,8 @@ class ConnectionQueue final : public httplib::TaskQueue {
     }
     cv_.notify_all();
     refuse_cv_.notify_all();
-    for (std::thread& t : workers_) t.join();
+    for (auto& [id, t] : workers_) t.join();
+    workers_.clear();
     refuser_.join();
   }
 
@@ -230,13 +243,40 @@ class ConnectionQueue final : public httplib::TaskQueue {
   }
 
  private:
+  void start_worker() {
+    std::thread t([this] { work(); });
+    const std::thread::id id = t.get_id();
+    workers_.emplace(id, std::move(t));
+  }
+  // Joins the threads that ended; returns how many.
+  size_t reap() {
+    std::vector<std::thread::id> done;
+    {
+      std::unique_lock lock(mu_);
+      done.swap(exited_);
+    }
+    for (const std::thread::id& id : done) {
+      auto it = workers_.find(id);
+      if (it == workers_.end()) continue;
+      it->second.join();
+      workers_.erase(it);
+    }
+    return done.size();
+  }
   void work() {
     std::unique_lock lock(mu_);
     for (;;) {
       ++idle_;
-      cv_.wait(lock, [&] { return !jobs_.empty() || shut_; });
+      const bool woken = cv_.wait_for(lock, kThreadIdle, [&] { return !jobs_.empty() || shut_; });
       --idle_;
-      if (jobs_.empty()) return;
+      if (!woken && idle_ + busy_ >= kSpareThreads) {
+        exited_.push_back(std::this_thread::get_id());
+        return;
+      }
+      if (jobs_.empty()) {
+        if (shut_) return;
+        continue;
+      }
       std::function<void()> fn = std::move(jobs_.front());
       jobs_.pop_front();
       ++busy_;
@@ -259,25 +299,32 @@ class ConnectionQueue final : public httplib::TaskQueue {
     }
   }
 
+  static constexpr size_t kSpareThreads = 8;
+  static constexpr std::chrono::seconds kThreadIdle{2};
+
   const size_t max_;
+  const std::function<void()> reaped_;
   std::mutex mu_;
   std::condition_variable cv_, refuse_cv_;
-  std::deque<std::function<void()>> jobs_, refusals_;  // guarded by mu_
-  size_t busy_ = 0, idle_ = 0;                         // guarded by mu_
-  bool shut_ = false;                                  // guarded by mu_
-  std::vector<std::thread> workers_;                   // only the listening thread touches it
+  std::deque<std::function<void()>> jobs_, refusals_;         // guarded by mu_
+  size_t busy_ = 0, idle_ = 0;                                // guarded by mu_
+  bool shut_ = false;                                         // guarded by mu_
+  std::vector<std::thread::id> exited_;                       // guarded by mu_
+  std::unordered_map<std::thread::id, std::thread> workers_;  // only the listening thread touches it
   std::thread refuser_;
 };
 
 LimitedServer::LimitedServer(const ConnectionLimits& limits) : limits_(limits), last_trim_(Clock::now()) {
   new_task_queue = [this] {
-    auto* q = new ConnectionQueue(limits_.max_connections);
+    auto* q = new ConnectionQueue(limits_.max_connections, [this] { trim(); });
     queue_.store(q);
     return q;
   };
   const auto write_s = std::chrono::duration_cast<std::chrono::microseconds>(limits_.write_timeout);
   set_write_timeout(write_s.count() / 1000000, write_s.count() % 1000000);
   set_payload_max_length(limits_.max_body_bytes);
+  set_keep_alive_max_count(kKeepAliveRequests);
+  set_idle_interval(1);  // on_idle: ended threads are joined while no connection arrives
 }
 
 LimitedServer::~LimitedServer() = default;
@@ -377,6 +424,10 @@ bool LimitedServer::process_and_close_socket(socket_t sock) {
 }
 
 bool LimitedServer::serve_connection(socket_t sock) {
+  // Responses go out as a head and a body in two writes; with Nagle's algorithm the body waits for the
+  // client's delayed ACK of the head (40 ms on Linux) on every keep-alive request.
+  int one = 1;
+  ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   ConnectionState state;
   ConnectionStream strm(sock, limits_, state);
   {
@@ -433,6 +484,11 @@ void LimitedServer::request_ended(bool large) {
   if (in_flight_.load() > 0 && now - last_trim_ < kTrimInterval) return;
   trim_pending_ = false;
   last_trim_ = now;
+  lock.unlock();
+  trim();
+}
+
+void LimitedServer::trim() {
 #ifdef __GLIBC__
   ::malloc_trim(0);
 #endif

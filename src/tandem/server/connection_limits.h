@@ -71,6 +71,8 @@ class LimitedServer : public httplib::Server {
   bool serve_connection(socket_t sock);
   ConnectionState* current();
   void request_ended(bool large);
+  // Returns freed heap memory to the system.
+  static void trim();
 
   ConnectionLimits limits_;
   std::atomic<ConnectionQueue*> queue_{nullptr};  // the queue of the listen() in progress
