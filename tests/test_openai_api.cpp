@@ -241,7 +241,9 @@ TEST(ServeFlags, OutOfRangeValuesAreRefused) {
   const std::string serve = "timeout 20 " + std::string(TANDEM_BINARY) + " serve -m '" +
                             tandem::testing::shared_path("models/stories260K.gguf") + "' ";
   for (const std::string flag :
-       {"--port 65536", "--max-body 0", "--drain-timeout -1", "-b 0", "--parallel 0"}) {
+       {"--port 65536", "--max-body 0", "--drain-timeout -1", "-b 0", "--parallel 0", "--max-connections 0",
+        "--max-connections 20", "--max-json-depth 1", "--max-json-elements 0", "--max-headers 0",
+        "--max-header-bytes 10", "--idle-timeout 0", "--request-timeout -1", "--write-timeout 0"}) {
     const auto [out, rc] = tandem::testing::run_command(serve + flag + " 2>&1");
     EXPECT_NE(rc, 0) << flag;
     EXPECT_NE(rc, 124) << flag << ": the server started";
