@@ -111,8 +111,8 @@ void ensure_descriptors(size_t max_connections) {
 
 // glibc raises its mmap threshold after the first large free (up to 32 MiB) and its trim threshold with it,
 // so request bodies of a few MiB then come from per-thread arenas whose free tops malloc_trim() does not
-// return: 8 bodies of 4 MiB left ~40 MiB resident for good. Fixed thresholds keep large blocks in their own
-// mappings (returned when freed) and arena tops trimmed.
+// return, and stay resident after the requests end. Fixed thresholds keep large blocks in their own mappings
+// (returned when freed) and arena tops trimmed.
 void bound_allocator_retention() {
 #ifdef __GLIBC__
   ::mallopt(M_MMAP_THRESHOLD, 256 << 10);
