@@ -110,6 +110,73 @@ TEST(OpenAiApi, RejectsBadInput) {
   }
 }
 
+// Numbers past the double range are refused with 400 naming the field (nlohmann's parser reports them as
+// out_of_range, which once escaped as a 500 "number overflow"), wherever in the body they sit.
+TEST(OpenAiApi, NumberOverflowNamesTheField) {
+  struct Case {
+    const char* body;
+    bool chat;
+    const char* param;
+  };
+  const Case cases[] = {
+      {R"({"model":"m","prompt":"x","temperature":1e400})", false, "temperature"},
+      {R"({"model":"m","prompt":"x","top_p":-1e400})", false, "top_p"},
+      {R"({"model":"m","prompt":"x","min_p":1e999})", false, "min_p"},
+      {R"({"model":"m","prompt":"x","presence_penalty":1e400})", false, "presence_penalty"},
+      {R"({"model":"m","prompt":"x","frequency_penalty":-1e400})", false, "frequency_penalty"},
+      {R"({"model":"m","prompt":"x","logit_bias":{"5":1,"42":1e400}})", false, "logit_bias.42"},
+      {R"({"model":"m","prompt":[1,2,1e400]})", false, "prompt[2]"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"},{"role":"user","n":[[1e400]]}]})", true,
+       "messages[1].n[0][0]"},
+      {"1e400", false, ""},
+  };
+  for (const Case& c : cases) {
+    ApiError e = error_of(c.body, c.chat);
+    EXPECT_EQ(e.status, 400) << c.body << ": " << e.what();
+    EXPECT_EQ(e.param, c.param) << c.body;
+    EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+  }
+}
+
+// Depth and element bounds hold before any tree is built: a deep or huge body is a 400 that names the
+// limit, and bodies just inside the bounds parse.
+TEST(OpenAiApi, JsonShapeLimits) {
+  ApiLimits limits = kLimits;
+  limits.max_json_depth = 8;
+  limits.max_json_elements = 100;
+  auto nested = [](int depth) {
+    return R"({"model":"m","prompt":"x","extra":)" + std::string(depth, '[') + std::string(depth, ']') + "}";
+  };
+  auto error = [&](const std::string& body) {
+    try {
+      parse_request(body, false, limits);
+    } catch (const ApiError& e) {
+      return e;
+    }
+    return ApiError(0, "", "parsed");
+  };
+  EXPECT_EQ(error(nested(7)).status, 0);  // the top object plus 7 arrays: 8 levels
+  ApiError deep = error(nested(8));
+  EXPECT_EQ(deep.status, 400);
+  EXPECT_NE(std::string(deep.what()).find("--max-json-depth"), std::string::npos) << deep.what();
+  // An unterminated run of '[' far past the limit fails at the limit, not at the end of the body.
+  ApiError open_run = error(std::string(4u << 20, '['));
+  EXPECT_EQ(open_run.status, 400);
+  EXPECT_NE(std::string(open_run.what()).find("--max-json-depth"), std::string::npos) << open_run.what();
+
+  auto ids = [](int n) {
+    std::string s = R"({"model":"m","prompt":[)";
+    for (int i = 0; i < n; ++i) s += (i ? ",1" : "1");
+    return s + "]}";
+  };
+  // 97 ids + the prompt array + the model's name + the top object = 100 values (keys are not values).
+  EXPECT_EQ(error(ids(97)).status, 0);
+  EXPECT_EQ(parse_request(ids(97), false, limits).prompt_ids.size(), 97u);
+  ApiError many = error(ids(98));
+  EXPECT_EQ(many.status, 400);
+  EXPECT_NE(std::string(many.what()).find("--max-json-elements"), std::string::npos) << many.what();
+}
+
 TEST(OpenAiApi, ResponseShapes) {
   CompletionRequest chat;
   chat.chat = true;
@@ -174,7 +241,9 @@ TEST(ServeFlags, OutOfRangeValuesAreRefused) {
   const std::string serve = "timeout 20 " + std::string(TANDEM_BINARY) + " serve -m '" +
                             tandem::testing::shared_path("models/stories260K.gguf") + "' ";
   for (const std::string flag :
-       {"--port 65536", "--max-body 0", "--drain-timeout -1", "-b 0", "--parallel 0"}) {
+       {"--port 65536", "--max-body 0", "--drain-timeout -1", "-b 0", "--parallel 0", "--max-connections 0",
+        "--max-connections 20", "--max-json-depth 1", "--max-json-elements 0", "--max-headers 0",
+        "--max-header-bytes 10", "--idle-timeout 0", "--request-timeout -1", "--write-timeout 0"}) {
     const auto [out, rc] = tandem::testing::run_command(serve + flag + " 2>&1");
     EXPECT_NE(rc, 0) << flag;
     EXPECT_NE(rc, 124) << flag << ": the server started";

@@ -1,5 +1,10 @@
 // tandem serve: the OpenAI-compatible HTTP server over the continuous-batching scheduler.
 #include <pthread.h>
+#include <sys/resource.h>
+
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include <chrono>
 #include <csignal>
@@ -39,8 +44,15 @@ struct ServeOptions {
   speculative::GateSettings gate;
   std::string api_key, alias;
   double drain_seconds = 30;
-  size_t max_body = 4u << 20;
+  server::ConnectionLimits connections;
+  double idle_seconds = 5, request_seconds = 30, write_seconds = 10;
+  int max_json_depth = 64;
+  size_t max_json_elements = 1u << 18;
 };
+
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
 
 // SIGINT and SIGTERM are blocked in every thread and taken by one watcher thread with sigwait(), so no
 // handler runs asynchronously and no global flag is needed.
@@ -81,11 +93,40 @@ class SignalWatcher {
   std::atomic<bool> quiet_{false}, fired_{false};
 };
 
+// Each connection holds a descriptor; the soft limit is raised toward the hard one when the connections, the
+// model files and the listening socket would not fit (1024, a common soft limit, is too few for 512).
+void ensure_descriptors(size_t max_connections) {
+  const rlim_t need = static_cast<rlim_t>(max_connections) + 64;
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= need) return;
+  if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < need)
+    throw Error("--max-connections " + std::to_string(max_connections) + " needs " + std::to_string(need) +
+                " file descriptors, but this process may open at most " + std::to_string(lim.rlim_max) +
+                " (ulimit -Hn): lower --max-connections or raise the limit");
+  lim.rlim_cur = need;
+  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0)
+    throw Error("cannot raise the open-file limit to " + std::to_string(need) + " for --max-connections " +
+                std::to_string(max_connections) + ": lower --max-connections or raise ulimit -n");
+}
+
+// glibc raises its mmap threshold after the first large free (up to 32 MiB) and its trim threshold with it,
+// so request bodies of a few MiB then come from per-thread arenas whose free tops malloc_trim() does not
+// return, and stay resident after the requests end. Fixed thresholds keep large blocks in their own mappings
+// (returned when freed) and arena tops trimmed.
+void bound_allocator_retention() {
+#ifdef __GLIBC__
+  ::mallopt(M_MMAP_THRESHOLD, 256 << 10);
+  ::mallopt(M_TRIM_THRESHOLD, 1 << 20);
+#endif
+}
+
 void serve(const ServeOptions& o) {
   if (!o.draft.empty() && o.draft != "ngram")
     throw Error("--draft takes 'ngram' (or use --draft-model FILE)");
   std::signal(SIGPIPE, SIG_IGN);  // a client that disconnects must not end the process
-  SignalWatcher signals;          // before any thread starts, so that all inherit the mask
+  ensure_descriptors(o.connections.max_connections);
+  bound_allocator_retention();
+  SignalWatcher signals;  // before any thread starts, so that all inherit the mask
   auto model = model::Model::load(o.model.model_path, o.model.load_mode());
   auto tok = tokenizer::Tokenizer::from_gguf(model->file());
   const int64_t n_ctx = engine::default_context(*model, o.model.n_ctx);
@@ -143,7 +184,12 @@ void serve(const ServeOptions& o) {
   http.host = o.host;
   http.port = o.port;
   http.api_key = o.api_key;
-  http.max_body_bytes = o.max_body;
+  http.connections = o.connections;
+  http.connections.idle_timeout = to_ms(o.idle_seconds);
+  http.connections.request_timeout = to_ms(o.request_seconds);
+  http.connections.write_timeout = to_ms(o.write_seconds);
+  http.max_json_depth = o.max_json_depth;
+  http.max_json_elements = o.max_json_elements;
   http.model_name = !o.alias.empty() ? o.alias : std::filesystem::path(o.model.model_path).stem().string();
   server::HttpServer srv(scheduler, tk, chat, metrics, http);
   const int port = srv.bind();
@@ -195,8 +241,34 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--drain-timeout", o->drain_seconds,
                   "Seconds running requests get after SIGTERM (default 30)")
       ->check(CLI::Range(0.0, 86400.0));
-  cmd->add_option("--max-body", o->max_body, "Largest request body in bytes (default 4 MiB)")
+  // Bounds on what one client can make the server spend (see docs/server-limits.md).
+  cmd->add_option("--max-body", o->connections.max_body_bytes,
+                  "Largest request body in bytes, chunked or not; larger get 413 (default 4 MiB)")
       ->check(CLI::Range(size_t{1} << 10, size_t{1} << 30));
+  cmd->add_option("--max-json-depth", o->max_json_depth,
+                  "Deepest nesting of arrays and objects in a request body; deeper get 400 (default 64)")
+      ->check(CLI::Range(4, 10000));
+  cmd->add_option("--max-json-elements", o->max_json_elements,
+                  "Most JSON values in a request body; more get 400 (default 262144)")
+      ->check(CLI::Range(size_t{16}, size_t{1} << 30));
+  cmd->add_option("--max-headers", o->connections.max_headers,
+                  "Most header fields in a request; more get 431 (default 100)")
+      ->check(CLI::Range(size_t{8}, size_t{10000}));
+  cmd->add_option("--max-header-bytes", o->connections.max_header_bytes,
+                  "Largest request line and headers together, in bytes; larger get 431 (default 64 KiB)")
+      ->check(CLI::Range(size_t{1} << 10, size_t{1} << 24));
+  cmd->add_option("--max-connections", o->connections.max_connections,
+                  "Connections open at once, each with its own thread; more get 503 (default 512)")
+      ->check(CLI::Range(size_t{1}, size_t{65536}));
+  cmd->add_option("--idle-timeout", o->idle_seconds,
+                  "Seconds a connection may wait for its next request before it is closed (default 5)")
+      ->check(CLI::Range(0.05, 3600.0));
+  cmd->add_option("--request-timeout", o->request_seconds,
+                  "Seconds a request's headers and body have to arrive; slower get 408 (default 30)")
+      ->check(CLI::Range(0.05, 3600.0));
+  cmd->add_option("--write-timeout", o->write_seconds,
+                  "Seconds a client may take no response bytes before it is dropped (default 10)")
+      ->check(CLI::Range(0.05, 3600.0));
   auto* dm = cmd->add_option("--draft-model", o->draft_model, "Draft model for speculative decoding");
   cmd->add_option("--draft", o->draft, "Draft source: ngram")->excludes(dm);
   cmd->add_option("--max-draft", o->max_draft, "Deepest drafted window per sequence (default 6 with a draft)")
@@ -205,6 +277,10 @@ void add_serve_command(CLI::App& app) {
   cmd->callback([o] {
     if (o->parallel > o->rows)
       throw Error("--rows must be at least --parallel (one decode row per sequence)");
+    // Each running or queued request holds a connection; the rest answer /health and new requests.
+    if (o->connections.max_connections < static_cast<size_t>(o->parallel + o->queue) + 8)
+      throw Error("--max-connections must be at least --parallel + --queue + 8 (" +
+                  std::to_string(o->parallel + o->queue + 8) + "): each running or queued request holds one");
     check_gate_options(o->gate);
     serve(*o);
   });

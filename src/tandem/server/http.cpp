@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <optional>
 #include <random>
 
 #include "tandem/server/openai_api.h"
@@ -48,9 +49,11 @@ const char* finish_reason(engine::Finish f) {
 struct HttpServer::Impl {
   Impl(engine::Scheduler& s, const tokenizer::Tokenizer& t, const ChatTemplate& c, Metrics& m,
        ServerOptions o)
-      : scheduler(s), tok(t), chat(c), metrics(m), options(std::move(o)) {
+      : scheduler(s), tok(t), chat(c), metrics(m), options(std::move(o)), svr(options.connections) {
     limits.model_name = options.model_name;
     limits.n_vocab = tok.n_vocab();
+    limits.max_json_depth = options.max_json_depth;
+    limits.max_json_elements = options.max_json_elements;
   }
 
   engine::Scheduler& scheduler;
@@ -59,7 +62,7 @@ struct HttpServer::Impl {
   Metrics& metrics;
   ServerOptions options;
   ApiLimits limits;
-  httplib::Server svr;
+  LimitedServer svr;
   std::atomic<bool> draining{false};
   int port = -1;
 
@@ -68,9 +71,13 @@ struct HttpServer::Impl {
                  detail.empty() ? "" : " ", detail.c_str());
   }
 
+  // Error responses close their connection: a request refused before its body was read leaves that body
+  // unread, and it must not be taken for the next request.
   void send_error(const httplib::Request& req, httplib::Response& res, const ApiError& e,
                   const std::string& endpoint) {
     res.status = e.status;
+    if (!res.has_header("Connection")) res.set_header("Connection", "close");
+    svr.close_after_response();
     res.set_content(dump(e.to_json()), kJson);
     metrics.request(endpoint, e.status);
     log(req, e.status, e.type + ": " + e.what());
@@ -300,8 +307,11 @@ void HttpServer::Impl::respond_stream(const CompletionRequest& r, std::shared_pt
 }
 
 void HttpServer::Impl::routes() {
-  svr.set_payload_max_length(options.max_body_bytes);
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (std::optional<ApiError> e = svr.limit_error()) {  // too many headers
+      send_error(req, res, *e, req.path);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") == "Bearer " + options.api_key)
       return httplib::Server::HandlerResponse::Unhandled;
@@ -317,20 +327,26 @@ void HttpServer::Impl::routes() {
   svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
                                                                     httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    if (std::optional<ApiError> e = svr.limit_error()) {  // a limit or the deadline stopped the reading
+      send_error(req, res, *e, req.path);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     std::string msg = "request failed";
     std::string code;
     if (res.status == 404) {
       msg = "Unknown route: " + req.method + " " + req.path;
       code = "unknown_url";
     } else if (res.status == 413) {
-      msg =
-          "The request body is larger than the limit of " + std::to_string(options.max_body_bytes) + " bytes";
+      msg = "The request body is larger than the limit of " +
+            std::to_string(options.connections.max_body_bytes) + " bytes (--max-body)";
       code = "request_too_large";
     } else if (res.status == 400) {
       msg = "Malformed HTTP request";
     }
     ApiError e(res.status, res.status == 404 ? "not_found_error" : "invalid_request_error", msg, {}, code);
     res.set_content(dump(e.to_json()), kJson);
+    res.set_header("Connection", "close");
+    svr.close_after_response();
     metrics.request(res.status == 404 ? "unknown" : req.path, res.status);
     log(req, res.status, msg);
     return httplib::Server::HandlerResponse::Handled;
@@ -339,10 +355,22 @@ void HttpServer::Impl::routes() {
     send_error(req, res, ApiError(500, "server_error", "internal error"), req.path);
   });
 
-  svr.Post("/v1/completions",
-           [this](const httplib::Request& req, httplib::Response& res) { generation(req, res, false); });
-  svr.Post("/v1/chat/completions",
-           [this](const httplib::Request& req, httplib::Response& res) { generation(req, res, true); });
+  // A chunked body is read up to twice the limit (chunk framing is not body); the limit itself holds here.
+  auto bounded = [this](const char* endpoint, bool chat_api) {
+    return [this, endpoint, chat_api](const httplib::Request& req, httplib::Response& res) {
+      if (req.body.size() > options.connections.max_body_bytes)
+        return send_error(
+            req, res,
+            ApiError(413, "invalid_request_error",
+                     "The request body is larger than the limit of " +
+                         std::to_string(options.connections.max_body_bytes) + " bytes (--max-body)",
+                     {}, "request_too_large"),
+            endpoint);
+      generation(req, res, chat_api);
+    };
+  };
+  svr.Post("/v1/completions", bounded("/v1/completions", false));
+  svr.Post("/v1/chat/completions", bounded("/v1/chat/completions", true));
   svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     json model = {{"id", options.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tandem"}};
     res.set_content(dump(json{{"object", "list"}, {"data", json::array({model})}}), kJson);
@@ -388,10 +416,6 @@ void HttpServer::Impl::routes() {
 HttpServer::HttpServer(engine::Scheduler& scheduler, const tokenizer::Tokenizer& tokenizer,
                        const ChatTemplate& chat, Metrics& metrics, ServerOptions options)
     : impl_(std::make_unique<Impl>(scheduler, tokenizer, chat, metrics, std::move(options))) {
-  const auto& so = scheduler.options();
-  const int threads =
-      impl_->options.threads > 0 ? impl_->options.threads : so.max_running + so.max_waiting + 8;
-  impl_->svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   // SO_REUSEADDR only: the library's default, SO_REUSEPORT, let a second server bind a port one was already
   // listening on, and the two then shared its connections without a word.
   impl_->svr.set_socket_options([](socket_t sock) {
@@ -413,6 +437,7 @@ int HttpServer::bind() {
   if (m.port < 0)
     throw Error("cannot listen on " + m.options.host + ":" + std::to_string(m.options.port) +
                 " (address in use, or not a local address?)");
+  m.svr.widen_backlog();
   return m.port;
 }
 

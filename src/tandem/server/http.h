@@ -3,12 +3,13 @@
 // Routes: POST /v1/completions, POST /v1/chat/completions (streamed as server-sent events with
 // "stream": true), GET /v1/models, GET /health, GET /metrics. Every error is an OpenAI-style error object
 // with the matching status: 400 bad input, 401 missing or wrong API key, 404 unknown route or model, 405
-// wrong method, 413 body too large, 503 queue full (with Retry-After) or draining. Each request is logged to
-// stderr as one line.
+// wrong method, 408 request not received in time, 413 body too large, 431 headers too large or too many, 503
+// queue full (with Retry-After), connections full (with Retry-After) or draining. Each request is logged to
+// stderr as one line; every error response closes its connection.
 //
-// Each connection is served by a thread of the server's own pool; a streaming request's thread waits on its
-// stream and cancels it when the client goes away (the scheduler then frees the sequence within one
-// iteration).
+// Each connection is served by a thread of its own (LimitedServer, up to ServerOptions::connections'
+// max_connections); a streaming request's thread waits on its stream and cancels it when the client goes
+// away (the scheduler then frees the sequence within one iteration).
 #pragma once
 
 #include <cstddef>
@@ -17,6 +18,7 @@
 
 #include "tandem/engine/scheduler.h"
 #include "tandem/server/chat_template.h"
+#include "tandem/server/connection_limits.h"
 #include "tandem/server/metrics.h"
 #include "tandem/tokenizer/tokenizer.h"
 
@@ -26,10 +28,13 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;  // 0: any free port (see HttpServer::port())
   std::string model_name;
-  std::string api_key;               // empty: no authentication
-  size_t max_body_bytes = 4u << 20;  // larger request bodies get 413
-  int threads = 0;                   // connection threads; 0: enough for every running and queued request
-  int retry_after_seconds = 1;       // sent with 503 when the queue is full
+  std::string api_key;          // empty: no authentication
+  int retry_after_seconds = 1;  // sent with 503 when the queue or the connections are full
+  // Connections, request heads and bodies, and timeouts (see connection_limits.h). max_connections must
+  // leave room beyond the scheduler's running and queued requests, each of which holds a connection.
+  ConnectionLimits connections;
+  int max_json_depth = 64;              // request bodies nested deeper get 400
+  size_t max_json_elements = 1u << 18;  // request bodies with more JSON values get 400
 };
 
 class HttpServer {

@@ -189,18 +189,102 @@ void parse_logprobs(const json& body, CompletionRequest& r) {
   if (on) r.top_logprobs = top ? static_cast<int>(*top) : 0;
 }
 
-}  // namespace
+// Where the value being read sits, as the error messages name it: "messages[2].content", "logit_bias.42".
+struct Frame {
+  bool object = false;
+  std::string key;   // objects: the current member's name
+  size_t index = 0;  // arrays: the current element's index
+  size_t next = 0;   // arrays: the index the next element gets
+};
 
-CompletionRequest parse_request(const std::string& body, bool chat, const ApiLimits& limits) {
-  json j;
-  try {
-    j = json::parse(body);
-  } catch (const json::parse_error& e) {
-    std::string why = e.what();
+// A SAX pass that enforces ApiLimits' depth and element bounds and turns every parse error into a 400
+// naming what is wrong and, where there is one, the field. Builds nothing; throws ApiError.
+class ShapeCheck final : public json::json_sax_t {
+ public:
+  explicit ShapeCheck(const ApiLimits& limits) : limits_(limits) {}
+
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(json::number_integer_t) override { return value(); }
+  bool number_unsigned(json::number_unsigned_t) override { return value(); }
+  bool number_float(json::number_float_t, const json::string_t&) override { return value(); }
+  bool string(json::string_t&) override { return value(); }
+  bool binary(json::binary_t&) override { return value(); }
+  bool start_object(std::size_t) override { return open(true); }
+  bool key(json::string_t& k) override {
+    frames_.back().key = k;
+    return true;
+  }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override { return open(false); }
+  bool end_array() override { return close(); }
+
+  bool parse_error(std::size_t, const std::string& token, const json::exception& e) override {
+    const std::string why = e.what();
+    if (e.id == 406) {  // out_of_range: a number past the double range
+      const std::string at = path(/*pending=*/true);
+      const std::string what = at.empty() ? "the request body" : "'" + at + "'";
+      throw bad_request(what + " is out of range: " + token + " does not fit a 64-bit float", at);
+    }
     if (why.find("UTF-8") != std::string::npos || why.find("utf-8") != std::string::npos)
       throw bad_request("the request body is not valid UTF-8");
     throw bad_request("the request body is not valid JSON: " + why);
   }
+
+ private:
+  bool value() {
+    if (++elements_ > limits_.max_json_elements)
+      throw bad_request("the request body holds more than " + std::to_string(limits_.max_json_elements) +
+                        " JSON values (the server's --max-json-elements)");
+    if (!frames_.empty() && !frames_.back().object) frames_.back().index = frames_.back().next++;
+    return true;
+  }
+  bool open(bool object) {
+    value();
+    if (frames_.size() >= static_cast<size_t>(limits_.max_json_depth))
+      throw bad_request("the request body nests arrays and objects deeper than " +
+                        std::to_string(limits_.max_json_depth) + " levels (the server's --max-json-depth)");
+    frames_.push_back(Frame{object});
+    return true;
+  }
+  bool close() {
+    frames_.pop_back();
+    return true;
+  }
+  // pending: the innermost array's element has not been counted yet (a parse error inside it).
+  std::string path(bool pending) const {
+    std::string p;
+    for (size_t i = 0; i < frames_.size(); ++i) {
+      const Frame& f = frames_[i];
+      if (f.object) {
+        if (!p.empty()) p += '.';
+        p += f.key;
+      } else {
+        const bool last = i + 1 == frames_.size();
+        p += '[';
+        p += std::to_string(last && pending ? f.next : f.index);
+        p += ']';
+      }
+    }
+    return p;
+  }
+
+  const ApiLimits& limits_;
+  std::vector<Frame> frames_;
+  size_t elements_ = 0;
+};
+
+void check_json_shape(const std::string& body, const ApiLimits& limits) {
+  ShapeCheck check(limits);
+  json::sax_parse(body, &check);
+}
+
+}  // namespace
+
+CompletionRequest parse_request(const std::string& body, bool chat, const ApiLimits& limits) {
+  check_json_shape(body, limits);
+  // The shape check saw every token: this parse cannot fail, and its tree is bounded by the limits.
+  const json j = json::parse(body);
   if (!j.is_object())
     throw bad_request(std::string("the request body must be a JSON object, not ") + type_name(j));
   CompletionRequest r;

@@ -61,11 +61,17 @@ struct CompletionRequest {
 struct ApiLimits {
   std::string model_name;  // the one model served: requests must name it
   int64_t n_vocab = 0;
+  // The body's shape is checked before any of it is built in memory, so a hostile body costs a pass over its
+  // bytes and no more: nesting deeper than max_json_depth (arrays and objects) or more than max_json_elements
+  // values in all (every scalar, array and object counts one) is refused with 400.
+  int max_json_depth = 64;
+  size_t max_json_elements = 1u << 18;
 };
 
 // Parses and validates a request body for /v1/completions (chat = false) or /v1/chat/completions. Throws
-// ApiError: 400 for malformed JSON, invalid UTF-8, wrong types, missing fields and out-of-range values; 404
-// for a model name other than the one served.
+// ApiError: 400 for malformed JSON, invalid UTF-8, a body past the JSON limits, numbers too large for a
+// double (1e400: the error names the field, as "temperature" or "logit_bias.42"), wrong types, missing fields
+// and out-of-range values; 404 for a model name other than the one served.
 CompletionRequest parse_request(const std::string& body, bool chat, const ApiLimits& limits);
 
 // Response assembly for one choice.
