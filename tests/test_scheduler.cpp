@@ -52,12 +52,12 @@ struct Result {
   engine::Usage usage;
 };
 
-Result collect(engine::Stream& s) {
+Result collect(engine::Stream& s, std::chrono::milliseconds patience = std::chrono::milliseconds(20000)) {
   Result r;
   Event ev;
   for (;;) {
-    if (!s.next(ev, std::chrono::milliseconds(20000))) {
-      ADD_FAILURE() << "no event within 20 s";
+    if (!s.next(ev, patience)) {
+      ADD_FAILURE() << "no event within " << patience.count() << " ms";
       return r;
     }
     if (ev.kind == Event::Kind::kToken) {
@@ -164,6 +164,34 @@ TEST(Scheduler, CancelFreesTheCacheWithinAnIteration) {
   EXPECT_EQ(collect(*other).tokens.size(), 30u);
   EXPECT_EQ(caches.out.load(), 0);
   EXPECT_TRUE(s.idle());
+}
+
+// More requests than running slots, all submitted at once: the ones still waiting when every running sequence
+// has finished must be started without a new submission to wake the loop. Equal lengths make the sequences
+// admitted together finish in the same iteration, which leaves none running.
+TEST(Scheduler, QueuedRequestsStartWhenTheRunningOnesFinish) {
+  Fixture f;
+  model::Graph graph(*f.model, f.pool, model::GraphOptions{32, 16});
+  for (int slots : {1, 3}) {
+    CountingPool caches(f.model->config(), slots);
+    engine::SchedulerOptions o;
+    o.max_running = slots;
+    o.max_waiting = 16;
+    o.max_rows = 32;
+    Scheduler s(graph, caches, nullptr, o);
+    std::vector<std::shared_ptr<engine::Stream>> streams;
+    for (int i = 0; i < 12; ++i)
+      streams.push_back(submit(s, request({1, 300 + i, 301}, 8, 1.0f, 10 + static_cast<uint64_t>(i))));
+    for (size_t i = 0; i < streams.size(); ++i) {
+      // A stalled loop never answers; a working one needs milliseconds per request.
+      const Result r = collect(*streams[i], std::chrono::milliseconds(5000));
+      ASSERT_EQ(r.finish, Finish::kLength) << slots << " slots, request " << i;
+      EXPECT_EQ(r.usage.completion_tokens, 8) << slots << " slots, request " << i;
+    }
+    EXPECT_TRUE(s.idle());
+    EXPECT_EQ(caches.out.load(), 0);
+    EXPECT_EQ(s.stats().finished[static_cast<int>(Finish::kLength)], 12u);
+  }
 }
 
 TEST(Scheduler, QueueIsBoundedAndDrainRefuses) {

@@ -123,7 +123,9 @@ void Scheduler::loop() {
   for (;;) {
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stop_ || !incoming_.empty() || !running_.empty(); });
+      // Sleeps only when there is no work at all: sequences left in waiting_ after every running one
+      // finished must be admitted on the next pass, not when some later submit() happens to wake the loop.
+      wake_.wait(lock, [&] { return stop_ || !incoming_.empty() || !running_.empty() || !waiting_.empty(); });
       if (stop_) break;
       while (!incoming_.empty()) {
         waiting_.push_back(std::move(incoming_.front()));
