@@ -219,11 +219,66 @@ TEST(Scheduler, QueueIsBoundedAndDrainRefuses) {
   EXPECT_NE(why.find("context"), std::string::npos) << why;
   EXPECT_EQ(s.submit(request({1}, 0, 0.0f, 1), a), nullptr);
   EXPECT_EQ(a, Scheduler::Admit::kInvalid);
+  // Cancelled before the drain: none of them is refused as drained.
+  for (auto& st : ok) st->cancel();
   s.drain();
   EXPECT_EQ(s.submit(request({1}, 1, 0.0f, 1), a), nullptr);
   EXPECT_EQ(a, Scheduler::Admit::kDraining);
-  for (auto& st : ok) st->cancel();
   for (auto& st : ok) EXPECT_EQ(collect(*st).finish, Finish::kCancelled);
+  EXPECT_EQ(caches.out.load(), 0);
+}
+
+// Draining ends the requests that never started at once, with kDrained and nothing generated, and lets the
+// running one finish; stopping then cuts a running request with kCancelled.
+TEST(Scheduler, DrainRefusesQueuedRequestsAndFinishesRunningOnes) {
+  Fixture f;
+  model::Graph graph(*f.model, f.pool, model::GraphOptions{32, 16});
+  CountingPool caches(f.model->config(), 1);
+  engine::SchedulerOptions o;
+  o.max_running = 1;
+  o.max_waiting = 8;
+  o.max_rows = 32;
+  Scheduler s(graph, caches, nullptr, o);
+  auto running = submit(s, request({1, 300, 301}, 120, 0.0f, 1));
+  std::vector<std::shared_ptr<engine::Stream>> queued;
+  for (int i = 0; i < 4; ++i) queued.push_back(submit(s, request({1, 310 + i}, 50, 0.0f, 2)));
+  Event ev;
+  ASSERT_TRUE(running->next(ev, std::chrono::milliseconds(20000)));
+  ASSERT_EQ(ev.kind, Event::Kind::kToken);
+  s.drain();
+  for (auto& st : queued) {
+    const Result r = collect(*st, std::chrono::milliseconds(5000));
+    EXPECT_EQ(r.finish, Finish::kDrained);
+    EXPECT_TRUE(r.tokens.empty());
+    EXPECT_EQ(r.usage.completion_tokens, 0);
+  }
+  const Result r = collect(*running);
+  EXPECT_EQ(r.finish, Finish::kLength);
+  EXPECT_EQ(r.tokens.size() + 1, 120u) << "the first token was taken above";
+  EXPECT_TRUE(s.idle());
+  const auto st = s.stats();
+  EXPECT_EQ(st.finished[static_cast<int>(Finish::kDrained)], 4u);
+  EXPECT_EQ(st.finished[static_cast<int>(Finish::kLength)], 1u);
+  EXPECT_EQ(caches.out.load(), 0);
+}
+
+TEST(Scheduler, StopCancelsRunningAndDrainsQueuedRequests) {
+  Fixture f;
+  model::Graph graph(*f.model, f.pool, model::GraphOptions{32, 16});
+  CountingPool caches(f.model->config(), 1);
+  engine::SchedulerOptions o;
+  o.max_running = 1;
+  o.max_rows = 32;
+  Scheduler s(graph, caches, nullptr, o);
+  auto running = submit(s, request({1, 300, 301}, 200, 0.0f, 1));
+  auto queued = submit(s, request({1, 302}, 10, 0.0f, 2));
+  Event ev;
+  ASSERT_TRUE(running->next(ev, std::chrono::milliseconds(20000)));
+  s.stop();
+  const Result r = collect(*running);
+  EXPECT_EQ(r.finish, Finish::kCancelled);
+  EXPECT_LT(r.usage.completion_tokens, 200);
+  EXPECT_EQ(collect(*queued).finish, Finish::kDrained);
   EXPECT_EQ(caches.out.load(), 0);
 }
 
