@@ -7,9 +7,10 @@
 //     verify costs, capped by the rows the budget still holds after one row per other running sequence);
 //   - then chunks of waiting prompts (chunked prefill: a long prompt takes several iterations and never
 //     stalls the running streams, which always get their rows first).
-// Per-sequence state machine: waiting -> prefill -> decode -> finished | cancelled. A sequence enters prefill
-// when one of max_running slots is free and takes its cache from the CachePool (which may hand back a prefix
-// evaluated by an earlier request); it leaves by returning the cache.
+// Per-sequence state machine: waiting -> prefill -> decode -> finished | cancelled, or waiting -> drained
+// when the scheduler drains or stops before the sequence started. A sequence enters prefill when one of
+// max_running slots is free and takes its cache from the CachePool (which may hand back a prefix evaluated by
+// an earlier request); it leaves by returning the cache.
 //
 // Rows are batch-invariant and randomness is keyed by (seed, sequence id, position), so a request's tokens do
 // not depend on what else was running: N concurrent greedy requests produce exactly what each produces alone.
