@@ -52,12 +52,12 @@ struct Result {
   engine::Usage usage;
 };
 
-Result collect(engine::Stream& s) {
+Result collect(engine::Stream& s, std::chrono::milliseconds patience = std::chrono::milliseconds(20000)) {
   Result r;
   Event ev;
   for (;;) {
-    if (!s.next(ev, std::chrono::milliseconds(20000))) {
-      ADD_FAILURE() << "no event within 20 s";
+    if (!s.next(ev, patience)) {
+      ADD_FAILURE() << "no event within " << patience.count() << " ms";
       return r;
     }
     if (ev.kind == Event::Kind::kToken) {
@@ -166,6 +166,34 @@ TEST(Scheduler, CancelFreesTheCacheWithinAnIteration) {
   EXPECT_TRUE(s.idle());
 }
 
+// More requests than running slots, all submitted at once: the ones still waiting when every running sequence
+// has finished must be started without a new submission to wake the loop. Equal lengths make the sequences
+// admitted together finish in the same iteration, which leaves none running.
+TEST(Scheduler, QueuedRequestsStartWhenTheRunningOnesFinish) {
+  Fixture f;
+  model::Graph graph(*f.model, f.pool, model::GraphOptions{32, 16});
+  for (int slots : {1, 3}) {
+    CountingPool caches(f.model->config(), slots);
+    engine::SchedulerOptions o;
+    o.max_running = slots;
+    o.max_waiting = 16;
+    o.max_rows = 32;
+    Scheduler s(graph, caches, nullptr, o);
+    std::vector<std::shared_ptr<engine::Stream>> streams;
+    for (int i = 0; i < 12; ++i)
+      streams.push_back(submit(s, request({1, 300 + i, 301}, 8, 1.0f, 10 + static_cast<uint64_t>(i))));
+    for (size_t i = 0; i < streams.size(); ++i) {
+      // A stalled loop never answers; a working one needs milliseconds per request.
+      const Result r = collect(*streams[i], std::chrono::milliseconds(5000));
+      ASSERT_EQ(r.finish, Finish::kLength) << slots << " slots, request " << i;
+      EXPECT_EQ(r.usage.completion_tokens, 8) << slots << " slots, request " << i;
+    }
+    EXPECT_TRUE(s.idle());
+    EXPECT_EQ(caches.out.load(), 0);
+    EXPECT_EQ(s.stats().finished[static_cast<int>(Finish::kLength)], 12u);
+  }
+}
+
 TEST(Scheduler, QueueIsBoundedAndDrainRefuses) {
   Fixture f;
   model::Graph graph(*f.model, f.pool, model::GraphOptions{32, 16});
@@ -191,11 +219,66 @@ TEST(Scheduler, QueueIsBoundedAndDrainRefuses) {
   EXPECT_NE(why.find("context"), std::string::npos) << why;
   EXPECT_EQ(s.submit(request({1}, 0, 0.0f, 1), a), nullptr);
   EXPECT_EQ(a, Scheduler::Admit::kInvalid);
+  // Cancelled before the drain: none of them is refused as drained.
+  for (auto& st : ok) st->cancel();
   s.drain();
   EXPECT_EQ(s.submit(request({1}, 1, 0.0f, 1), a), nullptr);
   EXPECT_EQ(a, Scheduler::Admit::kDraining);
-  for (auto& st : ok) st->cancel();
   for (auto& st : ok) EXPECT_EQ(collect(*st).finish, Finish::kCancelled);
+  EXPECT_EQ(caches.out.load(), 0);
+}
+
+// Draining ends the requests that never started at once, with kDrained and nothing generated, and lets the
+// running one finish; stopping then cuts a running request with kCancelled.
+TEST(Scheduler, DrainRefusesQueuedRequestsAndFinishesRunningOnes) {
+  Fixture f;
+  model::Graph graph(*f.model, f.pool, model::GraphOptions{32, 16});
+  CountingPool caches(f.model->config(), 1);
+  engine::SchedulerOptions o;
+  o.max_running = 1;
+  o.max_waiting = 8;
+  o.max_rows = 32;
+  Scheduler s(graph, caches, nullptr, o);
+  auto running = submit(s, request({1, 300, 301}, 120, 0.0f, 1));
+  std::vector<std::shared_ptr<engine::Stream>> queued;
+  for (int i = 0; i < 4; ++i) queued.push_back(submit(s, request({1, 310 + i}, 50, 0.0f, 2)));
+  Event ev;
+  ASSERT_TRUE(running->next(ev, std::chrono::milliseconds(20000)));
+  ASSERT_EQ(ev.kind, Event::Kind::kToken);
+  s.drain();
+  for (auto& st : queued) {
+    const Result r = collect(*st, std::chrono::milliseconds(5000));
+    EXPECT_EQ(r.finish, Finish::kDrained);
+    EXPECT_TRUE(r.tokens.empty());
+    EXPECT_EQ(r.usage.completion_tokens, 0);
+  }
+  const Result r = collect(*running);
+  EXPECT_EQ(r.finish, Finish::kLength);
+  EXPECT_EQ(r.tokens.size() + 1, 120u) << "the first token was taken above";
+  EXPECT_TRUE(s.idle());
+  const auto st = s.stats();
+  EXPECT_EQ(st.finished[static_cast<int>(Finish::kDrained)], 4u);
+  EXPECT_EQ(st.finished[static_cast<int>(Finish::kLength)], 1u);
+  EXPECT_EQ(caches.out.load(), 0);
+}
+
+TEST(Scheduler, StopCancelsRunningAndDrainsQueuedRequests) {
+  Fixture f;
+  model::Graph graph(*f.model, f.pool, model::GraphOptions{32, 16});
+  CountingPool caches(f.model->config(), 1);
+  engine::SchedulerOptions o;
+  o.max_running = 1;
+  o.max_rows = 32;
+  Scheduler s(graph, caches, nullptr, o);
+  auto running = submit(s, request({1, 300, 301}, 200, 0.0f, 1));
+  auto queued = submit(s, request({1, 302}, 10, 0.0f, 2));
+  Event ev;
+  ASSERT_TRUE(running->next(ev, std::chrono::milliseconds(20000)));
+  s.stop();
+  const Result r = collect(*running);
+  EXPECT_EQ(r.finish, Finish::kCancelled);
+  EXPECT_LT(r.usage.completion_tokens, 200);
+  EXPECT_EQ(collect(*queued).finish, Finish::kDrained);
   EXPECT_EQ(caches.out.load(), 0);
 }
 

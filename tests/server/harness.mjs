@@ -8,9 +8,11 @@ if (!BIN || !SHARED) throw new Error('TANDEM_BIN and TANDEM_SHARED must be set (
 export const MODEL = path.join(SHARED, 'models', 'stories260K.gguf');
 export const MODEL_NAME = 'stories260K';
 
-// Resolves once the server prints its port; rejects if it exits first or takes over 60 s.
+// Resolves once the server prints its port; rejects if it exits first or takes over 60 s. Two threads unless
+// extraArgs names its own -t.
 export function startServer(extraArgs = [], model = MODEL) {
-  const args = ['serve', '-m', model, '--port', '0', '-t', '2', ...extraArgs];
+  const threads = extraArgs.includes('-t') ? [] : ['-t', '2'];
+  const args = ['serve', '-m', model, '--port', '0', ...threads, ...extraArgs];
   const proc = spawn(BIN, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let log = '';
   const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));

@@ -194,15 +194,18 @@ void serve(const ServeOptions& o) {
   server::HttpServer srv(scheduler, tk, chat, metrics, http);
   const int port = srv.bind();
 
+  // Draining: new and queued requests get 503 with Retry-After at once (they never started, so a client can
+  // retry elsewhere); running ones get the drain timeout, then are cut with finish_reason "cancelled".
   signals.start([&](int sig) {
-    std::fprintf(stderr, "serve: %s received: draining (no new requests; running ones get %.0f s)\n",
+    std::fprintf(stderr,
+                 "serve: %s received: draining (new and queued requests get 503; running ones get %.0f s)\n",
                  sig == SIGINT ? "SIGINT" : "SIGTERM", o.drain_seconds);
     srv.begin_drain();
     scheduler.drain();
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.drain_seconds);
     while (!scheduler.idle() && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    scheduler.stop();  // cancels whatever is left
+    scheduler.stop();  // cuts what still runs; serve() returns once those answers are written
     srv.stop();
   });
   std::fprintf(
@@ -239,7 +242,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
   cmd->add_option("--alias", o->alias, "Model name clients use (default: the file name without .gguf)");
   cmd->add_option("--drain-timeout", o->drain_seconds,
-                  "Seconds running requests get after SIGTERM (default 30)")
+                  "Seconds running requests get after SIGTERM; queued ones get 503 at once (default 30)")
       ->check(CLI::Range(0.0, 86400.0));
   // Bounds on what one client can make the server spend (see docs/server-limits.md).
   cmd->add_option("--max-body", o->connections.max_body_bytes,

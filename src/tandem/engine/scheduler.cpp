@@ -70,6 +70,14 @@ void Scheduler::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void Scheduler::drain() {
+  {
+    std::lock_guard lock(mutex_);
+    draining_.store(true);
+  }
+  wake_.notify_all();
+}
+
 bool Scheduler::idle() const {
   return active_.load() == 0;
 }
@@ -123,13 +131,17 @@ void Scheduler::loop() {
   for (;;) {
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stop_ || !incoming_.empty() || !running_.empty(); });
+      // Sleeps only when there is no work at all: sequences left in waiting_ after every running one
+      // finished must be admitted on the next pass, not when some later submit() happens to wake the loop.
+      wake_.wait(lock, [&] { return stop_ || !incoming_.empty() || !running_.empty() || !waiting_.empty(); });
       if (stop_) break;
       while (!incoming_.empty()) {
         waiting_.push_back(std::move(incoming_.front()));
         incoming_.pop_front();
       }
     }
+    // submit() refuses once draining_ is set, so after this pass nothing waits any more.
+    if (draining_.load()) refuse_waiting();
     admit();
     if (!running_.empty()) iterate();
     std::lock_guard lock(mutex_);
@@ -142,11 +154,17 @@ void Scheduler::loop() {
     std::lock_guard lock(mutex_);
     rest.swap(incoming_);
   }
-  for (auto& s : rest) finish(*s, Finish::kCancelled);
-  for (auto& s : waiting_) finish(*s, Finish::kCancelled);
+  for (auto& s : rest) waiting_.push_back(std::move(s));
+  refuse_waiting();
   for (auto& s : running_) finish(*s, Finish::kCancelled);
-  waiting_.clear();
   running_.clear();
+}
+
+void Scheduler::refuse_waiting() {
+  // A client that already went away hears nothing either way; counting it as cancelled keeps the drained
+  // count to requests that were turned away.
+  for (auto& s : waiting_) finish(*s, s->stream->cancelled() ? Finish::kCancelled : Finish::kDrained);
+  waiting_.clear();
 }
 
 void Scheduler::admit() {

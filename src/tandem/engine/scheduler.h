@@ -7,9 +7,10 @@
 //     verify costs, capped by the rows the budget still holds after one row per other running sequence);
 //   - then chunks of waiting prompts (chunked prefill: a long prompt takes several iterations and never
 //     stalls the running streams, which always get their rows first).
-// Per-sequence state machine: waiting -> prefill -> decode -> finished | cancelled. A sequence enters prefill
-// when one of max_running slots is free and takes its cache from the CachePool (which may hand back a prefix
-// evaluated by an earlier request); it leaves by returning the cache.
+// Per-sequence state machine: waiting -> prefill -> decode -> finished | cancelled, or waiting -> drained
+// when the scheduler drains or stops before the sequence started. A sequence enters prefill when one of
+// max_running slots is free and takes its cache from the CachePool (which may hand back a prefix evaluated by
+// an earlier request); it leaves by returning the cache.
 //
 // Rows are batch-invariant and randomness is keyed by (seed, sequence id, position), so a request's tokens do
 // not depend on what else was running: N concurrent greedy requests produce exactly what each produces alone.
@@ -68,8 +69,8 @@ struct SchedulerStats {
   uint64_t prompt_tokens = 0, cached_tokens = 0;  // prompt positions requested, of which reused
   uint64_t evaluated_prompt_tokens = 0;
   uint64_t generated_tokens = 0;
-  uint64_t drafted = 0, accepted = 0;  // speculation
-  uint64_t finished[4] = {};           // by Finish
+  uint64_t drafted = 0, accepted = 0;      // speculation
+  uint64_t finished[kFinishReasons] = {};  // by Finish
 };
 
 // Creates a drafter for one sequence (null: this sequence does not speculate).
@@ -89,12 +90,15 @@ class Scheduler {
   // Queues a request. On kOk returns its stream; otherwise null, with `error` saying why for kInvalid.
   std::shared_ptr<Stream> submit(Request request, Admit& status, std::string* error = nullptr);
 
-  // Stops admitting; running and queued requests continue. Irreversible.
-  void drain() { draining_.store(true); }
+  // Stops admitting, and ends every request that has not started with Finish::kDrained (within one
+  // iteration; it generated nothing, so its client can retry elsewhere). Running requests continue.
+  // Irreversible.
+  void drain();
   bool draining() const { return draining_.load(); }
   // No request queued or running.
   bool idle() const;
-  // Cancels everything, pushes their final events and joins the thread (the destructor calls it).
+  // Ends everything, pushes the final events (kCancelled for running requests, kDrained for those that never
+  // started) and joins the thread (the destructor calls it).
   void stop();
 
   SchedulerStats stats() const;
@@ -105,6 +109,8 @@ class Scheduler {
   struct Sequence;
   void loop();
   void admit();
+  // Ends every waiting sequence with kDrained.
+  void refuse_waiting();
   void iterate();
   void finish(Sequence& s, Finish why, const std::string& error = {});
   void emit_token(Sequence& s, int32_t token, const float* logits);

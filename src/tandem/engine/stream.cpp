@@ -12,6 +12,8 @@ const char* finish_name(Finish f) {
       return "cancelled";
     case Finish::kError:
       return "error";
+    case Finish::kDrained:
+      return "drained";
   }
   return "?";
 }

@@ -17,9 +17,11 @@ namespace tandem::engine {
 enum class Finish {
   kStop,       // an end-of-generation token (not reported as a token)
   kLength,     // max_tokens or the context reached
-  kCancelled,  // the consumer cancelled, or the scheduler was stopped
+  kCancelled,  // the consumer cancelled, or the scheduler was stopped while the sequence ran
   kError,      // the engine failed this sequence (message in Event::error)
+  kDrained,    // never started: the scheduler began draining (or stopped) first; nothing was generated
 };
+inline constexpr int kFinishReasons = 5;
 const char* finish_name(Finish f);
 
 struct TokenEvent {

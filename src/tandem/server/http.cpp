@@ -11,6 +11,7 @@
 #include <random>
 
 #include "tandem/server/openai_api.h"
+#include "tandem/server/peer_watch.h"
 #include "tandem/server/sse.h"
 #include "tandem/server/text_assembler.h"
 #include "tandem/util/error.h"
@@ -40,8 +41,50 @@ uint64_t random_seed() {
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 
+// A client hears kCancelled only when the server cut its request short (the drain timeout, or a stop): a
+// client that cancels hears nothing more, and a stop sequence reports "stop". kError and kDrained become
+// error responses before a finish reason is needed.
 const char* finish_reason(engine::Finish f) {
-  return f == engine::Finish::kStop ? "stop" : "length";
+  switch (f) {
+    case engine::Finish::kStop:
+      return "stop";
+    case engine::Finish::kLength:
+      return "length";
+    case engine::Finish::kCancelled:
+    case engine::Finish::kError:
+    case engine::Finish::kDrained:
+      break;
+  }
+  return "cancelled";
+}
+
+// How often a non-streamed request looks at its client while it waits for tokens.
+constexpr std::chrono::milliseconds kPeerInterval(20);
+
+const char* reason_phrase(int status) {
+  switch (status) {
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 404:
+      return "Not Found";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "";  // the phrase is optional (RFC 9112, 4)
+  }
+}
+
+// The whole of `res` as HTTP/1.1 bytes, for a peer the library will not write to; the connection ends after.
+std::string raw_response(const httplib::Response& res) {
+  std::string out = "HTTP/1.1 " + std::to_string(res.status) + " " + reason_phrase(res.status) + "\r\n";
+  for (const auto& [key, value] : res.headers)
+    if (key != "Content-Length" && key != "Connection") out += key + ": " + value + "\r\n";
+  out += "Content-Length: " + std::to_string(res.body.size()) + "\r\nConnection: close\r\n\r\n";
+  return out + res.body;
 }
 
 }  // namespace
@@ -99,9 +142,10 @@ struct HttpServer::Impl {
   void routes();
   void generation(const httplib::Request& req, httplib::Response& res, bool chat_api);
   engine::Request engine_request(const CompletionRequest& r, std::vector<std::string>& stops);
+  // peer: the connection's watch, when its socket was found; a client that leaves cancels the request.
   void respond_whole(const CompletionRequest& r, const std::shared_ptr<engine::Stream>& stream,
                      std::vector<std::string> stops, Clock::time_point t0, const httplib::Request& req,
-                     httplib::Response& res, const std::string& endpoint);
+                     httplib::Response& res, const std::string& endpoint, PeerWatch* peer);
   void respond_stream(const CompletionRequest& r, std::shared_ptr<engine::Stream> stream,
                       std::vector<std::string> stops, Clock::time_point t0, const httplib::Request& req,
                       httplib::Response& res, const std::string& endpoint);
@@ -160,10 +204,18 @@ engine::Request HttpServer::Impl::engine_request(const CompletionRequest& r,
 void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response& res, bool chat_api) {
   const auto t0 = Clock::now();
   const std::string endpoint = chat_api ? "/v1/chat/completions" : "/v1/completions";
+  std::optional<PeerWatch> peer =
+      PeerWatch::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+  bool streamed = false;
+  const auto shutting_down = [&] {
+    res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
+    return ApiError(503, "server_error",
+                    "the server is shutting down; retry on another server or after it restarts", {},
+                    "server_shutting_down");
+  };
   guarded(req, res, endpoint, [&] {
     CompletionRequest r = parse_request(req.body, chat_api, limits);
-    if (draining.load())
-      throw ApiError(503, "server_error", "the server is shutting down", {}, "server_shutting_down");
+    if (draining.load()) throw shutting_down();
     std::vector<std::string> stops = r.stop;
     engine::Request er = engine_request(r, stops);
     engine::Scheduler::Admit admit{};
@@ -174,28 +226,52 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
       throw ApiError(503, "server_error", "the server is busy: every running slot and queue place is taken",
                      {}, "server_overloaded");
     }
-    if (admit == engine::Scheduler::Admit::kDraining)
-      throw ApiError(503, "server_error", "the server is shutting down", {}, "server_shutting_down");
+    if (admit == engine::Scheduler::Admit::kDraining) throw shutting_down();
     if (admit == engine::Scheduler::Admit::kInvalid) throw bad_request(why);
+    streamed = r.stream;
     if (r.stream)
       respond_stream(r, std::move(stream), std::move(stops), t0, req, res, endpoint);
     else
-      respond_whole(r, stream, std::move(stops), t0, req, res, endpoint);
+      respond_whole(r, stream, std::move(stops), t0, req, res, endpoint, peer ? &*peer : nullptr);
   });
+  // The library's writes refuse a peer that has sent EOF, so a client that half-closed after its request
+  // gets its answer (or its error) here; the library's own attempt then fails quietly. A stream's client
+  // must keep its side open: its chunks are written by the library.
+  if (!streamed && peer && peer->check() == PeerWatch::State::kHalfClosed) {
+    if (!peer->send_all(raw_response(res), 10000))
+      log(req, res.status, "the half-closed client did not take the answer");
+  }
 }
 
 void HttpServer::Impl::respond_whole(const CompletionRequest& r,
                                      const std::shared_ptr<engine::Stream>& stream,
                                      std::vector<std::string> stops, Clock::time_point t0,
                                      const httplib::Request& req, httplib::Response& res,
-                                     const std::string& endpoint) {
+                                     const std::string& endpoint, PeerWatch* peer) {
   TextAssembler text(tok, text_position(r), std::move(stops), r.top_logprobs >= 0);
   Choice choice;
   choice.want_logprobs = r.top_logprobs >= 0;
   engine::Event ev;
   bool first = true;
+  auto last_look = Clock::now();
+  const auto client_left = [&] {
+    if (!peer || Clock::now() - last_look < kPeerInterval) return false;
+    last_look = Clock::now();
+    return peer->check() == PeerWatch::State::kGone;
+  };
   for (;;) {
-    if (!stream->next(ev, std::chrono::milliseconds(1000))) continue;
+    const bool got = stream->next(ev, kPeerInterval);
+    if (client_left()) {
+      // Queued or running, the sequence is freed within one iteration; nobody reads what follows.
+      stream->cancel();
+      res.status = 499;
+      res.set_content(
+          dump(ApiError(499, "invalid_request_error", "the client closed the connection").to_json()), kJson);
+      metrics.request(endpoint, 499);
+      log(req, 499, "client went away; cancelled");
+      return;
+    }
+    if (!got) continue;
     if (ev.kind == engine::Event::Kind::kToken) {
       if (first) metrics.first_token(seconds_since(t0));
       first = false;
@@ -207,6 +283,13 @@ void HttpServer::Impl::respond_whole(const CompletionRequest& r,
   }
   if (ev.finish == engine::Finish::kError)
     throw ApiError(500, "server_error", "generation failed: " + ev.error);
+  if (ev.finish == engine::Finish::kDrained) {
+    res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
+    throw ApiError(503, "server_error",
+                   "the server is shutting down and never started this request; retry on another server or "
+                   "after it restarts",
+                   {}, "server_shutting_down");
+  }
   choice.text += text.finish();
   choice.finish_reason = text.stopped() ? "stop" : finish_reason(ev.finish);
   const json body = response_json(r, (r.chat ? "chatcmpl-" : "cmpl-") + random_hex(24),
@@ -289,6 +372,15 @@ void HttpServer::Impl::respond_stream(const CompletionRequest& r, std::shared_pt
       if (ev.finish == engine::Finish::kError) {
         ApiError e(500, "server_error", "generation failed: " + ev.error);
         out += sse_event(dump(e.to_json()));
+      } else if (ev.finish == engine::Finish::kDrained) {
+        // The 200 went out when the stream opened: the refusal is an error event, and SSE's own retry
+        // field carries what Retry-After would (in milliseconds).
+        ApiError e(503, "server_error",
+                   "the server is shutting down and never started this request; retry on another server or "
+                   "after it restarts",
+                   {}, "server_shutting_down");
+        out += "retry: " + std::to_string(options.retry_after_seconds * 1000) + "\n" +
+               sse_event(dump(e.to_json()));
       } else if (!st->finish_sent) {
         std::string rest = st->text.finish();
         if (!rest.empty()) chunk(rest, "");

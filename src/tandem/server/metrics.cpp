@@ -63,8 +63,8 @@ std::string Metrics::render(const engine::SchedulerStats& s) const {
   counter("tandem_draft_tokens_total", "Tokens proposed by drafters and verified.", s.drafted);
   counter("tandem_draft_accepted_total", "Drafted tokens the target accepted.", s.accepted);
   family("tandem_finished_requests_total", "counter", "Generations finished, by reason.");
-  for (auto f :
-       {engine::Finish::kStop, engine::Finish::kLength, engine::Finish::kCancelled, engine::Finish::kError})
+  for (auto f : {engine::Finish::kStop, engine::Finish::kLength, engine::Finish::kCancelled,
+                 engine::Finish::kError, engine::Finish::kDrained})
     o << "tandem_finished_requests_total{reason=\"" << engine::finish_name(f) << "\"} "
       << s.finished[static_cast<int>(f)] << '\n';
   return o.str();
