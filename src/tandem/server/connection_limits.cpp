@@ -339,6 +339,11 @@ size_t LimitedServer::raw_body_limit() const {
   return 2 * limits_.max_body_bytes + (64u << 10);
 }
 
+socket_t LimitedServer::current_socket() {
+  ConnectionState* c = current();
+  return c ? c->sock : INVALID_SOCKET;
+}
+
 ConnectionState* LimitedServer::current() {
   std::unique_lock lock(registry_mu_);
   auto it = registry_.find(std::this_thread::get_id());
@@ -439,6 +444,7 @@ bool LimitedServer::serve_connection(socket_t sock) {
   for (size_t count = keep_alive_max_count_; count > 0 && !stopping(); --count) {
     if (!strm.wait_for_request(stopping)) break;
     state = ConnectionState{};
+    state.sock = sock;
     strm.begin_request();
     bool closed = false;
     ++in_flight_;

@@ -43,7 +43,8 @@ enum class ReadLimit { kNone, kHeaderBytes, kHeaderCount, kBodyBytes, kTimeout }
 // What the server knows of the request being read on one connection.
 struct ConnectionState {
   ReadLimit limit = ReadLimit::kNone;
-  bool close = false;  // close the connection after the current response
+  bool close = false;              // close the connection after the current response
+  socket_t sock = INVALID_SOCKET;  // the connection's socket (owned by the server)
 };
 
 class ConnectionQueue;
@@ -56,6 +57,9 @@ class LimitedServer : public httplib::Server {
   const ConnectionLimits& limits() const { return limits_; }
   // The error for a request whose reading a limit stopped, on the connection the calling thread serves.
   std::optional<ApiError> limit_error();
+  // The socket of the connection the calling thread serves (INVALID_SOCKET outside a request handler).
+  // Borrowed: the server closes it after the connection's last response.
+  socket_t current_socket();
   // Closes the calling thread's connection once the current response is sent.
   void close_after_response();
   // Call after binding: cpp-httplib listens with a backlog of 5, and a burst of connections past it waits

@@ -61,32 +61,6 @@ const char* finish_reason(engine::Finish f) {
 // How often a non-streamed request looks at its client while it waits for tokens.
 constexpr std::chrono::milliseconds kPeerInterval(20);
 
-const char* reason_phrase(int status) {
-  switch (status) {
-    case 200:
-      return "OK";
-    case 400:
-      return "Bad Request";
-    case 404:
-      return "Not Found";
-    case 500:
-      return "Internal Server Error";
-    case 503:
-      return "Service Unavailable";
-    default:
-      return "";  // the phrase is optional (RFC 9112, 4)
-  }
-}
-
-// The whole of `res` as HTTP/1.1 bytes, for a peer the library will not write to; the connection ends after.
-std::string raw_response(const httplib::Response& res) {
-  std::string out = "HTTP/1.1 " + std::to_string(res.status) + " " + reason_phrase(res.status) + "\r\n";
-  for (const auto& [key, value] : res.headers)
-    if (key != "Content-Length" && key != "Connection") out += key + ": " + value + "\r\n";
-  out += "Content-Length: " + std::to_string(res.body.size()) + "\r\nConnection: close\r\n\r\n";
-  return out + res.body;
-}
-
 }  // namespace
 
 struct HttpServer::Impl {
@@ -204,9 +178,8 @@ engine::Request HttpServer::Impl::engine_request(const CompletionRequest& r,
 void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response& res, bool chat_api) {
   const auto t0 = Clock::now();
   const std::string endpoint = chat_api ? "/v1/chat/completions" : "/v1/completions";
-  std::optional<PeerWatch> peer =
-      PeerWatch::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
-  bool streamed = false;
+  std::optional<PeerWatch> peer;
+  if (const socket_t sock = svr.current_socket(); sock != INVALID_SOCKET) peer.emplace(sock);
   const auto shutting_down = [&] {
     res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
     return ApiError(503, "server_error",
@@ -228,19 +201,11 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
     }
     if (admit == engine::Scheduler::Admit::kDraining) throw shutting_down();
     if (admit == engine::Scheduler::Admit::kInvalid) throw bad_request(why);
-    streamed = r.stream;
     if (r.stream)
       respond_stream(r, std::move(stream), std::move(stops), t0, req, res, endpoint);
     else
       respond_whole(r, stream, std::move(stops), t0, req, res, endpoint, peer ? &*peer : nullptr);
   });
-  // The library's writes refuse a peer that has sent EOF, so a client that half-closed after its request
-  // gets its answer (or its error) here; the library's own attempt then fails quietly. A stream's client
-  // must keep its side open: its chunks are written by the library.
-  if (!streamed && peer && peer->check() == PeerWatch::State::kHalfClosed) {
-    if (!peer->send_all(raw_response(res), 10000))
-      log(req, res.status, "the half-closed client did not take the answer");
-  }
 }
 
 void HttpServer::Impl::respond_whole(const CompletionRequest& r,

@@ -11,14 +11,10 @@
 // reset, after which poll() reports the socket hung up. Each check costs one poll() and never blocks; a
 // reset is seen by the first check one round trip after the probe.
 //
-// cpp-httplib 0.11 hands handlers no socket, and its writes refuse a peer that has sent EOF (they peek and
-// treat EOF as a closed connection), so the half-closed client's final response is written here too.
-// Linux only: the socket is found among /proc/self/fd by its addresses.
+// The socket comes from the connection layer (LimitedServer::current_socket), whose writes, unlike
+// cpp-httplib's own, do not take a peer's EOF for a closed connection: the half-closed client's answer goes
+// out the usual way.
 #pragma once
-
-#include <optional>
-#include <string>
-#include <string_view>
 
 namespace tandem::server {
 
@@ -30,23 +26,15 @@ class PeerWatch {
     kGone,        // reset, hung up, or the probe failed
   };
 
-  // The watch of the accepted TCP connection with these addresses (as httplib::Request reports them), or
-  // nothing when no open socket of this process has them. TCP allows one live connection per address pair,
-  // so the match is the request's own connection; it stays open while the request's handler runs.
-  static std::optional<PeerWatch> find(const std::string& local_addr, int local_port,
-                                       const std::string& remote_addr, int remote_port);
+  // Watches the connected socket `fd`, borrowed: it must stay open while the watch is used.
+  explicit PeerWatch(int fd) : fd_(fd) {}
 
   // Looks at the connection without blocking and without consuming anything; probes once on EOF.
   State check();
   State state() const { return state_; }
 
-  // Writes `bytes` (a whole response) to a half-closed peer, waiting up to timeout_ms for room in the
-  // socket's buffer; false when the peer went away meanwhile or the time ran out.
-  bool send_all(std::string_view bytes, int timeout_ms);
-
  private:
-  explicit PeerWatch(int fd) : fd_(fd) {}
-  int fd_;  // borrowed: the HTTP library owns and closes it
+  int fd_;  // borrowed: the connection layer owns and closes it
   State state_ = State::kOpen;
 };
 
