@@ -244,7 +244,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--drain-timeout", o->drain_seconds,
                   "Seconds running requests get after SIGTERM; queued ones get 503 at once (default 30)")
       ->check(CLI::Range(0.0, 86400.0));
-  // Bounds on what one client can make the server spend (see docs/server-limits.md).
+  // Bounds on what one client can make the server spend (see docs/server.md, Limits).
   cmd->add_option("--max-body", o->connections.max_body_bytes,
                   "Largest request body in bytes, chunked or not; larger get 413 (default 4 MiB)")
       ->check(CLI::Range(size_t{1} << 10, size_t{1} << 30));
