@@ -13,6 +13,7 @@ packages=(
   libgtest-dev        # unit tests
   libbenchmark-dev    # microbenchmarks
   clang libclang-rt-14-dev  # libFuzzer for the GGUF loader fuzz target
+  clang-format        # the formatting check in .ci/run
 )
 
 missing=()
