@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Builds the GGUF reader's fuzz target with libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer, then
-# fuzzes it for SECONDS (default 600). Exits non-zero when the fuzzer finds a crash, leak, timeout or
+# Builds the GGUF fuzz target with libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer, then fuzzes it
+# for SECONDS (default 600): every input goes through the reader, and every input that parses through model
+# loading and tokenizer construction too. Exits non-zero when the fuzzer finds a crash, leak, timeout or
 # out-of-memory input; that input is saved under the build folder's artifacts/ for replay
-# (build-fuzz/fuzz_gguf ARTIFACT). Independent of the CMake build: it compiles the reader's sources itself.
+# (build-fuzz/fuzz_gguf ARTIFACT). Independent of the CMake build: it compiles the sources it needs itself.
 #
-# Needs clang++ with libFuzzer; on Debian 12: apt-get install clang libclang-rt-14-dev
+# Needs clang++ with libFuzzer and the PCRE2 development files (the tokenizer's pre-tokenizers use it); on
+# Debian 12: apt-get install clang libclang-rt-14-dev libpcre2-dev
 # Environment: TANDEM_FUZZ_DIR (build folder, default build-fuzz in the checkout), CXX_FUZZ (default clang++),
 # TANDEM_FUZZ_MAX_LEN (largest input, default 65536).
 set -euo pipefail
@@ -27,14 +29,19 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer "-fsanitize=address,undefined" 
 reader_sources=("$root/src/tandem/gguf/reader.cpp" "$root/src/tandem/gguf/mapped_file.cpp"
                 "$root/src/tandem/tensor/dtype.cpp" "$root/src/tandem/util/utf8.cpp"
                 "$root/src/tandem/util/error.cpp" "$root/src/tandem/util/zeroed_memory.cpp")
-writer_sources=("$root/src/tandem/gguf/writer.cpp" "$root/src/tandem/tensor/dtype.cpp"
-                "$root/src/tandem/util/utf8.cpp" "$root/src/tandem/util/error.cpp")
+# Model loading without the kernels (bind_model checks and binds; repacking is Model::from_file's) and every
+# tokenizer source.
+loader_sources=("$root/src/tandem/model/load.cpp" "$root/src/tandem/model/registry.cpp"
+                "$root"/src/tandem/model/arch_*.cpp "$root"/src/tandem/tokenizer/*.cpp)
+writer_sources=("$root/src/tandem/gguf/writer.cpp" "${reader_sources[@]}")
+pcre_flags=$(pkg-config --cflags libpcre2-8 2>/dev/null || true)
+pcre_libs=$(pkg-config --libs libpcre2-8 2>/dev/null || echo -lpcre2-8)
 
 # Rebuilds when a source, header, this script or the dictionary is newer than the binaries.
 stale() {
   [ -x "$1" ] || return 0
   [ -n "$(find "$root/fuzz" "$root/src/tandem/gguf" "$root/src/tandem/tensor" "$root/src/tandem/util" \
-    "$root/scripts/fuzz.sh" -newer "$1" -print -quit)" ]
+    "$root/src/tandem/model" "$root/src/tandem/tokenizer" "$root/scripts/fuzz.sh" -newer "$1" -print -quit)" ]
 }
 
 fuzzer="$out/fuzz_gguf"
@@ -49,7 +56,9 @@ if stale "$fuzzer" || stale "$seeder"; then
     exit 1
   fi
   echo "fuzz.sh: building $fuzzer" >&2
-  "$cxx" "${flags[@]}" -fsanitize=fuzzer "$root/fuzz/fuzz_gguf.cpp" "${reader_sources[@]}" -o "$fuzzer.new" &
+  # shellcheck disable=SC2086 # pkg-config output is a list of flags
+  "$cxx" "${flags[@]}" $pcre_flags -fsanitize=fuzzer "$root/fuzz/fuzz_gguf.cpp" "${reader_sources[@]}" \
+    "${loader_sources[@]}" $pcre_libs -o "$fuzzer.new" &
   build_fuzzer=$!
   "$cxx" "${flags[@]}" "$root/fuzz/gguf_seeds.cpp" "${writer_sources[@]}" -o "$seeder.new"
   wait "$build_fuzzer"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prints the README performance table (markdown, on stdout) from `tandem bench --json` runs.
+# Prints the README performance table (markdown, on stdout) from `tandem bench --json` runs, then one line
+# saying where it was measured: the CPU, the kernel target, the threads and context, the build and the date.
 #
 #   scripts/perf-table.sh [-t THREADS] [-c CONTEXT] [MODEL.gguf ...]
 #
@@ -36,10 +37,12 @@ fi
 
 echo "| model | type | threads | bandwidth GB/s | decode tok/s | roofline | roofline beside | prefill 64 tok/s | prefill 512 tok/s | verify cost n=2,4,8,16 | int8 peak GMAC/s | cost(8) floor | peak RSS MiB |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+kernels=?
 for m in "${models[@]}"; do
   echo "bench: $m" >&2
   json=$("$tandem" bench -m "$m" -t "$threads" -c "$ctx" --json | tail -n 1)
   name=$(basename "$m" .gguf)
+  kernels=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["kernels"])' "$json")
   python3 - "$name" "$json" <<'PY'
 import json, re, sys
 name, j = sys.argv[1], json.loads(sys.argv[2])
@@ -52,3 +55,9 @@ print(f"| {name} | {typ} | {j['threads']} | {j['bandwidth_gbs']:.1f} | {j['decod
       f"{j['dot_peak_gmacs']:.0f} | {j['verify_cost_floor']['8']:.2f} | {j['peak_rss_mb']:.0f} |")
 PY
 done
+
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
+build=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+git -C "$root" diff --quiet HEAD -- src 2>/dev/null || build="$build with local changes"
+echo
+echo "Measured on ${cpu:-$(uname -m)}, kernels \`$kernels\`, $threads threads, context $ctx; build $build, $(date -u +%Y-%m-%d)."

@@ -431,9 +431,9 @@ TEST(GgufHostile, ManyNamesParseInLinearTime) {
   }
   for (size_t i = 0; i < n; ++i) {
     std::snprintf(name, sizeof(name), "t%07zu", i);
-    bld.str(name).u32(1).u64(1).u32(static_cast<uint32_t>(DType::F32)).u64(0);
+    bld.str(name).u32(1).u64(1).u32(static_cast<uint32_t>(DType::F32)).u64(32 * i);
   }
-  bld.zeros(64);
+  bld.zeros(64 + 32 * n);
   const Bytes b = bld.bytes();
   auto start = std::chrono::steady_clock::now();
   File f = File::parse(b.data(), b.size());

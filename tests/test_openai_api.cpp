@@ -151,7 +151,7 @@ TEST(TextAssembler, CutsAtStopSequencesAndNeverSendsThem) {
   const auto ids = tok->encode("Once upon a time there was a cat.", false, false);
   const std::string all = tok->decode(ids);
   for (const std::string stop : {"time", "a cat", "was", "zzz"}) {
-    TextAssembler a(*tok, {stop}, true);
+    TextAssembler a(*tok, tandem::tokenizer::TextPosition::kStart, {stop}, true);
     std::string sent;
     std::vector<Choice::Logprob> lps;
     for (int32_t id : ids) {

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -476,6 +477,99 @@ TEST(TokenizerSynthetic, UnigramPicksTheBestScoringSegmentation) {
   EXPECT_EQ(tok->encode("  hello   xyz ", true, false), (std::vector<int32_t>{3, 6, 2, 1}));
   EXPECT_EQ(tok->encode("hellohe", false, false), (std::vector<int32_t>{3, 7, 8}));
   EXPECT_EQ(tok->decode(tok->encode("hello hello", false, false)), "hello hello");
+}
+
+// Whether `bytes` stop inside a multi-byte UTF-8 character (a lead byte whose sequence is not complete).
+bool ends_inside_character(const std::string& bytes) {
+  size_t i = bytes.size();
+  while (i > 0 && i + 4 > bytes.size() && (static_cast<unsigned char>(bytes[i - 1]) & 0xC0) == 0x80) --i;
+  if (i == 0) return false;
+  const auto c = static_cast<unsigned char>(bytes[i - 1]);
+  const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+  return bytes.size() - (i - 1) < need;
+}
+
+// At every split of encode(text, with BOS/EOS) into a prompt P and a continuation C, the text the
+// continuation adds (StreamDecoder from kContinuation) is decode(P + C) minus decode(P); after a prompt that
+// decodes to nothing (BOS alone) it is C's pieces whole, the leading space included. Returns how many
+// continuations began with a space, which the start-of-text rule would have dropped.
+size_t check_continuations(const Tokenizer& tok, const std::string& text, const std::string& name) {
+  const std::vector<int32_t> ids = tok.encode(text, true, false);
+  const std::string whole = tok.decode(ids);
+  size_t spaced = 0;
+  std::string prompt_bytes;
+  for (size_t k = 1; k < ids.size(); ++k) {
+    prompt_bytes += tok.token_to_piece(ids[k - 1]);
+    if (ends_inside_character(prompt_bytes)) continue;  // a character split between prompt and continuation
+    StreamDecoder stream(tok, TextPosition::kContinuation);
+    std::string got;
+    for (size_t i = k; i < ids.size(); ++i) got += stream.push(ids[i]);
+    got += stream.flush();
+    const std::string prompt_text = tok.decode(std::span<const int32_t>(ids.data(), k));
+    std::string want;
+    if (prompt_text.empty()) {
+      for (size_t i = k; i < ids.size(); ++i) want += tok.token_to_piece(ids[i]);
+    } else {
+      EXPECT_EQ(whole.compare(0, prompt_text.size(), prompt_text), 0)
+          << name << ": the prompt's text is not a prefix at split " << k;
+      want = whole.substr(std::min(prompt_text.size(), whole.size()));
+    }
+    EXPECT_EQ(got, want) << name << ": '" << text << "' split after " << k << " tokens";
+    if (!got.empty() && got[0] == ' ') ++spaced;
+  }
+  return spaced;
+}
+
+TEST(TokenizerContinuation, TextAfterAPromptIsExactForEveryTokenizerKind) {
+  const std::vector<std::string> texts = {
+      "Once upon a time, there was a little girl.",
+      " leading space,  double  spaces and \xC3\xA9\xE2\x82\xAC\xF0\x9F\xA6\x99 emoji",
+      "hello , unaffable hello hello", "Tabs\tand\r\nnew lines\n\n end "};
+  // Every kind must see continuations that begin with a space, or the test could not fail.
+  auto check_all = [&](const Tokenizer& tok, const std::vector<std::string>& inputs,
+                       const std::string& name) {
+    size_t spaced = 0;
+    for (const std::string& text : inputs) spaced += check_continuations(tok, text, name);
+    EXPECT_GT(spaced, 0u) << name << ": no continuation began with a space";
+  };
+  for (const char* name : {"llama-spm", "phi-3", "gpt-2", "deepseek-llm"}) {
+    const std::string file = std::string("vocab/ggml-vocab-") + name + ".gguf";
+    std::vector<std::string> inputs = split_inputs(read_file(shared_path(file + ".inp")));
+    inputs.insert(inputs.end(), texts.begin(), texts.end());
+    check_all(load(file), inputs, name);
+  }
+  // WordPiece (a real vocabulary; [CLS] ... [SEP] around the text) and unigram.
+  check_all(load("models/synth/synth-bert-d64-F16.gguf"), texts, "bert");
+  const std::string w = "\xE2\x96\x81";
+  GgufImage ugm;
+  ugm.str("tokenizer.ggml.model", "t5")
+      .strings("tokenizer.ggml.tokens", {"<pad>", "</s>", "<unk>", w + "hello", w + "he", "llo", w, "h", "e",
+                                         "l", "o", w + "una", "ff", "able"})
+      .i32s("tokenizer.ggml.token_type", {3, 3, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1})
+      .f32s("tokenizer.ggml.scores", {0, 0, 0, -1, -2, -2, -3, -5, -5, -5, -5, -2, -2, -2})
+      .boolean("tokenizer.ggml.add_space_prefix", true);
+  check_all(*ugm.tokenizer(), {"hello unaffable hello", "hello  hellohe", "unaffable"}, "t5");
+}
+
+// The empty prompt: BOS alone, then a generated "▁Once" reads " Once" after it, while decode() of the same
+// ids (a whole text from its start) drops the space the encoder would have put there.
+TEST(TokenizerContinuation, EmptyPromptKeepsTheGeneratedSpace) {
+  const Tokenizer& tok = load("models/stories260K.gguf");
+  const std::vector<int32_t> prompt = tok.encode("", true, false);
+  ASSERT_EQ(prompt, std::vector<int32_t>{tok.bos_id()});
+  const std::vector<int32_t> once = tok.encode("Once upon", false, false);
+  StreamDecoder continuation(tok, TextPosition::kContinuation);
+  StreamDecoder start(tok);
+  std::string after, from_start;
+  for (int32_t id : once) {
+    after += continuation.push(id);
+    from_start += start.push(id);
+  }
+  EXPECT_EQ(after + continuation.flush(), " Once upon");
+  EXPECT_EQ(from_start + start.flush(), "Once upon");
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), once.begin(), once.end());
+  EXPECT_EQ(tok.decode(all), "Once upon");
 }
 
 TEST(TokenizerCli, TokenizePrintsIdsAndJsonl) {

@@ -9,8 +9,8 @@ export const MODEL = path.join(SHARED, 'models', 'stories260K.gguf');
 export const MODEL_NAME = 'stories260K';
 
 // Resolves once the server prints its port; rejects if it exits first or takes over 60 s.
-export function startServer(extraArgs = []) {
-  const args = ['serve', '-m', MODEL, '--port', '0', '-t', '2', ...extraArgs];
+export function startServer(extraArgs = [], model = MODEL) {
+  const args = ['serve', '-m', model, '--port', '0', '-t', '2', ...extraArgs];
   const proc = spawn(BIN, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let log = '';
   const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));

@@ -10,7 +10,7 @@ namespace {
 
 // How far ahead of the block being read attention prefetches keys and values into L2 (attend_pass).
 // Measured on TinyLlama decode (f16 cache, 2 KB per block of 16 positions and KV head) against one block
-// ahead into L1 alone: see the README's performance section.
+// ahead into L1 alone: see docs/performance.md.
 constexpr size_t kAheadBytes = size_t{64} << 10;
 
 // Stack scratch of one pass (attend_pass): prepared queries and value sums.

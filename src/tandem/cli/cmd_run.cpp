@@ -74,7 +74,10 @@ void add_run_command(CLI::App& app) {
       const std::string text = o->prompt_file.empty() ? o->prompt : read_text_file(o->prompt_file);
       prompt = tok->encode(text, /*add_special=*/!o->no_bos, /*parse_special=*/true);
     }
-    if (prompt.empty()) throw Error("the prompt tokenized to nothing; give a non-empty prompt");
+    if (prompt.empty())
+      throw Error(
+          "the prompt tokenized to nothing; give a non-empty prompt (an empty one starts from BOS only "
+          "where the model adds one and --no-bos is not given)");
     std::fprintf(
         stderr, "model: %s (%s, %lld layers), %d threads (kernels %s), context %lld, KV %s, seed %llu\n",
         o->model.model_path.c_str(), model->config().arch.c_str(),
@@ -86,7 +89,9 @@ void add_run_command(CLI::App& app) {
     engine::GenerateOptions go;
     go.max_tokens = o->n_predict;
     go.sampling = o->sampling;
-    tokenizer::StreamDecoder decoder(*tok);
+    // The output continues the prompt's text (prompt + output reads as one text), so a generated leading
+    // space is printed, after an empty prompt too.
+    tokenizer::StreamDecoder decoder(*tok, tokenizer::TextPosition::kContinuation);
     auto on_token = [&](int32_t id) {
       if (tok->is_eog(id)) return false;
       const std::string text = decoder.push(id);

@@ -28,7 +28,7 @@ void add_spec_options(CLI::App& cmd, SpecFlags& f, bool with_replay) {
 
 void add_gate_options(CLI::App& cmd, speculative::GateSettings& g) {
   const auto option = [&cmd](const char* name, auto& value, const char* help) {
-    cmd.add_option(name, value, help)->group("Adaptive gate (README: Speculative decoding)");
+    cmd.add_option(name, value, help)->group("Adaptive gate (docs/speculative.md)");
   };
   option("--gate-prior-accepted", g.prior_accepted,
          "Accepted count every draft position starts from (default 3)");

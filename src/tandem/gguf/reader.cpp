@@ -408,6 +408,23 @@ void File::parse_all() {
              ") is not aligned to " + std::to_string(need) + " bytes as " + std::string(tr.name) +
              " data must be (general.alignment " + std::to_string(alignment_) + " is too small)");
   }
+
+  // Each tensor owns its bytes: data shared with another tensor (a changed offset, or a type or shape that
+  // makes a tensor longer than the space it was written in) would be read as two different weights.
+  std::vector<const TensorInfo*> by_offset;
+  by_offset.reserve(tensors_.size());
+  for (const TensorInfo& ti : tensors_) by_offset.push_back(&ti);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const TensorInfo* a, const TensorInfo* b) { return a->offset < b->offset; });
+  for (size_t k = 1; k < by_offset.size(); ++k) {
+    const TensorInfo& prev = *by_offset[k - 1];
+    const TensorInfo& next = *by_offset[k];
+    if (next.offset - prev.offset < prev.bytes)
+      c.fail("tensor '" + prev.name + "' data (offset " + std::to_string(prev.offset) + ", " +
+             std::to_string(prev.bytes) + " bytes as " + std::string(dtype_name(prev.type)) + " " +
+             prev.shape_string() + ") overlaps tensor '" + next.name + "' (offset " +
+             std::to_string(next.offset) + "); each tensor needs bytes of its own");
+  }
 }
 
 const Value* File::find(std::string_view key) const {
@@ -434,7 +451,11 @@ std::optional<std::string_view> File::get_string(std::string_view key) const {
 std::optional<int64_t> File::get_int(std::string_view key) const {
   const Value* v = find(key);
   if (!v) return std::nullopt;
-  if (!v->is_integer() && v->type != ValueType::BOOL) wrong_type(name_, key, *v, "an integer");
+  // A bool is not a count: a head count stored as `true` would read as 1.
+  if (!v->is_integer()) wrong_type(name_, key, *v, "an integer");
+  if (v->type == ValueType::U64 && v->u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    throw Error("GGUF file '" + name_ + "': metadata '" + std::string(key) + "' is " + std::to_string(v->u) +
+                ", too large for a signed 64-bit integer");
   return v->i;
 }
 

@@ -90,7 +90,8 @@ class File {
   const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }
   const Value* find(std::string_view key) const;
 
-  // Typed getters: nullopt when absent; tandem::Error when present with an incompatible type.
+  // Typed getters: nullopt when absent; tandem::Error when present with an incompatible type. get_int takes
+  // the integer types only (not bool) and refuses a u64 past int64's range.
   std::optional<std::string_view> get_string(std::string_view key) const;
   std::optional<int64_t> get_int(std::string_view key) const;
   std::optional<double> get_float(std::string_view key) const;  // accepts integer values too

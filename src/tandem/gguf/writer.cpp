@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <type_traits>
 
 #include "tandem/gguf/reader.h"
 #include "tandem/util/error.h"
@@ -339,6 +341,81 @@ void Writer::write_file(const std::string& path) const {
   } catch (...) {
     std::remove(tmp.c_str());
     throw;
+  }
+}
+
+// Element types are kept: a copied file reads back with the same value types.
+void Writer::add_value(std::string_view key, const Value& v) {
+  switch (v.type) {
+    case ValueType::U8:
+      return add_u8(key, static_cast<uint8_t>(v.u));
+    case ValueType::I8:
+      return add_i8(key, static_cast<int8_t>(v.i));
+    case ValueType::U16:
+      return add_u16(key, static_cast<uint16_t>(v.u));
+    case ValueType::I16:
+      return add_i16(key, static_cast<int16_t>(v.i));
+    case ValueType::U32:
+      return add_u32(key, static_cast<uint32_t>(v.u));
+    case ValueType::I32:
+      return add_i32(key, static_cast<int32_t>(v.i));
+    case ValueType::U64:
+      return add_u64(key, v.u);
+    case ValueType::I64:
+      return add_i64(key, v.i);
+    case ValueType::F32:
+      return add_f32(key, static_cast<float>(v.f));
+    case ValueType::F64:
+      return add_f64(key, v.f);
+    case ValueType::BOOL:
+      return add_bool(key, v.u != 0);
+    case ValueType::STRING:
+      return add_string(key, v.str);
+    case ValueType::ARRAY:
+      break;
+  }
+  auto numeric = [&]<typename T>(T) {
+    std::vector<T> out(static_cast<size_t>(v.count));
+    for (uint64_t k = 0; k < v.count; ++k) {
+      if constexpr (std::is_floating_point_v<T>) {
+        out[k] = static_cast<T>(v.elem_f64(k));
+      } else {
+        out[k] = static_cast<T>(v.elem_i64(k));
+      }
+    }
+    add_array(key, std::span<const T>(out));
+  };
+  switch (v.elem_type) {
+    case ValueType::U8:
+      return numeric(uint8_t{});
+    case ValueType::I8:
+      return numeric(int8_t{});
+    case ValueType::U16:
+      return numeric(uint16_t{});
+    case ValueType::I16:
+      return numeric(int16_t{});
+    case ValueType::U32:
+      return numeric(uint32_t{});
+    case ValueType::I32:
+      return numeric(int32_t{});
+    case ValueType::U64:
+      return numeric(uint64_t{});
+    case ValueType::I64:
+      return numeric(int64_t{});
+    case ValueType::F32:
+      return numeric(float{});
+    case ValueType::F64:
+      return numeric(double{});
+    case ValueType::BOOL: {
+      std::unique_ptr<bool[]> out(new bool[v.count]);
+      for (uint64_t k = 0; k < v.count; ++k) out[k] = v.elem_i64(k) != 0;
+      return add_array(key, std::span<const bool>(out.get(), static_cast<size_t>(v.count)));
+    }
+    case ValueType::STRING:
+      return add_array(key, std::span<const std::string_view>(v.strings));
+    default:
+      throw Error("metadata key '" + std::string(key) +
+                  "' holds an array of arrays, which GGUF writers do not support");
   }
 }
 

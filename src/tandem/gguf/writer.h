@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tandem/gguf/reader.h"
 #include "tandem/tensor/dtype.h"
 
 namespace tandem::gguf {
@@ -59,6 +60,9 @@ class Writer {
   void add_array(std::string_view key, std::span<const bool> values);
   void add_array(std::string_view key, std::span<const std::string> values);
   void add_array(std::string_view key, std::span<const std::string_view> values);
+
+  // A value read from another file (gguf::File), with its type and element type; copies metadata across.
+  void add_value(std::string_view key, const Value& value);
 
   // Tensors, in the order added. `ne` holds 1 to 4 dimensions, ne[0] innermost (contiguous); ne[0] must be a
   // multiple of the type's block size. The span version borrows `data` (exactly the tensor's byte size) until

@@ -2,6 +2,8 @@
 // soft-capping, GELU (tanh) gated FFN, RMSNorm after attention and after the FFN, embeddings scaled by
 // sqrt(n_embd), tied output head, NeoX RoPE. The norm weights in GGUF already include gemma's "+1".
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 #include "tandem/model/arch.h"
 
@@ -13,9 +15,10 @@ void load_gemma2(const ArchReader& r, Config& c, Weights& w) {
   c.rope_layout = RopeLayout::kNeoX;
   c.activation = FfnActivation::kGeluTanh;
   c.embed_scale = std::sqrt(static_cast<float>(c.n_embd));
-  c.attn_softcap = r.opt_float("attn_logit_softcapping", 50.0f);
-  c.final_softcap = r.opt_float("final_logit_softcapping", 30.0f);
-  c.sliding_window = r.opt_int("attention.sliding_window", 4096);
+  // Config reads a cap of 0 as "no capping"; a file states caps, so 0 (like NaN or a negative) is an error.
+  c.attn_softcap = r.positive_float("attn_logit_softcapping", 50.0f);
+  c.final_softcap = r.positive_float("final_logit_softcapping", 30.0f);
+  c.sliding_window = r.int_in("attention.sliding_window", 1, std::numeric_limits<int32_t>::max(), 4096);
   c.layer_sliding.assign(static_cast<size_t>(c.n_layer), 0);
   for (int64_t i = 0; i < c.n_layer; i += 2) c.layer_sliding[static_cast<size_t>(i)] = 1;
   // Gemma 2 scales queries by 1/sqrt(head_dim), except the 27B model (46 layers), which uses n_embd / n_head.

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,28 +37,40 @@ class Model {
   Weights weights_;
 };
 
-// What an architecture file uses to read metadata and bind tensors with checked shapes.
+// What an architecture file uses to read metadata and bind tensors with checked shapes. Metadata of the
+// wrong GGUF type (a bool or a float where an integer belongs, a string where a number does) is refused by
+// the getters; values out of their valid range are refused naming the key and the range.
 class ArchReader {
  public:
-  ArchReader(const gguf::File& file, std::string arch) : file_(file), arch_(std::move(arch)) {}
+  ArchReader(const gguf::File& file, std::string arch);
   const gguf::File& file() const { return file_; }
   const std::string& arch() const { return arch_; }
 
   // "{arch}.{key}" metadata, required or with a default.
   int64_t req_int(std::string_view key) const;
   int64_t opt_int(std::string_view key, int64_t fallback) const;
+  // An integer in [lo, hi]; `fallback` when absent (required when there is none).
+  int64_t int_in(std::string_view key, int64_t lo, int64_t hi, std::optional<int64_t> fallback) const;
   float opt_float(std::string_view key, float fallback) const;
+  // A finite number greater than zero (NaN, infinities, zero and negatives are refused); `fallback` when
+  // absent.
+  float positive_float(std::string_view key, float fallback) const;
   bool has(std::string_view key) const;
 
   // Tensors by name; shapes are {ne0, ne1}. Required ones throw when absent; optional ones return empty
-  // views.
+  // views. Each tensor bound is recorded, so that the loader can refuse files holding tensors nothing uses.
   MatrixView matrix(const std::string& name, int64_t ne0, int64_t ne1, bool required = true) const;
   VectorView vector(const std::string& name, int64_t n, bool required = true) const;
   bool has_tensor(const std::string& name) const { return file_.tensor(name) != nullptr; }
+  // The first tensor of the file no matrix() or vector() call has bound; nullptr when all are.
+  const gguf::TensorInfo* first_unbound() const;
 
  private:
+  const gguf::TensorInfo* bind(const std::string& name, bool required) const;
+
   const gguf::File& file_;
   std::string arch_;
+  mutable std::vector<uint8_t> bound_;  // [file tensors], 1 once bound
 };
 
 // The architecture families, each defined in its own file (arch_*.cpp): fill the config and bind the weights.
@@ -68,6 +81,12 @@ struct ArchEntry {
 };
 // The known architectures, in registry.cpp.
 const std::vector<ArchEntry>& architectures();
+
+// Reads the architecture named by general.architecture, fills `config` and binds `weights` to the file's
+// tensors in the file's own form (Model::from_file then repacks), checking that the file is consistent: a
+// tandem::Error names the key or tensor that is not. Used alone where weights are not computed with
+// (fuzzing).
+void bind_model(const gguf::File& file, Config& config, Weights& weights);
 
 // Shared by the llama-like families: hyperparameters common to all of them and the standard tensor names.
 void read_common_hparams(const ArchReader& r, Config& c);

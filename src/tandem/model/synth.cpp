@@ -257,85 +257,6 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
   w.write_file(path);
 }
 
-namespace {
-
-// Copies one metadata value into the writer, element types preserved.
-void copy_value(gguf::Writer& w, const std::string& key, const gguf::Value& v) {
-  using gguf::ValueType;
-  switch (v.type) {
-    case ValueType::U8:
-      return w.add_u8(key, static_cast<uint8_t>(v.u));
-    case ValueType::I8:
-      return w.add_i8(key, static_cast<int8_t>(v.i));
-    case ValueType::U16:
-      return w.add_u16(key, static_cast<uint16_t>(v.u));
-    case ValueType::I16:
-      return w.add_i16(key, static_cast<int16_t>(v.i));
-    case ValueType::U32:
-      return w.add_u32(key, static_cast<uint32_t>(v.u));
-    case ValueType::I32:
-      return w.add_i32(key, static_cast<int32_t>(v.i));
-    case ValueType::U64:
-      return w.add_u64(key, v.u);
-    case ValueType::I64:
-      return w.add_i64(key, v.i);
-    case ValueType::F32:
-      return w.add_f32(key, static_cast<float>(v.f));
-    case ValueType::F64:
-      return w.add_f64(key, v.f);
-    case ValueType::BOOL:
-      return w.add_bool(key, v.u != 0);
-    case ValueType::STRING:
-      return w.add_string(key, v.str);
-    case ValueType::ARRAY:
-      break;
-  }
-  auto numeric = [&]<typename T>(T) {
-    std::vector<T> out(static_cast<size_t>(v.count));
-    for (uint64_t k = 0; k < v.count; ++k) {
-      if constexpr (std::is_floating_point_v<T>) {
-        out[k] = static_cast<T>(v.elem_f64(k));
-      } else {
-        out[k] = static_cast<T>(v.elem_i64(k));
-      }
-    }
-    w.add_array(key, std::span<const T>(out));
-  };
-  switch (v.elem_type) {
-    case ValueType::U8:
-      return numeric(uint8_t{});
-    case ValueType::I8:
-      return numeric(int8_t{});
-    case ValueType::U16:
-      return numeric(uint16_t{});
-    case ValueType::I16:
-      return numeric(int16_t{});
-    case ValueType::U32:
-      return numeric(uint32_t{});
-    case ValueType::I32:
-      return numeric(int32_t{});
-    case ValueType::U64:
-      return numeric(uint64_t{});
-    case ValueType::I64:
-      return numeric(int64_t{});
-    case ValueType::F32:
-      return numeric(float{});
-    case ValueType::F64:
-      return numeric(double{});
-    case ValueType::BOOL: {
-      std::unique_ptr<bool[]> out(new bool[v.count]);
-      for (uint64_t k = 0; k < v.count; ++k) out[k] = v.elem_i64(k) != 0;
-      return w.add_array(key, std::span<const bool>(out.get(), static_cast<size_t>(v.count)));
-    }
-    case ValueType::STRING:
-      return w.add_array(key, std::span<const std::string_view>(v.strings));
-    default:
-      throw Error("metadata key '" + key + "' holds an array of arrays, which GGUF writers do not support");
-  }
-}
-
-}  // namespace
-
 void quantize_model(const std::string& in_path, const std::string& out_path, const FileType& ft,
                     ThreadPool& pool) {
   const gguf::File in = gguf::File::open(in_path);
@@ -349,7 +270,7 @@ void quantize_model(const std::string& in_path, const std::string& out_path, con
       w.add_u32(key, llama_ftype(ft.name));
       continue;
     }
-    copy_value(w, key, value);
+    w.add_value(key, value);
   }
   int f16_fallbacks = 0;
   for (const gguf::TensorInfo& t : in.tensors()) {

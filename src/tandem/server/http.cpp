@@ -113,7 +113,13 @@ engine::Request HttpServer::Impl::engine_request(const CompletionRequest& r,
   } else {
     er.prompt = tok.encode(r.prompt, /*add_special=*/true, /*parse_special=*/true);
   }
-  if (er.prompt.empty()) throw bad_request("the prompt encodes to no tokens", param);
+  if (er.prompt.empty())
+    throw bad_request(
+        r.prompt.empty() && !r.chat
+            ? "the prompt is empty and this model adds no BOS token to start a text from: give a "
+              "non-empty prompt"
+            : "the prompt encodes to no tokens",
+        param);
   const int64_t n_ctx = scheduler.context();
   const auto n = static_cast<int64_t>(er.prompt.size());
   if (n >= n_ctx)
@@ -177,7 +183,7 @@ void HttpServer::Impl::respond_whole(const CompletionRequest& r,
                                      std::vector<std::string> stops, Clock::time_point t0,
                                      const httplib::Request& req, httplib::Response& res,
                                      const std::string& endpoint) {
-  TextAssembler text(tok, std::move(stops), r.top_logprobs >= 0);
+  TextAssembler text(tok, text_position(r), std::move(stops), r.top_logprobs >= 0);
   Choice choice;
   choice.want_logprobs = r.top_logprobs >= 0;
   engine::Event ev;
@@ -215,7 +221,9 @@ namespace {
 struct SseState {
   SseState(const tokenizer::Tokenizer& tok, CompletionRequest req, std::shared_ptr<engine::Stream> s,
            std::vector<std::string> stops)
-      : r(std::move(req)), stream(std::move(s)), text(tok, std::move(stops), r.top_logprobs >= 0) {}
+      : r(std::move(req)),
+        stream(std::move(s)),
+        text(tok, text_position(r), std::move(stops), r.top_logprobs >= 0) {}
   CompletionRequest r;
   std::shared_ptr<engine::Stream> stream;
   TextAssembler text;

@@ -153,7 +153,6 @@ void parse_prompt(const json& body, CompletionRequest& r, const ApiLimits& limit
   } else {
     wrong_type("prompt", "a string, an array of strings or of token ids", p);
   }
-  if (r.prompt_ids.empty() && r.prompt.empty()) throw bad_request("'prompt' is empty", "prompt");
 }
 
 void parse_stop(const json& body, CompletionRequest& r) {

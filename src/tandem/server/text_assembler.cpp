@@ -4,9 +4,12 @@
 
 namespace tandem::server {
 
-TextAssembler::TextAssembler(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stops,
-                             bool want_logprobs)
-    : tokenizer_(tokenizer), decoder_(tokenizer), stops_(std::move(stops)), want_logprobs_(want_logprobs) {
+TextAssembler::TextAssembler(const tokenizer::Tokenizer& tokenizer, tokenizer::TextPosition position,
+                             std::vector<std::string> stops, bool want_logprobs)
+    : tokenizer_(tokenizer),
+      decoder_(tokenizer, position),
+      stops_(std::move(stops)),
+      want_logprobs_(want_logprobs) {
   std::erase_if(stops_, [](const std::string& s) { return s.empty(); });
 }
 

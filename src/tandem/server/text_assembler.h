@@ -1,6 +1,10 @@
 // Generated tokens -> the text a client sees: incremental UTF-8 decoding, stop sequences (the text is cut
 // before the first match, and a possible beginning of one is held back until it is ruled out, so no stop
 // sequence is ever sent), and per-token logprob entries. One per request; not thread safe.
+//
+// A completion continues its prompt (TextPosition::kContinuation): prompt + text reads as one text, so a
+// generated leading space is sent, in the first delta when streaming. A chat reply is a message of its own
+// (TextPosition::kStart): its first space is dropped as at the start of any text.
 #pragma once
 
 #include <cstdint>
@@ -13,9 +17,15 @@
 
 namespace tandem::server {
 
+// Where a request's generated text stands: a completion continues its prompt, a chat reply starts a message.
+inline tokenizer::TextPosition text_position(const CompletionRequest& r) {
+  return r.chat ? tokenizer::TextPosition::kStart : tokenizer::TextPosition::kContinuation;
+}
+
 class TextAssembler {
  public:
-  TextAssembler(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stops, bool want_logprobs);
+  TextAssembler(const tokenizer::Tokenizer& tokenizer, tokenizer::TextPosition position,
+                std::vector<std::string> stops, bool want_logprobs);
 
   // Feeds one token. Returns the text that may be sent now; appends the token's logprob entry (when wanted)
   // to `logprobs`. After a stop sequence matched, stopped() is true and later tokens are ignored.

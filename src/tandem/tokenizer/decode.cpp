@@ -165,7 +165,8 @@ std::string Tokenizer::decode(std::span<const int32_t> ids) const {
   return repair_utf8(bytes);
 }
 
-StreamDecoder::StreamDecoder(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, TextPosition position)
+    : tokenizer_(tokenizer), at_start_(position == TextPosition::kStart) {}
 
 std::string StreamDecoder::push(int32_t id) {
   const Tokenizer::Impl& m = *tokenizer_.impl_;

@@ -75,20 +75,34 @@ class Tokenizer {
   friend class StreamDecoder;
 };
 
+// Where a run of decoded ids stands in its text. The leading-space rule (see Tokenizer::decode) removes the
+// space the encoder put in front of a text, so it belongs to the first piece of a text and to nothing else.
+enum class TextPosition {
+  kStart,         // the ids begin the text (a whole sequence, or a chat reply read as a message of its own)
+  kContinuation,  // the ids follow a prompt of at least one token: every piece is kept whole
+};
+
 // Streaming detokenizer for one sequence: feed ids one by one; push() returns the bytes that now form
 // complete UTF-8 (an incomplete multi-byte sequence at the end is held back until the next piece completes
-// it), and flush() returns what is left, with invalid bytes replaced by U+FFFD. The concatenated output
-// equals decode() of the same ids. Borrows the tokenizer, which must outlive it; not thread safe.
+// it), and flush() returns what is left, with invalid bytes replaced by U+FFFD. Borrows the tokenizer, which
+// must outlive it; not thread safe.
+//
+// From kStart the concatenated output equals decode() of the same ids. From kContinuation it is the text the
+// ids add after their prompt P: decode(P + ids) minus decode(P) whenever decode(P) is not empty and P's
+// bytes do not end inside a multi-byte character. After a prompt that decodes to nothing (BOS alone: the
+// empty prompt) a generated leading space is kept too, since the model wrote it, not the encoder; bytes that
+// would complete a character the prompt left unfinished count as invalid on their own.
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tokenizer);
+  explicit StreamDecoder(const Tokenizer& tokenizer, TextPosition position = TextPosition::kStart);
   std::string push(int32_t id);
   std::string flush();
 
  private:
   const Tokenizer& tokenizer_;
   std::string pending_;
-  bool at_start_ = true;  // no non-empty piece seen yet (the leading-space rule still applies)
+  // No non-empty piece seen yet at the start of a text: the leading-space rule still applies.
+  bool at_start_;
 };
 
 }  // namespace tandem::tokenizer

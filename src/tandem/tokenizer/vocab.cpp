@@ -9,6 +9,12 @@
 namespace tandem::tokenizer {
 namespace {
 
+// Bounds on token text, far above real vocabularies (their longest tokens are a few hundred bytes, and the
+// special ones at most a few hundred kilobytes in all) and low enough that a hostile vocabulary cannot make the
+// tokenizer's tables or its per-position matching cost gigabytes or seconds.
+constexpr size_t kMaxTokenBytes = size_t{1} << 16;
+constexpr size_t kMaxSpecialBytes = size_t{1} << 20;
+
 bool text_in(std::string_view text, std::initializer_list<std::string_view> list) {
   return std::find(list.begin(), list.end(), text) != list.end();
 }
@@ -32,12 +38,21 @@ uint32_t attr_from_type(int32_t type) {
   }
 }
 
-// Special ids: the per-model default (dropped when out of range), replaced by the metadata value when that is
-// in range. Unsigned "none" values such as 0xFFFFFFFF are out of range and keep the default.
+// Special ids: the per-model default (dropped when out of range), replaced by the metadata value. A value
+// outside the vocabulary is an error naming the key, except the "none" that converters write (-1, or its
+// unsigned 32- or 64-bit form), which keeps the default as in the reference.
 void read_special_id(const gguf::File& file, std::string_view key, int32_t n_vocab, int32_t& id) {
   if (id >= n_vocab) id = -1;
-  std::optional<int64_t> v = file.get_int(key);
-  if (v && *v >= 0 && *v < n_vocab) id = static_cast<int32_t>(*v);
+  const gguf::Value* value = file.find(key);
+  if (!value) return;
+  if (value->is_integer() &&
+      (value->i == -1 || (value->type == gguf::ValueType::U32 && value->u == 0xFFFFFFFF)))
+    return;
+  const int64_t v = *file.get_int(key);
+  if (v < 0 || v >= n_vocab)
+    throw Error("'" + file.path() + "': metadata '" + std::string(key) + "' is " + std::to_string(v) +
+                ", outside the vocabulary (ids 0 to " + std::to_string(n_vocab - 1) + ")");
+  id = static_cast<int32_t>(v);
 }
 
 void require_special(bool add, int32_t id, const char* add_key, const char* id_key) {
@@ -220,15 +235,28 @@ Vocab load_vocab(const gguf::File& file, const PreDefaults& pre_defaults) {
   const auto n = static_cast<int32_t>(tokens.size());
   std::vector<float> scores = file.get_f32_array("tokenizer.ggml.scores");
   std::vector<int32_t> types = file.get_i32_array("tokenizer.ggml.token_type");
-  if (!scores.empty() && scores.size() < tokens.size())
+  if (!scores.empty() && scores.size() != tokens.size())
     throw Error("'" + file.path() + "': tokenizer.ggml.scores has " + std::to_string(scores.size()) +
-                " entries for " + std::to_string(n) + " tokens");
-  if (!types.empty() && types.size() < tokens.size())
+                " entries for " + std::to_string(n) + " tokens (tokenizer.ggml.tokens); they must match");
+  if (!types.empty() && types.size() != tokens.size())
     throw Error("'" + file.path() + "': tokenizer.ggml.token_type has " + std::to_string(types.size()) +
-                " entries for " + std::to_string(n) + " tokens");
+                " entries for " + std::to_string(n) + " tokens (tokenizer.ggml.tokens); they must match");
+  for (size_t i = 0; i < types.size(); ++i)
+    if (types[i] < static_cast<int32_t>(TokenType::kUndefined) ||
+        types[i] > static_cast<int32_t>(TokenType::kByte))
+      throw Error("'" + file.path() + "': tokenizer.ggml.token_type of token " + std::to_string(i) + " is " +
+                  std::to_string(types[i]) +
+                  ", expected 0 to 6 (undefined, normal, unknown, control, "
+                  "user-defined, unused, byte)");
 
   size_t total = 0;
-  for (auto t : tokens) total += t.empty() ? 16 : t.size();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i].size() > kMaxTokenBytes)
+      throw Error("'" + file.path() + "': token " + std::to_string(i) + " of tokenizer.ggml.tokens is " +
+                  std::to_string(tokens[i].size()) + " bytes long, more than the " +
+                  std::to_string(kMaxTokenBytes) + " a token may hold");
+    total += tokens[i].empty() ? 16 : tokens[i].size();
+  }
   v.arena.reserve(total);
   v.text_offset.reserve(tokens.size() + 1);
   for (int32_t i = 0; i < n; ++i) {
@@ -322,6 +350,16 @@ Vocab load_vocab(const gguf::File& file, const PreDefaults& pre_defaults) {
     if (v.attrs[t] & (kAttrControl | kAttrUserDefined | kAttrUnknown)) v.special_tokens.push_back(t);
   std::stable_sort(v.special_tokens.begin(), v.special_tokens.end(),
                    [&](int32_t a, int32_t b) { return v.text(a).size() > v.text(b).size(); });
+  // The splitter builds a trie node per byte of special text (tens of bytes each), and matches every input
+  // position against it: bound its size by the text, not by what a file may claim.
+  size_t special_bytes = 0;
+  for (int32_t t : v.special_tokens) special_bytes += v.text(t).size();
+  if (special_bytes > kMaxSpecialBytes)
+    throw Error("'" + file.path() +
+                "': the special (control, user-defined and unknown) tokens of "
+                "tokenizer.ggml.tokens hold " +
+                std::to_string(special_bytes) + " bytes of text, more than the " +
+                std::to_string(kMaxSpecialBytes) + " allowed; check tokenizer.ggml.token_type");
 
   apply_model_attrs(v, file);
   return v;
