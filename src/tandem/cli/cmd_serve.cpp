@@ -239,7 +239,8 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--rows", o->rows, "Rows per forward: decode rows plus prompt chunks (default 64)")
       ->check(CLI::Range(1, 4096));
-  cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
+  cmd->add_option("--api-key", o->api_key,
+                  "Require 'Authorization: Bearer KEY' on every route but /health and the chat page at /");
   cmd->add_option("--alias", o->alias, "Model name clients use (default: the file name without .gguf)");
   cmd->add_option("--drain-timeout", o->drain_seconds,
                   "Seconds running requests get after SIGTERM; queued ones get 503 at once (default 30)")

@@ -10,6 +10,7 @@
 #include <optional>
 #include <random>
 
+#include "tandem/server/chat_page.h"
 #include "tandem/server/openai_api.h"
 #include "tandem/server/peer_watch.h"
 #include "tandem/server/sse.h"
@@ -369,7 +370,9 @@ void HttpServer::Impl::routes() {
       send_error(req, res, *e, req.path);
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    // The chat page loads without the key: it holds no data, and asks for the key to call /v1/*.
+    if (options.api_key.empty() || req.path == "/health" || req.path == "/")
+      return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") == "Bearer " + options.api_key)
       return httplib::Server::HandlerResponse::Unhandled;
     send_error(req, res,
@@ -444,13 +447,21 @@ void HttpServer::Impl::routes() {
     metrics.request("/metrics", 200);
     res.set_content(metrics.render(scheduler.stats()), "text/plain; version=0.0.4");
   });
+  svr.Get("/", [this](const httplib::Request&, httplib::Response& res) {
+    metrics.request("/", 200);
+    res.set_header("Content-Security-Policy", kChatPagePolicy);
+    res.set_header("X-Content-Type-Options", "nosniff");
+    const std::string_view page = chat_page();
+    res.set_content(page.data(), page.size(), "text/html; charset=utf-8");
+  });
   // A known route with the wrong method: 405 naming the allowed one.
   struct Route {
     const char* path;
     const char* allowed;
   };
-  for (Route route : {Route{"/v1/completions", "POST"}, Route{"/v1/chat/completions", "POST"},
-                      Route{"/v1/models", "GET"}, Route{"/health", "GET"}, Route{"/metrics", "GET"}}) {
+  for (Route route :
+       {Route{"/v1/completions", "POST"}, Route{"/v1/chat/completions", "POST"}, Route{"/v1/models", "GET"},
+        Route{"/health", "GET"}, Route{"/metrics", "GET"}, Route{"/", "GET"}}) {
     auto wrong = [this, route](const httplib::Request& req, httplib::Response& res) {
       res.set_header("Allow", route.allowed);
       send_error(req, res,

@@ -10,16 +10,16 @@ constexpr int kQKK = 256;  // elements per K-quant super-block
 constexpr int kKScaleBytes = 12;
 
 struct BlockQ4_0 {
-  uint16_t d;              // f16 scale
-  uint8_t qs[kQK / 2];     // low nibbles: elements 0..15, high nibbles: 16..31
+  uint16_t d;           // f16 scale
+  uint8_t qs[kQK / 2];  // low nibbles: elements 0..15, high nibbles: 16..31
 };
 struct BlockQ4_1 {
-  uint16_t d, m;           // f16 scale and minimum
+  uint16_t d, m;  // f16 scale and minimum
   uint8_t qs[kQK / 2];
 };
 struct BlockQ5_0 {
   uint16_t d;
-  uint8_t qh[4];           // 5th bits, element j at bit j
+  uint8_t qh[4];  // 5th bits, element j at bit j
   uint8_t qs[kQK / 2];
 };
 struct BlockQ5_1 {

@@ -55,7 +55,9 @@ struct DTypeTraits {
 // Traits of a type id read from a file; nullopt for ids the format does not define (or that were removed).
 std::optional<DTypeTraits> dtype_traits(uint32_t id);
 const DTypeTraits& traits(DType t);
-inline std::string_view dtype_name(DType t) { return traits(t).name; }
+inline std::string_view dtype_name(DType t) {
+  return traits(t).name;
+}
 std::optional<DType> dtype_from_name(std::string_view name);  // case-insensitive, e.g. "q4_0", "Q4_K"
 
 // Bytes of one row of n elements; n must be a multiple of the block size (checked by callers).

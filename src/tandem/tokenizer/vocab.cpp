@@ -10,8 +10,8 @@ namespace tandem::tokenizer {
 namespace {
 
 // Bounds on token text, far above real vocabularies (their longest tokens are a few hundred bytes, and the
-// special ones at most a few hundred kilobytes in all) and low enough that a hostile vocabulary cannot make the
-// tokenizer's tables or its per-position matching cost gigabytes or seconds.
+// special ones at most a few hundred kilobytes in all) and low enough that a hostile vocabulary cannot make
+// the tokenizer's tables or its per-position matching cost gigabytes or seconds.
 constexpr size_t kMaxTokenBytes = size_t{1} << 16;
 constexpr size_t kMaxSpecialBytes = size_t{1} << 20;
 
