@@ -19,6 +19,25 @@ AttentionMask AttentionMask::causal(int64_t n) {
   return m;
 }
 
+AttentionMask AttentionMask::causal_sequences(std::span<const int64_t> lengths) {
+  int64_t n = 0;
+  for (int64_t len : lengths) {
+    if (len <= 0)
+      throw Error("every sequence of a batch needs at least one row (got " + std::to_string(len) + ")");
+    n += len;
+  }
+  AttentionMask m(n);
+  int64_t start = 0;
+  for (int64_t len : lengths) {
+    for (int64_t i = start; i < start + len; ++i) {
+      const Interval iv{start, i + 1};
+      m.add_row({&iv, 1});
+    }
+    start += len;
+  }
+  return m;
+}
+
 AttentionMask AttentionMask::blocks(int64_t n, int64_t block) {
   if (block <= 0)
     throw Error("the attention block size must be positive (got " + std::to_string(block) + ")");

@@ -1,6 +1,7 @@
 // Multi-head attention with grouped KV heads, forward and backward, under a mask given as the key rows each
 // query row sees. The masks the drafters train with:
-//   causal          query i sees keys 0..i (one sequence; EAGLE-style drafters);
+//   causal          query i sees keys 0..i (one sequence; EAGLE-style drafters), or the keys of its own
+//                   sequence up to itself when a batch packs several;
 //   blocks          query i sees the keys of its own block of B rows, in both directions;
 //   context_blocks  the DFlash pattern: the keys are n_context context rows followed by the block rows;
 //                   a query of block b sees the first context_visible[b] context rows and every row of its
@@ -25,6 +26,8 @@ class AttentionMask {
 
   explicit AttentionMask(int64_t n_keys) : n_keys_(n_keys) {}
   static AttentionMask causal(int64_t n);
+  // Several sequences one after another, each causal and blind to the others.
+  static AttentionMask causal_sequences(std::span<const int64_t> lengths);
   static AttentionMask blocks(int64_t n, int64_t block);
   static AttentionMask context_blocks(int64_t n_context, std::span<const int64_t> context_visible, int64_t n,
                                       int64_t block);
