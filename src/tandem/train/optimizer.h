@@ -50,6 +50,8 @@ class AdamW {
   std::span<Param* const> params() const { return params_; }
   std::vector<float>& first_moment(size_t i) { return m_[i]; }
   std::vector<float>& second_moment(size_t i) { return v_[i]; }
+  const std::vector<float>& first_moment(size_t i) const { return m_[i]; }
+  const std::vector<float>& second_moment(size_t i) const { return v_[i]; }
   // Resumes at a step count read from a checkpoint (with the moments restored through the accessors).
   void set_steps(int64_t t) { t_ = t; }
 
