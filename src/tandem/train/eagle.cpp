@@ -1,0 +1,163 @@
+#include "tandem/train/eagle.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "tandem/util/error.h"
+
+namespace tandem::train {
+namespace {
+
+std::vector<float> buffer(int64_t rows, int64_t width) {
+  return std::vector<float>(static_cast<size_t>(rows * width), 0.0f);
+}
+
+// splitmix64: a portable stream of 64-bit values (std::normal_distribution differs between libraries).
+uint64_t next_u64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Copies columns [col, col + width) of each of `rows` rows (stride `stride`) out of / into a packed buffer.
+void copy_columns(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+                  int64_t width) {
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + r * dst_stride, src + r * src_stride, static_cast<size_t>(width) * sizeof(float));
+}
+
+}  // namespace
+
+EagleDrafter::EagleDrafter(const EagleConfig& config, int64_t max_rows)
+    : cfg_(config),
+      max_rows_(max_rows),
+      att_{config.n_head, config.n_kv_head, config.head_dim,
+           1.0f / std::sqrt(static_cast<float>(config.head_dim))},
+      rope_{config.head_dim, config.rope_theta, config.rope_layout},
+      fc_("fc.weight", config.d, config.n_taps * config.d, true, true),
+      emb_("token_embd.weight", config.vocab, config.d, false, false),
+      emb_norm_("blk.0.emb_norm.weight", config.d, 1, true, false),
+      hidden_norm_("blk.0.hidden_norm.weight", config.d, 1, true, false),
+      wq_("blk.0.attn_q.weight", config.n_head * config.head_dim, 2 * config.d, true, true),
+      wk_("blk.0.attn_k.weight", config.n_kv_head * config.head_dim, 2 * config.d, true, true),
+      wv_("blk.0.attn_v.weight", config.n_kv_head * config.head_dim, 2 * config.d, true, true),
+      wo_("blk.0.attn_output.weight", config.d, config.n_head * config.head_dim, true, true),
+      ffn_norm_("blk.0.ffn_norm.weight", config.d, 1, true, false),
+      w_gate_("blk.0.ffn_gate.weight", config.ffn, config.d, true, true),
+      w_up_("blk.0.ffn_up.weight", config.ffn, config.d, true, true),
+      w_down_("blk.0.ffn_down.weight", config.d, config.ffn, true, true),
+      out_norm_("output_norm.weight", config.d, 1, true, false),
+      head_("output.weight", config.vocab, config.d, config.train_head, true) {
+  if (cfg_.d <= 0 || cfg_.n_head <= 0 || cfg_.n_kv_head <= 0 || cfg_.n_head % cfg_.n_kv_head != 0 ||
+      cfg_.head_dim <= 0 || cfg_.head_dim % 2 != 0 || cfg_.ffn <= 0 || cfg_.vocab <= 0 || cfg_.n_taps <= 0)
+    throw Error(
+        "EAGLE drafter shape: widths must be positive, the head size even and n_head a multiple of "
+        "n_kv_head");
+  const int64_t R = max_rows, d = cfg_.d, qw = cfg_.n_head * cfg_.head_dim,
+                kw = cfg_.n_kv_head * cfg_.head_dim;
+  for (auto* b : {&g_, &e_, &ne_, &ng_, &h1_, &n2_, &h2_, &f_, &df_, &dh1_, &dh2_, &dn2_, &dg_, &dne_, &dng_})
+    *b = buffer(R, d);
+  for (auto* b : {&u_, &du_}) *b = buffer(R, 2 * d);
+  for (auto* b : {&q_, &att_out_, &datt_, &dq_}) *b = buffer(R, qw);
+  for (auto* b : {&k_, &v_, &dk_, &dv_}) *b = buffer(R, kw);
+  for (auto* b : {&gate_, &up_, &act_, &dgate_, &dup_, &dact_}) *b = buffer(R, cfg_.ffn);
+  for (auto* b : {&inv_e_, &inv_g_, &inv_h1_, &inv_h2_}) *b = buffer(R, 1);
+}
+
+std::vector<Param*> EagleDrafter::params() {
+  return {&fc_, &emb_,      &emb_norm_, &hidden_norm_, &wq_,     &wk_,       &wv_,
+          &wo_, &ffn_norm_, &w_gate_,   &w_up_,        &w_down_, &out_norm_, &head_};
+}
+
+void EagleDrafter::init(uint64_t seed) {
+  uint64_t state = seed;
+  for (Param* p : params()) {
+    if (!p->trainable()) continue;
+    p->zero_grad();
+    if (p->cols == 1) {
+      std::fill(p->value.begin(), p->value.end(), 1.0f);
+      continue;
+    }
+    const double a = std::sqrt(3.0 / static_cast<double>(p->cols));
+    for (float& w : p->value)
+      w = static_cast<float>(a * (2.0 * static_cast<double>(next_u64(state) >> 11) * 0x1.0p-53 - 1.0));
+  }
+}
+
+void EagleDrafter::zero_grad() {
+  for (Param* p : params())
+    if (p->trainable()) p->zero_grad();
+}
+
+LossStats EagleDrafter::forward_backward(const EagleBatch& b, Compute& c, bool backward) {
+  const int64_t R = b.rows, d = cfg_.d, F = cfg_.ffn, H = cfg_.n_head, Hkv = cfg_.n_kv_head;
+  if (R <= 0 || R > max_rows_)
+    throw Error("an EAGLE batch holds 1 to " + std::to_string(max_rows_) + " rows (got " + std::to_string(R) +
+                ")");
+  if (b.mask == nullptr || b.mask->n_queries() != R || b.mask->n_keys() != R)
+    throw Error("an EAGLE batch needs a " + std::to_string(R) + " x " + std::to_string(R) +
+                " attention mask");
+  if (b.targets.rows != R)
+    throw Error("an EAGLE batch needs targets for each of its " + std::to_string(R) + " rows");
+  const float eps = cfg_.norm_eps;
+  const size_t n_probs = static_cast<size_t>(H * b.mask->n_scores());
+  if (probs_.size() < n_probs) probs_.resize(n_probs);
+
+  // Forward.
+  linear_forward(fc_, nullptr, b.taps, R, g_.data(), c);
+  embedding_forward(emb_, b.next_ids, R, e_.data());
+  rmsnorm_forward(emb_norm_, eps, e_.data(), R, ne_.data(), inv_e_.data(), c);
+  rmsnorm_forward(hidden_norm_, eps, g_.data(), R, ng_.data(), inv_g_.data(), c);
+  copy_columns(ne_.data(), d, u_.data(), 2 * d, R, d);
+  copy_columns(ng_.data(), d, u_.data() + d, 2 * d, R, d);
+  linear_forward(wq_, nullptr, u_.data(), R, q_.data(), c);
+  linear_forward(wk_, nullptr, u_.data(), R, k_.data(), c);
+  linear_forward(wv_, nullptr, u_.data(), R, v_.data(), c);
+  rope_forward(rope_, q_.data(), R, H, b.pos, c);
+  rope_forward(rope_, k_.data(), R, Hkv, b.pos, c);
+  attention_forward(att_, *b.mask, q_.data(), k_.data(), v_.data(), att_out_.data(), probs_.data(), c);
+  linear_forward(wo_, nullptr, att_out_.data(), R, h1_.data(), c);
+  add_into(h1_.data(), g_.data(), R * d, c);
+  rmsnorm_forward(ffn_norm_, eps, h1_.data(), R, n2_.data(), inv_h1_.data(), c);
+  linear_forward(w_gate_, nullptr, n2_.data(), R, gate_.data(), c);
+  linear_forward(w_up_, nullptr, n2_.data(), R, up_.data(), c);
+  swiglu_forward(gate_.data(), up_.data(), R * F, act_.data(), c);
+  linear_forward(w_down_, nullptr, act_.data(), R, h2_.data(), c);
+  add_into(h2_.data(), h1_.data(), R * d, c);
+  rmsnorm_forward(out_norm_, eps, h2_.data(), R, f_.data(), inv_h2_.data(), c);
+  const LossStats stats =
+      head_soft_cross_entropy(head_, f_.data(), b.targets, backward ? df_.data() : nullptr, c);
+  if (!backward) return stats;
+
+  // Backward, in reverse.
+  rmsnorm_backward(out_norm_, h2_.data(), inv_h2_.data(), df_.data(), R, dh2_.data(), false, c);
+  linear_backward(w_down_, nullptr, act_.data(), dh2_.data(), R, dact_.data(), false, c);
+  swiglu_backward(gate_.data(), up_.data(), dact_.data(), R * F, dgate_.data(), dup_.data(), c);
+  linear_backward(w_gate_, nullptr, n2_.data(), dgate_.data(), R, dn2_.data(), false, c);
+  linear_backward(w_up_, nullptr, n2_.data(), dup_.data(), R, dn2_.data(), true, c);
+  std::memcpy(dh1_.data(), dh2_.data(), static_cast<size_t>(R * d) * sizeof(float));
+  rmsnorm_backward(ffn_norm_, h1_.data(), inv_h1_.data(), dn2_.data(), R, dh1_.data(), true, c);
+  linear_backward(wo_, nullptr, att_out_.data(), dh1_.data(), R, datt_.data(), false, c);
+  attention_backward(att_, *b.mask, q_.data(), k_.data(), v_.data(), probs_.data(), datt_.data(), dq_.data(),
+                     dk_.data(), dv_.data(), c);
+  rope_backward(rope_, dq_.data(), R, H, b.pos, c);
+  rope_backward(rope_, dk_.data(), R, Hkv, b.pos, c);
+  linear_backward(wq_, nullptr, u_.data(), dq_.data(), R, du_.data(), false, c);
+  linear_backward(wk_, nullptr, u_.data(), dk_.data(), R, du_.data(), true, c);
+  linear_backward(wv_, nullptr, u_.data(), dv_.data(), R, du_.data(), true, c);
+  copy_columns(du_.data(), 2 * d, dne_.data(), d, R, d);
+  copy_columns(du_.data() + d, 2 * d, dng_.data(), d, R, d);
+  // g feeds the hidden norm and the residual: dg = norm backward + dh1.
+  std::memcpy(dg_.data(), dh1_.data(), static_cast<size_t>(R * d) * sizeof(float));
+  rmsnorm_backward(hidden_norm_, g_.data(), inv_g_.data(), dng_.data(), R, dg_.data(), true, c);
+  float* de = ne_.data();  // the normalized embedding is spent: its buffer takes the embedding's gradient
+  rmsnorm_backward(emb_norm_, e_.data(), inv_e_.data(), dne_.data(), R, de, false, c);
+  embedding_backward(emb_, b.next_ids, de, R);
+  linear_backward(fc_, nullptr, b.taps, dg_.data(), R, nullptr, false, c);
+  return stats;
+}
+
+}  // namespace tandem::train

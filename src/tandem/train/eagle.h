@@ -1,0 +1,98 @@
+// An EAGLE-3-style drafter (docs/training.md): the target's hidden states at its tap layers, concatenated,
+// are projected to the model width (g = fc(taps)); one Llama decoder layer whose q/k/v read
+// RMSNorm(embedding of the next token) ++ RMSNorm(g), with g as the residual; post-attention RMSNorm, SwiGLU
+// MLP, a final RMSNorm and the output head, trained with soft cross-entropy against the target's
+// distribution. The embedding is the target's and frozen; the head is the target's (frozen) or the
+// drafter's own (trainable).
+//
+// forward_backward runs one batch of rows (one or more sequences under one attention mask) and keeps every
+// activation it needs in buffers sized once for max_rows.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tandem/train/attention.h"
+#include "tandem/train/layers.h"
+#include "tandem/train/loss.h"
+#include "tandem/train/param.h"
+
+namespace tandem::train {
+
+struct EagleConfig {
+  int64_t d = 64;  // model width (the target's)
+  int64_t n_head = 8;
+  int64_t n_kv_head = 4;
+  int64_t head_dim = 8;
+  int64_t ffn = 172;
+  int64_t vocab = 512;
+  int64_t n_taps = 3;  // tapped target layers
+  float rope_theta = 10000.0f;
+  RopeLayout rope_layout = RopeLayout::kInterleaved;
+  float norm_eps = 1e-5f;
+  bool train_head = false;
+};
+
+// One batch. Row i holds position pos[i] of its sequence: the target's tap features there, the token that
+// follows it (whose embedding the drafter reads) and the target's distribution for the token after that.
+struct EagleBatch {
+  int64_t rows = 0;
+  const float* taps = nullptr;          // [rows, n_taps * d]
+  const int32_t* next_ids = nullptr;    // [rows]
+  const int32_t* pos = nullptr;         // [rows]
+  const AttentionMask* mask = nullptr;  // rows x rows
+  SoftTargets targets;                  // rows == this->rows
+};
+
+class EagleDrafter {
+ public:
+  EagleDrafter(const EagleConfig& config, int64_t max_rows);
+
+  // Fills the trainable weights from `seed` (uniform in +-sqrt(3 / fan_in) for matrices, 1 for norm gains)
+  // and zeroes their gradients; the same seed gives the same bits on every machine.
+  void init(uint64_t seed);
+
+  const EagleConfig& config() const { return cfg_; }
+  Param& embedding() { return emb_; }  // [vocab, d], set from the target
+  Param& head() { return head_; }      // [vocab, d], set from the target (or trained)
+  // Every parameter in checkpoint order, frozen ones included.
+  std::vector<Param*> params();
+  void zero_grad();
+
+  // The batch's loss; with backward, also adds every trainable parameter's gradient.
+  LossStats forward_backward(const EagleBatch& batch, Compute& c, bool backward = true);
+
+ private:
+  EagleConfig cfg_;
+  int64_t max_rows_;
+  AttentionShape att_;
+  Rope rope_;
+
+  Param fc_;             // [d, n_taps * d]
+  Param emb_;            // [vocab, d] frozen
+  Param emb_norm_;       // [d]
+  Param hidden_norm_;    // [d]
+  Param wq_;             // [n_head * head_dim, 2d]
+  Param wk_, wv_;        // [n_kv_head * head_dim, 2d]
+  Param wo_;             // [d, n_head * head_dim]
+  Param ffn_norm_;       // [d]
+  Param w_gate_, w_up_;  // [ffn, d]
+  Param w_down_;         // [d, ffn]
+  Param out_norm_;       // [d]
+  Param head_;           // [vocab, d]
+
+  // Activations, [max_rows, width] each (width in the comment), and their gradients.
+  std::vector<float> g_, e_, ne_, ng_;      // d
+  std::vector<float> u_;                    // 2d: ne ++ ng
+  std::vector<float> q_, k_, v_, att_out_;  // n_head * head_dim (q, att_out), n_kv_head * head_dim (k, v)
+  std::vector<float> h1_, n2_, h2_, f_;     // d
+  std::vector<float> gate_, up_, act_;      // ffn
+  std::vector<float> inv_e_, inv_g_, inv_h1_, inv_h2_;  // [max_rows]
+  std::vector<float> probs_;                            // [n_head, mask scores], grown to the largest mask
+  std::vector<float> df_, dh1_, dh2_, dn2_, dg_;        // d
+  std::vector<float> dgate_, dup_, dact_;               // ffn
+  std::vector<float> datt_, dq_, dk_, dv_;              // like q, k, v
+  std::vector<float> du_, dne_, dng_;                   // 2d, d, d
+};
+
+}  // namespace tandem::train
