@@ -106,7 +106,8 @@ class Parser {
 
   // Statements until a block tag named in `end_tags`; leaves the stream after that tag's name and stores the
   // name in `found`. With no end tags, runs to the end of the template.
-  Body subparse(std::initializer_list<std::string_view> end_tags, std::string& found) {
+  Body subparse(std::initializer_list<std::string_view> end_tags, std::string& found,
+                const Token* opener = nullptr) {
     DepthGuard guard(*this);
     Body body;
     for (;;) {
@@ -116,7 +117,8 @@ class Parser {
         std::string names;
         for (std::string_view tag : end_tags)
           names += (names.empty() ? "'" : " or '") + std::string(tag) + "'";
-        fail("the template ended inside a block; expected " + names);
+        fail("the template ended inside the block opened at line " +
+             std::to_string(opener ? opener->line : 0) + "; expected " + names);
       }
       if (t.type == T::kText) {
         auto s = statement(Stmt::Kind::kText, t);
@@ -153,7 +155,7 @@ class Parser {
     if (name == "filter") return parse_filter_block(at);
     if (name == "with") return parse_with(at);
     if (name == "break" || name == "continue") {
-      if (loop_depth_ == 0) fail("'" + name + "' outside a for loop");
+      if (loop_depth_ == 0) throw SyntaxError("'" + name + "' outside a for loop", at.line, at.column);
       auto s = statement(name == "break" ? Stmt::Kind::kBreak : Stmt::Kind::kContinue, at);
       expect_block_end();
       return s;
@@ -162,7 +164,7 @@ class Parser {
       auto s = statement(Stmt::Kind::kBlock, at);
       expect_block_end();
       std::string end;
-      s->body = subparse({"endgeneration"}, end);
+      s->body = subparse({"endgeneration"}, end, &at);
       expect_block_end();
       return s;
     }
@@ -178,12 +180,12 @@ class Parser {
     for (;;) {
       expect_block_end();
       std::string end;
-      Body body = subparse({"elif", "else", "endif"}, end);
+      Body body = subparse({"elif", "else", "endif"}, end, &at);
       s->branches.emplace_back(std::move(condition), std::move(body));
       if (end == "endif") break;
       if (end == "else") {
         expect_block_end();
-        Body else_body = subparse({"endif"}, end);
+        Body else_body = subparse({"endif"}, end, &at);
         s->branches.emplace_back(nullptr, std::move(else_body));
         break;
       }
@@ -213,11 +215,11 @@ class Parser {
     expect_block_end();
     ++loop_depth_;
     std::string end;
-    s->body = subparse({"endfor", "else"}, end);
+    s->body = subparse({"endfor", "else"}, end, &at);
     --loop_depth_;
     if (end == "else") {
       expect_block_end();
-      s->else_body = subparse({"endfor"}, end);
+      s->else_body = subparse({"endfor"}, end, &at);
     }
     expect_block_end();
     return s;
@@ -242,7 +244,7 @@ class Parser {
     if (at_op("|")) s->filter = parse_filter_chain();
     expect_block_end();
     std::string end;
-    s->body = subparse({"endset"}, end);
+    s->body = subparse({"endset"}, end, &at);
     expect_block_end();
     return s;
   }
@@ -263,7 +265,7 @@ class Parser {
     ++macro_depth_;
     const int saved_loops = loop_depth_;
     loop_depth_ = 0;
-    s->body = subparse({"endmacro"}, end);
+    s->body = subparse({"endmacro"}, end, &at);
     loop_depth_ = saved_loops;
     --macro_depth_;
     if (current().type == T::kName) advance();  // {% endmacro name %}
@@ -286,7 +288,7 @@ class Parser {
     s->filter = parse_filter_chain();
     expect_block_end();
     std::string end;
-    s->body = subparse({"endfilter"}, end);
+    s->body = subparse({"endfilter"}, end, &at);
     expect_block_end();
     return s;
   }
@@ -301,7 +303,7 @@ class Parser {
     }
     expect_block_end();
     std::string end;
-    s->body = subparse({"endwith"}, end);
+    s->body = subparse({"endwith"}, end, &at);
     expect_block_end();
     return s;
   }
@@ -618,6 +620,8 @@ class Parser {
 
   ExprPtr parse_call(ExprPtr callee) {
     auto e = node(Expr::Kind::kCall, current());
+    e->line = callee->line;  // errors point at what is called, not at its '('
+    e->column = callee->column;
     e->object = std::move(callee);
     parse_call_args(*e);
     return e;
