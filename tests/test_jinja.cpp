@@ -10,7 +10,9 @@
 #include <sstream>
 #include <string>
 
+#include "tandem/server/chat_template.h"
 #include "tandem/server/jinja/template.h"
+#include "tandem/server/openai_api.h"
 #include "test_util.h"
 
 namespace {
@@ -261,6 +263,61 @@ TEST(Jinja, TemplateRenderCommandWritesOneLinePerInput) {
       std::string(TANDEM_BINARY) + " template render --template " + tmpl + " < " + input + " 2>&1");
   EXPECT_NE(bad_status, 0);
   EXPECT_NE(bad_out.find("line 2, column 7"), std::string::npos) << bad_out;
+}
+
+TEST(Jinja, ChatTemplateRendersTheModelsOwnTemplate) {
+  using tandem::server::ChatMessage;
+  using tandem::server::ChatTemplate;
+  const std::string dir = tandem::testing::shared_path("chat/templates");
+  const std::string source = read_file(dir + "/meta-llama-Llama-3.1-8B-Instruct.jinja");
+  const ChatTemplate chat = ChatTemplate::load(source, "<|begin_of_text|>", "<|eot_id|>");
+  ASSERT_TRUE(chat.interpreted());
+  EXPECT_EQ(chat.name(), "jinja");
+  EXPECT_TRUE(chat.stop_sequences().empty());
+  const std::vector<ChatMessage> messages = {{"system", "Be brief. "}, {"user", "Hi"}};
+  // The interpreter's rendering, less the leading BOS that the tokenizer adds itself.
+  const Json vars = {
+      {"messages", {{{"role", "system"}, {"content", "Be brief. "}}, {{"role", "user"}, {"content", "Hi"}}}},
+      {"bos_token", "<|begin_of_text|>"},
+      {"eos_token", "<|eot_id|>"},
+      {"add_generation_prompt", true}};
+  const std::string full = Template::parse(source).render(vars);
+  ASSERT_EQ(full.rfind("<|begin_of_text|>", 0), 0u);
+  EXPECT_EQ(chat.render(messages), full.substr(std::string("<|begin_of_text|>").size()));
+  EXPECT_NE(chat.render(messages).find(
+                "Be brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"),
+            std::string::npos);
+}
+
+TEST(Jinja, ChatTemplateRefusalIsABadRequest) {
+  using tandem::server::ChatMessage;
+  using tandem::server::ChatTemplate;
+  const std::string dir = tandem::testing::shared_path("chat/templates");
+  const ChatTemplate chat =
+      ChatTemplate::load(read_file(dir + "/mistralai-Mistral-Nemo-Instruct-2407.jinja"));
+  ASSERT_TRUE(chat.interpreted());
+  const std::vector<ChatMessage> two_users = {{"user", "a"}, {"user", "b"}};
+  try {
+    chat.render(two_users);
+    ADD_FAILURE() << "rendered a conversation the template refuses";
+  } catch (const tandem::server::ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_NE(std::string(e.what()).find("roles must alternate"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Jinja, ChatTemplateFallsBackToTheRecognisedFamilies) {
+  using tandem::server::ChatFamily;
+  using tandem::server::ChatTemplate;
+  EXPECT_FALSE(ChatTemplate::load("").interpreted());
+  EXPECT_EQ(ChatTemplate::load("").family(), ChatFamily::kPlain);
+  std::string problem;
+  const ChatTemplate broken =
+      ChatTemplate::load("{% for m in messages %}<|im_start|>{{ m.content }}", "<s>", "</s>", &problem);
+  EXPECT_FALSE(broken.interpreted());
+  EXPECT_EQ(broken.family(), ChatFamily::kChatML);
+  EXPECT_NE(problem.find("line 1"), std::string::npos) << problem;
+  EXPECT_THROW(ChatTemplate::interpret("{% if %}"), SyntaxError);
 }
 
 }  // namespace
