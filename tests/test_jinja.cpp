@@ -221,6 +221,15 @@ TEST(Jinja, ValuesBehaveAsInPython) {
       "20");
 }
 
+TEST(Jinja, FiltersFallBackAndRoundAsPython) {
+  // Defaults passed by the filter itself (not by the template) must survive the call.
+  EXPECT_EQ(render("{{ 'x'|int }}|{{ 'x'|int(7) }}|{{ 'x'|float }}|{{ '0x1A'|int(0, 16) }}|{{ ' 7 '|int }}"),
+            "0|7|0.0|26|7");
+  EXPECT_EQ(render("{{ 17|round }}|{{ 2.675|round(2) }}|{{ 2.5|round }}|{{ 3.5|round }}|{{ "
+                   "2.1|round(method='ceil') }}"),
+            "17|2.67|2.0|4.0|3.0");
+}
+
 TEST(Jinja, UndefinedFailsOnlyWhenUsed) {
   EXPECT_EQ(
       render("[{{ nothing }}][{{ nothing|length }}][{{ nothing is defined }}][{{ d.zz is defined }}]", kVars),

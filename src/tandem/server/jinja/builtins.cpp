@@ -130,7 +130,7 @@ Value string_method(Interpreter& in, const std::string& s, const std::string& m,
   }
   if (m == "strip" || m == "lstrip" || m == "rstrip") {
     a.expect(m, 1, {"chars"});
-    const Value& chars = a.get(0, "chars", kNone);
+    const Value chars = a.get(0, "chars", kNone);
     const std::string set = chars.is_none() ? std::string() : string_arg(chars, "the characters to strip");
     return Value::string(utf8::strip(s, chars.is_none() ? nullptr : &set, m != "rstrip", m != "lstrip"));
   }
@@ -158,7 +158,7 @@ Value string_method(Interpreter& in, const std::string& s, const std::string& m,
   }
   if (m == "replace") {
     a.expect(m, 3, {});
-    const Value& count = a.get(2, "count", Value::integer(-1));
+    const Value count = a.get(2, "count", Value::integer(-1));
     return Value::string(replace(s, string_arg(a.get(0, "old", kNone), "replace()'s old"),
                                  string_arg(a.get(1, "new", kNone), "replace()'s new"),
                                  int_arg(count, "count"), in.limits()));

@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <unordered_map>
 
@@ -25,7 +27,7 @@ std::string text_of(const Value& v) {
 
 std::function<Value(const Value&)> key_function(const CallArgs& args, size_t attribute_index,
                                                 bool case_sensitive) {
-  const Value& attribute = args.get(attribute_index, "attribute", kNone);
+  const Value attribute = args.get(attribute_index, "attribute", kNone);
   return [attribute, case_sensitive](const Value& item) {
     Value v = item;
     if (attribute.is_string()) v = attribute_path(item, attribute.as_string());
@@ -74,7 +76,7 @@ Value f_dictsort(Interpreter&, const Value& v, const CallArgs& a) {
   a.expect("dictsort", 3, {"case_sensitive", "by", "reverse"});
   if (!v.is_mapping()) type_error("dictsort expects a mapping, not " + v.type_name());
   const bool case_sensitive = a.get(0, "case_sensitive", Value::boolean(false)).truthy();
-  const Value& by = a.get(1, "by", Value::string("key"));
+  const Value by = a.get(1, "by", Value::string("key"));
   const bool reverse = a.get(2, "reverse", Value::boolean(false)).truthy();
   const size_t pos = by.is_string() && by.as_string() == "value" ? 1 : 0;
   List pairs;
@@ -130,7 +132,7 @@ Value f_last(Interpreter&, const Value& v, const CallArgs& a) {
 
 Value f_float(Interpreter&, const Value& v, const CallArgs& a) {
   a.expect("float", 1, {"default"});
-  const Value& fallback = a.get(0, "default", Value::number(0.0));
+  const Value fallback = a.get(0, "default", Value::number(0.0));
   if (v.is_number()) return Value::number(v.as_double());
   if (v.is_string()) {
     const std::string s = utf8::strip(v.as_string(), nullptr, true, true);
@@ -143,36 +145,44 @@ Value f_float(Interpreter&, const Value& v, const CallArgs& a) {
 
 Value f_int(Interpreter&, const Value& v, const CallArgs& a) {
   a.expect("int", 2, {"default", "base"});
-  const Value& fallback = a.get(0, "default", Value::integer(0));
-  const int base = static_cast<int>(int_arg(a.get(1, "base", Value::integer(10)), "int()'s base"));
+  const Value fallback = a.get(0, "default", Value::integer(0));
+  int base = static_cast<int>(int_arg(a.get(1, "base", Value::integer(10)), "int()'s base"));
   if (v.is_int()) return Value::integer(v.as_int());
   if (v.kind() == Value::Kind::kFloat) {
     if (!std::isfinite(v.as_double()) || std::fabs(v.as_double()) >= 9.2e18) return fallback;
     return Value::integer(static_cast<int64_t>(v.as_double()));
   }
-  if (v.is_string()) {
-    std::string s = utf8::strip(v.as_string(), nullptr, true, true);
-    s.erase(std::remove(s.begin(), s.end(), '_'), s.end());
-    const char* b = s.data();
-    if (!s.empty() && s[0] == '+') ++b;
-    int64_t i = 0;
-    if (base >= 2 && base <= 36) {
-      const auto res = std::from_chars(b, s.data() + s.size(), i, base);
-      if (b != s.data() + s.size() && res.ec == std::errc() && res.ptr == s.data() + s.size())
-        return Value::integer(i);
+  if (!v.is_string()) return fallback;
+  std::string s = utf8::strip(v.as_string(), nullptr, true, true);
+  s.erase(std::remove(s.begin(), s.end(), '_'), s.end());
+  const bool negative = !s.empty() && s[0] == '-';
+  std::string digits = !s.empty() && (s[0] == '-' || s[0] == '+') ? s.substr(1) : s;
+  if (digits.size() > 2 && digits[0] == '0') {  // Python's 0x / 0o / 0b prefixes, with base 0 or their own
+    const char p = static_cast<char>(digits[1] | 0x20);
+    const int prefixed = p == 'x' ? 16 : p == 'o' ? 8 : p == 'b' ? 2 : 0;
+    if (prefixed && (base == 0 || base == prefixed)) {
+      base = prefixed;
+      digits.erase(0, 2);
     }
-    double d = 0;
-    const auto res = std::from_chars(s.data(), s.data() + s.size(), d);
-    if (!s.empty() && res.ec == std::errc() && res.ptr == s.data() + s.size() && std::isfinite(d) &&
-        std::fabs(d) < 9.2e18)
-      return Value::integer(static_cast<int64_t>(d));
   }
+  if (base == 0) base = 10;
+  int64_t i = 0;
+  if (base >= 2 && base <= 36 && !digits.empty()) {
+    const auto res = std::from_chars(digits.data(), digits.data() + digits.size(), i, base);
+    if (res.ec == std::errc() && res.ptr == digits.data() + digits.size())
+      return Value::integer(negative ? -i : i);
+  }
+  double d = 0;
+  const auto res = std::from_chars(s.data(), s.data() + s.size(), d);
+  if (!s.empty() && res.ec == std::errc() && res.ptr == s.data() + s.size() && std::isfinite(d) &&
+      std::fabs(d) < 9.2e18)
+    return Value::integer(static_cast<int64_t>(d));
   return fallback;
 }
 
 Value f_indent(Interpreter&, const Value& v, const CallArgs& a) {
   a.expect("indent", 3, {"width", "first", "blank"});
-  const Value& width = a.get(0, "width", Value::integer(4));
+  const Value width = a.get(0, "width", Value::integer(4));
   const bool first = a.get(1, "first", Value::boolean(false)).truthy();
   const bool blank = a.get(2, "blank", Value::boolean(false)).truthy();
   const std::string indention =
@@ -242,10 +252,10 @@ Value f_upper(Interpreter&, const Value& v, const CallArgs& a) {
 
 Value f_map(Interpreter& in, const Value& v, const CallArgs& a) {
   List out;
-  const Value& attribute = a.get(SIZE_MAX, "attribute", kUndefined);
+  const Value attribute = a.get(SIZE_MAX, "attribute", kUndefined);
   if (!attribute.is_undefined()) {
     a.expect("map", 0, {"attribute", "default"});
-    const Value& fallback = a.get(SIZE_MAX, "default", kUndefined);
+    const Value fallback = a.get(SIZE_MAX, "default", kUndefined);
     for (const Value& item : iterate(v)) {
       in.step();
       Value x = attribute_path(item, text_of(attribute));
@@ -328,7 +338,7 @@ Value f_rejectattr(Interpreter& in, const Value& v, const CallArgs& a) {
 
 Value f_replace(Interpreter& in, const Value& v, const CallArgs& a) {
   a.expect("replace", 3, {"old", "new", "count"});
-  const Value& count = a.get(2, "count", kNone);
+  const Value count = a.get(2, "count", kNone);
   return Value::string(replace(text_of(v), text_of(a.get(0, "old", kNone)), text_of(a.get(1, "new", kNone)),
                                count.is_none() ? -1 : int_arg(count, "replace()'s count"), in.limits()));
 }
@@ -349,18 +359,23 @@ Value f_round(Interpreter&, const Value& v, const CallArgs& a) {
   a.expect("round", 2, {"precision", "method"});
   if (!v.is_number()) type_error("round() needs a number, not " + v.type_name());
   const int64_t precision = int_arg(a.get(0, "precision", Value::integer(0)), "round()'s precision");
-  const std::string method = text_of(a.get(1, "method", Value::string("common")));
-  const double scale = std::pow(10.0, static_cast<double>(precision));
-  const double x = v.as_double() * scale;
-  double r = 0;
-  if (method == "common")
-    r = std::nearbyint(x);  // Python's round: halves go to the even neighbour
-  else if (method == "ceil")
-    r = std::ceil(x);
-  else if (method == "floor")
-    r = std::floor(x);
-  else
+  const std::string method = to_str(a.get(1, "method", Value::string("common")));
+  if (method != "common" && method != "ceil" && method != "floor")
     throw RenderError("FilterArgumentError: method must be common, ceil or floor");
+  if (method == "common" && v.kind() != Value::Kind::kFloat && precision >= 0)
+    return Value::integer(v.as_int());
+  const double x = v.as_double();
+  if (method == "common" && precision >= 0 && precision <= 30 && std::isfinite(x)) {
+    // Python rounds the exact binary value to the nearest decimal, halves to even; so does printf.
+    char buf[400];
+    std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(precision), x);
+    return Value::number(std::strtod(buf, nullptr));
+  }
+  const double scale = std::pow(10.0, static_cast<double>(precision));
+  const double scaled = x * scale;
+  const double r = method == "ceil"    ? std::ceil(scaled)
+                   : method == "floor" ? std::floor(scaled)
+                                       : std::nearbyint(scaled);
   return Value::number(r / scale);
 }
 
@@ -404,14 +419,14 @@ Value f_title(Interpreter&, const Value& v, const CallArgs& a) {
 Value f_tojson(Interpreter&, const Value& v, const CallArgs& a) {
   a.expect("tojson", 1, {"indent", "separators", "sort_keys", "ensure_ascii"});
   JsonFormat f;
-  const Value& indent = a.get(0, "indent", kNone);
+  const Value indent = a.get(0, "indent", kNone);
   if (indent.is_string())
     f.indent = indent.as_string();
   else if (!indent.is_none() && !indent.is_undefined())
     f.indent = std::string(
         static_cast<size_t>(std::clamp<int64_t>(int_arg(indent, "tojson()'s indent"), 0, 64)), ' ');
   if (f.indent) f.item_separator = ",";
-  const Value& separators = a.get(SIZE_MAX, "separators", kNone);
+  const Value separators = a.get(SIZE_MAX, "separators", kNone);
   if (!separators.is_none()) {
     if (!separators.is_list() || separators.as_list().size() != 2)
       type_error("tojson()'s separators must be a pair of strings");
@@ -425,7 +440,7 @@ Value f_tojson(Interpreter&, const Value& v, const CallArgs& a) {
 
 Value f_trim(Interpreter&, const Value& v, const CallArgs& a) {
   a.expect("trim", 1, {"chars"});
-  const Value& chars = a.get(0, "chars", kNone);
+  const Value chars = a.get(0, "chars", kNone);
   const std::string set = chars.is_none() ? std::string() : text_of(chars);
   return Value::string(utf8::strip(text_of(v), chars.is_none() ? nullptr : &set, true, true));
 }

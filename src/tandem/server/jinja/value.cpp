@@ -9,7 +9,7 @@
 
 namespace tandem::server::jinja {
 
-const Value& CallArgs::get(size_t index, std::string_view name, const Value& fallback) const {
+Value CallArgs::get(size_t index, std::string_view name, const Value& fallback) const {
   for (const auto& [key, value] : keyword)
     if (key == name) return value;
   return index < positional.size() ? positional[index] : fallback;

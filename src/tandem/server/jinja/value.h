@@ -30,8 +30,9 @@ struct CallArgs {
   std::vector<Value> positional;
   std::vector<std::pair<std::string, Value>> keyword;
 
-  // The argument at `index` or named `name`; `fallback` when neither was passed.
-  const Value& get(size_t index, std::string_view name, const Value& fallback) const;
+  // The argument at `index` or named `name`; `fallback` when neither was passed. Returns a copy, so that a
+  // temporary fallback is never referred to after it is gone.
+  Value get(size_t index, std::string_view name, const Value& fallback) const;
   // Fails naming `function` when more than `max_positional` positional arguments or a keyword outside
   // `names` were passed.
   void expect(std::string_view function, size_t max_positional,
