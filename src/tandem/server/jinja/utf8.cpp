@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "tandem/util/utf8.h"
+
 namespace tandem::server::jinja::utf8 {
 
 std::vector<char32_t> decode(std::string_view s) {
@@ -29,21 +31,7 @@ std::vector<char32_t> decode(std::string_view s) {
 }
 
 void append(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xc0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xe0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else {
-    out += static_cast<char>(0xf0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  }
+  utf8_append_raw(out, cp);
 }
 
 std::string encode(const std::vector<char32_t>& cps, size_t begin, size_t end) {
