@@ -122,6 +122,27 @@ TEST(Jinja, OversizedStringsAreRefused) {
   EXPECT_NE(render_error("{{ 'x' * 1000000000000 }}").find("MemoryError"), std::string::npos);
 }
 
+TEST(Jinja, DeepNestingIsRefusedNotACrash) {
+  // A chain of 100000 operators would nest the tree as deep; evaluating or freeing it would overflow the
+  // stack.
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 100000; ++i) chain += " + 1";
+  EXPECT_THROW(Template::parse(chain + " }}"), SyntaxError);
+  // A value nested 200000 deep is freed without recursing once per level.
+  EXPECT_EQ(
+      render("{% set ns = namespace(l=[]) %}{% for i in range(200000) %}{% set ns.l = [ns.l] %}{% endfor %}"
+             "done"),
+      "done");
+  // Walking a value that holds itself stops.
+  EXPECT_NE(render_error("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}").find("RecursionError"),
+            std::string::npos);
+  // Macros calling macros through deep expressions stop at the nesting limit.
+  std::string deep = "{% macro f(n) %}{{ ";
+  for (int i = 0; i < 90; ++i) deep += "-";
+  deep += "f(n + 1)|length }}{% endmacro %}{{ f(0) }}";
+  EXPECT_NE(render_error(deep).find("RecursionError"), std::string::npos);
+}
+
 TEST(Jinja, RefusesAttributeAccessOutsideTheData) {
   for (const char* source :
        {"{{ messages.__class__ }}", "{{ ''.__class__.__mro__ }}", "{{ x.__add__(1) }}",

@@ -39,6 +39,7 @@ struct Expr {
   };
   Kind kind;
   int line = 0, column = 0;
+  int depth = 1;  // levels of the tree below and including this node (the parser bounds it)
   Value value;
   std::string name;
   ExprPtr object;

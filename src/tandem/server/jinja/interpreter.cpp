@@ -31,7 +31,19 @@ class CycleCallable : public Callable {
   int64_t index0_;
 };
 
+// Evaluation recurses once per nested statement or expression level, and macros nest those further; past this
+// many levels a render is refused well before the stack of a server thread (8 MiB) could run out.
+constexpr int kMaxNesting = 1500;
+
 }  // namespace
+
+Interpreter::NestingGuard::NestingGuard(Interpreter& interpreter) : in(interpreter) {
+  if (++in.nesting_ > kMaxNesting) {
+    --in.nesting_;
+    throw RenderError("RecursionError: the render nests deeper than " + std::to_string(kMaxNesting) +
+                      " levels (macros calling macros?)");
+  }
+}
 
 const Value* Interpreter::Scope::find(const std::string& name) const {
   for (const Scope* s = this; s; s = s->parent)
@@ -85,13 +97,20 @@ Interpreter::Flow Interpreter::exec_body(const Body& body, Scope& scope, std::st
 
 Interpreter::Flow Interpreter::exec(const Stmt& s, Scope& scope, std::string& out) {
   step();
+  NestingGuard nesting(*this);
   switch (s.kind) {
     case Stmt::Kind::kText:
       append(out, s.text);
       return Flow::kNormal;
-    case Stmt::Kind::kOutput:
-      append(out, to_str(eval(*s.expr, scope)));
+    case Stmt::Kind::kOutput: {
+      const Value v = eval(*s.expr, scope);
+      try {
+        append(out, to_str(v));
+      } catch (const RenderError& e) {
+        throw RenderError(e.detail(), s.expr->line, s.expr->column);
+      }
       return Flow::kNormal;
+    }
     case Stmt::Kind::kIf:
       for (const auto& [condition, body] : s.branches)
         if (!condition || eval(*condition, scope).truthy()) return exec_body(body, scope, out);
@@ -227,6 +246,7 @@ Value Interpreter::lookup(const std::string& name, Scope& scope) const {
 
 Value Interpreter::eval(const Expr& e, Scope& scope) {
   step();
+  NestingGuard nesting(*this);
   try {
     return eval_inner(e, scope);
   } catch (const RenderError& err) {

@@ -39,6 +39,12 @@ class Interpreter {
   enum class Flow { kNormal, kBreak, kContinue };
 
   [[noreturn]] void fail_step_limit() const;
+  // Counts one level of evaluation for as long as it lives.
+  struct NestingGuard {
+    explicit NestingGuard(Interpreter& in);
+    ~NestingGuard() { --in.nesting_; }
+    Interpreter& in;
+  };
   Flow exec_body(const Body& body, Scope& scope, std::string& out);
   Flow exec(const Stmt& s, Scope& scope, std::string& out);
   void exec_for(const Stmt& s, Scope& scope, std::string& out, Flow& flow);
@@ -55,6 +61,7 @@ class Interpreter {
   const RenderOptions& options_;
   int64_t steps_ = 0;
   int call_depth_ = 0;
+  int nesting_ = 0;  // statements and expressions being evaluated, one inside another
   Scope globals_;
   Scope* root_ = nullptr;
 };

@@ -100,11 +100,20 @@ class Lexer {
     return static_cast<int>(std::upper_bound(line_starts_.begin(), line_starts_.end(), offset) -
                             line_starts_.begin());
   }
+  // Code points from the start of the line to `offset`, plus one. Tokens are placed in source order, so the
+  // count resumes from the last one placed on the same line (a long one-line template stays linear).
   int column_of(size_t offset) const {
     const size_t start = line_starts_[static_cast<size_t>(line_of(offset) - 1)];
+    size_t from = start;
     int col = 1;
-    for (size_t i = start; i < offset && i < src_.size(); ++i)
+    if (column_offset_ >= start && column_offset_ <= offset) {
+      from = column_offset_;
+      col = column_;
+    }
+    for (size_t i = from; i < offset && i < src_.size(); ++i)
       if ((static_cast<unsigned char>(src_[i]) & 0xc0) != 0x80) ++col;
+    column_offset_ = offset;
+    column_ = col;
     return col;
   }
   [[noreturn]] void fail(const std::string& what, size_t offset) const {
@@ -375,6 +384,8 @@ class Lexer {
   LexOptions options_;
   std::vector<size_t> line_starts_;
   std::vector<Token> tokens_;
+  mutable size_t column_offset_ = 0;  // the last offset column_of() measured, and its column
+  mutable int column_ = 1;
 };
 
 }  // namespace

@@ -96,6 +96,24 @@ class Parser {
     e->column = at.column;
     return e;
   }
+  // Records a finished node's depth and refuses trees deeper than kMaxDepth: evaluating (and destroying) an
+  // expression recurses once per level, and a chain such as a + a + ... + a nests one level per operator.
+  ExprPtr done(ExprPtr e) const {
+    int deepest = 0;
+    auto see = [&](const ExprPtr& child) {
+      if (child) deepest = std::max(deepest, child->depth);
+    };
+    see(e->object);
+    for (const ExprPtr& c : e->items) see(c);
+    for (const ExprPtr& c : e->args) see(c);
+    for (const auto& kw : e->kwargs) see(kw.second);
+    e->depth = deepest + 1;
+    if (e->depth > kMaxDepth)
+      throw SyntaxError("the expression nests deeper than " + std::to_string(kMaxDepth) + " levels", e->line,
+                        e->column);
+    return e;
+  }
+
   StmtPtr statement(Stmt::Kind kind, const Token& at) {
     auto s = std::make_unique<Stmt>();
     s->kind = kind;
@@ -327,7 +345,7 @@ class Parser {
       if (at_expression_end()) break;
       tuple->items.push_back(parse_expression(with_condexpr));
     }
-    return tuple;
+    return done(std::move(tuple));
   }
 
   ExprPtr parse_expression(bool with_condexpr) {
@@ -341,8 +359,9 @@ class Parser {
       auto cond = node(Expr::Kind::kCond, advance());
       cond->object = std::move(expr);
       cond->items.push_back(parse_or());
+      DepthGuard guard(*this);
       cond->items.push_back(skip_name("else") ? parse_condexpr() : nullptr);
-      expr = std::move(cond);
+      expr = done(std::move(cond));
     }
     return expr;
   }
@@ -353,7 +372,7 @@ class Parser {
       auto e = node(Expr::Kind::kOr, advance());
       e->object = std::move(left);
       e->items.push_back(parse_and());
-      left = std::move(e);
+      left = done(std::move(e));
     }
     return left;
   }
@@ -364,7 +383,7 @@ class Parser {
       auto e = node(Expr::Kind::kAnd, advance());
       e->object = std::move(left);
       e->items.push_back(parse_not());
-      left = std::move(e);
+      left = done(std::move(e));
     }
     return left;
   }
@@ -374,7 +393,7 @@ class Parser {
       DepthGuard guard(*this);
       auto e = node(Expr::Kind::kNot, advance());
       e->object = parse_not();
-      return e;
+      return done(std::move(e));
     }
     return parse_compare();
   }
@@ -405,7 +424,7 @@ class Parser {
       cmp->ops.push_back(op);
       cmp->items.push_back(parse_math1());
     }
-    return cmp ? std::move(cmp) : std::move(expr);
+    return cmp ? done(std::move(cmp)) : std::move(expr);
   }
 
   ExprPtr binary(ExprPtr left, const Token& at, ExprPtr right) {
@@ -413,7 +432,7 @@ class Parser {
     e->name = at.text;
     e->object = std::move(left);
     e->items.push_back(std::move(right));
-    return e;
+    return done(std::move(e));
   }
 
   ExprPtr parse_math1() {
@@ -432,7 +451,7 @@ class Parser {
     auto e = node(Expr::Kind::kConcat, at);
     e->items.push_back(std::move(first));
     while (skip_op("~")) e->items.push_back(parse_math2());
-    return e;
+    return done(std::move(e));
   }
 
   ExprPtr parse_math2() {
@@ -463,6 +482,7 @@ class Parser {
     } else {
       e = parse_postfix(parse_primary());
     }
+    e = done(std::move(e));
     return with_filter ? parse_filter_expr(std::move(e)) : std::move(e);
   }
 
@@ -474,23 +494,23 @@ class Parser {
         if (t.text == "true" || t.text == "True" || t.text == "false" || t.text == "False") {
           auto e = node(Expr::Kind::kLiteral, t);
           e->value = Value::boolean(t.text == "true" || t.text == "True");
-          return e;
+          return done(std::move(e));
         }
         if (t.text == "none" || t.text == "None") {
           auto e = node(Expr::Kind::kLiteral, t);
           e->value = Value::none();
-          return e;
+          return done(std::move(e));
         }
         auto e = node(Expr::Kind::kName, t);
         e->name = t.text;
-        return e;
+        return done(std::move(e));
       }
       case T::kString: {
         std::string text;
         while (current().type == T::kString) text += advance().text;
         auto e = node(Expr::Kind::kLiteral, t);
         e->value = Value::string(std::move(text));
-        return e;
+        return done(std::move(e));
       }
       case T::kInt: {
         advance();
@@ -498,13 +518,13 @@ class Parser {
         std::from_chars(t.text.data(), t.text.data() + t.text.size(), v);
         auto e = node(Expr::Kind::kLiteral, t);
         e->value = Value::integer(v);
-        return e;
+        return done(std::move(e));
       }
       case T::kFloat: {
         advance();
         auto e = node(Expr::Kind::kLiteral, t);
         e->value = Value::number(std::stod(t.text));
-        return e;
+        return done(std::move(e));
       }
       case T::kOperator:
         if (t.text == "(") {
@@ -523,7 +543,7 @@ class Parser {
             e->items.push_back(parse_expression(true));
           }
           advance();
-          return e;
+          return done(std::move(e));
         }
         if (t.text == "{") {
           advance();
@@ -536,7 +556,7 @@ class Parser {
             e->items.push_back(parse_expression(true));
           }
           advance();
-          return e;
+          return done(std::move(e));
         }
         break;
       default:
@@ -553,19 +573,19 @@ class Parser {
           auto item = node(Expr::Kind::kItem, at);
           item->object = std::move(e);
           item->items.push_back(parse_primary());
-          e = std::move(item);
+          e = done(std::move(item));
           continue;
         }
         auto attr = node(Expr::Kind::kAttr, at);
         attr->name = expect_name("an attribute name after '.'");
         attr->object = std::move(e);
-        e = std::move(attr);
+        e = done(std::move(attr));
       } else if (at_op("[")) {
         e = parse_subscript(std::move(e));
       } else if (at_op("(")) {
         e = parse_call(std::move(e));
       } else {
-        return e;
+        return done(std::move(e));
       }
     }
   }
@@ -590,12 +610,12 @@ class Parser {
       auto e = node(Expr::Kind::kItem, at);
       e->object = std::move(object);
       e->items.push_back(std::move(parts[0]));
-      return e;
+      return done(std::move(e));
     }
     auto e = node(Expr::Kind::kSlice, at);
     e->object = std::move(object);
     for (ExprPtr& p : parts) e->items.push_back(std::move(p));
-    return e;
+    return done(std::move(e));
   }
 
   void parse_call_args(Expr& e) {
@@ -624,7 +644,7 @@ class Parser {
     e->column = callee->column;
     e->object = std::move(callee);
     parse_call_args(*e);
-    return e;
+    return done(std::move(e));
   }
 
   ExprPtr parse_filter(ExprPtr object) {
@@ -635,7 +655,7 @@ class Parser {
     e->name = std::move(name);
     e->object = std::move(object);
     if (at_op("(")) parse_call_args(*e);
-    return e;
+    return done(std::move(e));
   }
 
   ExprPtr parse_test(ExprPtr object) {
@@ -656,7 +676,7 @@ class Parser {
       if (at_name("is")) fail("tests cannot be chained with 'is'");
       e->args.push_back(parse_postfix(parse_primary()));
     }
-    return e;
+    return done(std::move(e));
   }
 
   ExprPtr parse_filter_expr(ExprPtr e) {
@@ -669,7 +689,7 @@ class Parser {
       } else if (at_op("(")) {
         e = parse_call(std::move(e));
       } else {
-        return e;
+        return done(std::move(e));
       }
     }
   }

@@ -89,7 +89,7 @@ Value Value::string(std::string s) {
 Value Value::list(List items) {
   Value v;
   v.kind_ = Kind::kList;
-  v.list_ = std::make_shared<const List>(std::move(items));
+  v.list_ = std::make_shared<List>(std::move(items));
   return v;
 }
 
@@ -117,6 +117,30 @@ Value Value::callable(std::shared_ptr<const Callable> fn) {
   v.kind_ = Kind::kCallable;
   v.fn_ = std::move(fn);
   return v;
+}
+
+void Value::release() {
+  std::vector<Value> pending;
+  auto detach = [&pending](Value& v) {
+    auto keep = [&pending](Value& child) {
+      if (child.list_ || child.dict_) pending.push_back(std::move(child));
+    };
+    if (v.list_ && v.list_.use_count() == 1)
+      for (Value& child : *v.list_) keep(child);
+    if (v.dict_ && v.dict_.use_count() == 1)
+      for (auto& [key, child] : v.dict_->entries) {
+        keep(key);
+        keep(child);
+      }
+    v.list_.reset();
+    v.dict_.reset();
+  };
+  detach(*this);
+  while (!pending.empty()) {
+    Value v = std::move(pending.back());
+    pending.pop_back();
+    detach(v);  // v then holds no container, and its destructor returns at once
+  }
 }
 
 Value Value::from_json(const Json& j) {
@@ -211,7 +235,18 @@ void Value::fail_undefined() const {
   throw RenderError("UndefinedError: " + (s_.empty() ? std::string("a value is undefined") : s_));
 }
 
-bool equal(const Value& a, const Value& b) {
+namespace {
+
+void check_depth(int depth) {
+  if (depth > kMaxValueDepth)
+    throw RenderError("RecursionError: a value nests deeper than " + std::to_string(kMaxValueDepth) +
+                      " levels (a namespace that holds itself?)");
+}
+
+}  // namespace
+
+bool equal(const Value& a, const Value& b, int depth) {
+  check_depth(depth);
   using K = Value::Kind;
   if (a.is_number() && b.is_number()) {
     if (a.is_int() && b.is_int()) return a.as_int() == b.as_int();
@@ -228,7 +263,7 @@ bool equal(const Value& a, const Value& b) {
       const List &x = a.as_list(), &y = b.as_list();
       if (x.size() != y.size() || a.is_tuple() != b.is_tuple()) return false;
       for (size_t i = 0; i < x.size(); ++i)
-        if (!equal(x[i], y[i])) return false;
+        if (!equal(x[i], y[i], depth + 1)) return false;
       return true;
     }
     case K::kDict: {
@@ -236,7 +271,7 @@ bool equal(const Value& a, const Value& b) {
       if (x.entries.size() != y.entries.size()) return false;
       for (const auto& [key, value] : x.entries) {
         const Value* other = y.find(key);
-        if (!other || !equal(value, *other)) return false;
+        if (!other || !equal(value, *other, depth + 1)) return false;
       }
       return true;
     }
@@ -249,7 +284,8 @@ bool equal(const Value& a, const Value& b) {
   }
 }
 
-bool less(const Value& a, const Value& b) {
+bool less(const Value& a, const Value& b, int depth) {
+  check_depth(depth);
   if (a.is_undefined()) a.fail_undefined();
   if (b.is_undefined()) b.fail_undefined();
   if (a.is_number() && b.is_number()) {
@@ -260,8 +296,8 @@ bool less(const Value& a, const Value& b) {
   if (a.is_list() && b.is_list()) {
     const List &x = a.as_list(), &y = b.as_list();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-      if (less(x[i], y[i])) return true;
-      if (less(y[i], x[i])) return false;
+      if (less(x[i], y[i], depth + 1)) return true;
+      if (less(y[i], x[i], depth + 1)) return false;
     }
     return x.size() < y.size();
   }
@@ -350,7 +386,8 @@ std::string string_repr(const std::string& s) {
 
 }  // namespace
 
-std::string repr(const Value& v) {
+std::string repr(const Value& v, int depth) {
+  check_depth(depth);
   using K = Value::Kind;
   switch (v.kind()) {
     case K::kUndefined:
@@ -368,7 +405,7 @@ std::string repr(const Value& v) {
     case K::kList: {
       const List& items = v.as_list();
       std::string out = v.is_tuple() ? "(" : "[";
-      for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + repr(items[i]);
+      for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + repr(items[i], depth + 1);
       if (v.is_tuple()) return out + (items.size() == 1 ? ",)" : ")");
       return out + "]";
     }
@@ -377,7 +414,7 @@ std::string repr(const Value& v) {
       std::string out = v.kind() == K::kDict ? "{" : "<Namespace {";
       bool first = true;
       for (const auto& [key, value] : v.as_dict().entries) {
-        out += (first ? "" : ", ") + repr(key) + ": " + repr(value);
+        out += (first ? "" : ", ") + repr(key, depth + 1) + ": " + repr(value, depth + 1);
         first = false;
       }
       return out + (v.kind() == K::kDict ? "}" : "}>");
@@ -448,7 +485,7 @@ std::string json_float(double d) {
 
 void json_value(std::string& out, const Value& v, const JsonFormat& f, int depth) {
   using K = Value::Kind;
-  if (depth > 256) value_error("a value nested more than 256 deep cannot be written as JSON");
+  check_depth(depth);
   auto newline = [&](int level) {
     if (!f.indent) return;
     out += '\n';

@@ -64,6 +64,16 @@ class Value {
   enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace, kCallable };
 
   Value() = default;  // undefined, with no account of why
+  Value(const Value&) = default;
+  Value(Value&&) noexcept = default;
+  Value& operator=(const Value&) = default;
+  Value& operator=(Value&&) noexcept = default;
+  // Releases nested containers without recursing once per level, so that a deeply nested value a template
+  // built cannot exhaust the stack when it goes.
+  ~Value() {
+    if (list_ || dict_) release();
+  }
+
   // An undefined value that remembers why, for the error raised when it is used (Jinja2's wording).
   static Value undefined(std::string why);
   static Value none();
@@ -112,25 +122,31 @@ class Value {
   [[noreturn]] void fail_undefined() const;
 
  private:
+  void release();
+
   Kind kind_ = Kind::kUndefined;
   bool b_ = false;
   bool tuple_ = false;
   int64_t i_ = 0;
   double f_ = 0;
-  std::string s_;  // a string's text, or why a value is undefined
-  std::shared_ptr<const List> list_;
+  std::string s_;               // a string's text, or why a value is undefined
+  std::shared_ptr<List> list_;  // never changed once built (but taken apart by its last owner)
   std::shared_ptr<Dict> dict_;  // a dict (never changed) or a namespace (changed in place)
   std::shared_ptr<const Callable> fn_;
 };
 
+// Values nested deeper than this are refused by the operations that walk them (==, <, repr, tojson): a
+// namespace can hold itself, and walking it would never end.
+constexpr int kMaxValueDepth = 256;
+
 // Python ==, across ints, floats and bools; containers compare element by element.
-bool equal(const Value& a, const Value& b);
+bool equal(const Value& a, const Value& b, int depth = 0);
 // Python <; throws a TypeError for values that do not order.
-bool less(const Value& a, const Value& b);
+bool less(const Value& a, const Value& b, int depth = 0);
 // Python str(x) (undefined prints as nothing).
 std::string to_str(const Value& v);
 // Python repr(x).
-std::string repr(const Value& v);
+std::string repr(const Value& v, int depth = 0);
 // Python's repr of a float ("1.0", "1e-05", "inf").
 std::string float_repr(double d);
 
