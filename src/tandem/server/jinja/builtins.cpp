@@ -1,3 +1,4 @@
+// The tests (value is name), the methods of str, dict and list, and the global functions.
 #include "tandem/server/jinja/builtins.h"
 
 #include <algorithm>

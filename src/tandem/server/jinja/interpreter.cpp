@@ -98,28 +98,29 @@ Interpreter::Flow Interpreter::exec_body(const Body& body, Scope& scope, std::st
 Interpreter::Flow Interpreter::exec(const Stmt& s, Scope& scope, std::string& out) {
   step();
   NestingGuard nesting(*this);
+  try {
+    return exec_inner(s, scope, out);
+  } catch (const RenderError& e) {
+    if (e.line() > 0) throw;
+    throw RenderError(e.detail(), s.expr ? s.expr->line : s.line, s.expr ? s.expr->column : s.column);
+  }
+}
+
+Interpreter::Flow Interpreter::exec_inner(const Stmt& s, Scope& scope, std::string& out) {
   switch (s.kind) {
     case Stmt::Kind::kText:
       append(out, s.text);
       return Flow::kNormal;
-    case Stmt::Kind::kOutput: {
-      const Value v = eval(*s.expr, scope);
-      try {
-        append(out, to_str(v));
-      } catch (const RenderError& e) {
-        throw RenderError(e.detail(), s.expr->line, s.expr->column);
-      }
+    case Stmt::Kind::kOutput:
+      append(out, to_str(eval(*s.expr, scope)));
       return Flow::kNormal;
-    }
     case Stmt::Kind::kIf:
       for (const auto& [condition, body] : s.branches)
         if (!condition || eval(*condition, scope).truthy()) return exec_body(body, scope, out);
       return Flow::kNormal;
-    case Stmt::Kind::kFor: {
-      Flow flow = Flow::kNormal;
-      exec_for(s, scope, out, flow);
+    case Stmt::Kind::kFor:
+      exec_for(s, scope, out);
       return Flow::kNormal;
-    }
     case Stmt::Kind::kSet: {
       Value value = eval(*s.expr, scope);
       if (s.attribute.empty()) {
@@ -182,14 +183,8 @@ void Interpreter::assign(const std::vector<std::string>& targets, const Value& v
   for (size_t i = 0; i < targets.size(); ++i) scope.set(targets[i], parts[i]);
 }
 
-void Interpreter::exec_for(const Stmt& s, Scope& scope, std::string& out, Flow& flow) {
-  const Value iterable = eval(*s.expr, scope);
-  List items;
-  try {
-    items = iterate(iterable);
-  } catch (const RenderError& e) {
-    throw RenderError(e.detail(), s.expr->line, s.expr->column);
-  }
+void Interpreter::exec_for(const Stmt& s, Scope& scope, std::string& out) {
+  List items = iterate(eval(*s.expr, scope));
   if (s.filter) {
     List kept;
     for (const Value& item : items) {
@@ -233,10 +228,8 @@ void Interpreter::exec_for(const Stmt& s, Scope& scope, std::string& out, Flow& 
                                 : Value::undefined("there is no next item (loop.nextitem at the last)"));
     field("cycle", Value::callable(std::make_shared<CycleCallable>(i)));
     inner.set("loop", Value::dict(std::move(loop)));
-    flow = exec_body(s.body, inner, out);
-    if (flow == Flow::kBreak) break;
+    if (exec_body(s.body, inner, out) == Flow::kBreak) break;
   }
-  flow = Flow::kNormal;
 }
 
 Value Interpreter::lookup(const std::string& name, Scope& scope) const {

@@ -47,7 +47,8 @@ class Interpreter {
   };
   Flow exec_body(const Body& body, Scope& scope, std::string& out);
   Flow exec(const Stmt& s, Scope& scope, std::string& out);
-  void exec_for(const Stmt& s, Scope& scope, std::string& out, Flow& flow);
+  Flow exec_inner(const Stmt& s, Scope& scope, std::string& out);
+  void exec_for(const Stmt& s, Scope& scope, std::string& out);
   void assign(const std::vector<std::string>& targets, const Value& value, Scope& scope);
   void append(std::string& out, std::string_view text) const;
 

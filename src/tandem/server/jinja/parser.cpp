@@ -280,12 +280,10 @@ class Parser {
     advance();
     expect_block_end();
     std::string end;
-    ++macro_depth_;
     const int saved_loops = loop_depth_;
     loop_depth_ = 0;
     s->body = subparse({"endmacro"}, end, &at);
     loop_depth_ = saved_loops;
-    --macro_depth_;
     if (current().type == T::kName) advance();  // {% endmacro name %}
     expect_block_end();
     return s;
@@ -698,7 +696,6 @@ class Parser {
   size_t pos_ = 0;
   int depth_ = 0;
   int loop_depth_ = 0;
-  int macro_depth_ = 0;
 };
 
 }  // namespace
