@@ -65,6 +65,13 @@ const std::set<std::string> kShapeKeywords = {"type",
                                               "exclusiveMaximum"};
 
 constexpr int kMaxIndent = 20;
+constexpr int kMaxNesting = 200;
+// Numbers stay within what a 64-bit integer and a double hold, so that every output parses: an unbounded
+// run of digits would also let a model loop on digits forever.
+constexpr int64_t kMaxIntegerDigits = 18;
+constexpr int64_t kMaxInteger = 999'999'999'999'999'999;  // 18 digits
+constexpr int64_t kMaxFractionDigits = 16;
+constexpr int64_t kMaxExponentDigits = 2;
 
 class SchemaCompiler {
  public:
@@ -73,7 +80,12 @@ class SchemaCompiler {
   Grammar compile() {
     const int32_t value = schema(root_, "#");
     const int32_t root = b_.rule("root", {{GrammarBuilder::ref(value)}});
-    return std::move(b_).build(root);
+    try {
+      return std::move(b_).build(root);
+    } catch (const Error& e) {
+      // The only way a schema yields left recursion: a $ref cycle that writes nothing in between.
+      throw Error(std::string("JSON schema refers to itself without any JSON text in between: ") + e.what());
+    }
   }
 
   Grammar compile_any_object() {
@@ -160,8 +172,9 @@ class SchemaCompiler {
   int32_t integer(bool allow_negative) {
     int32_t& cached = allow_negative ? integer_ : natural_;
     if (cached >= 0) return cached;
-    const int32_t magnitude =
-        b_.rule("natural", {b_.literal("0"), {b_.byte_range('1', '9'), GrammarBuilder::ref(digits(0, -1))}});
+    const int32_t magnitude = b_.rule(
+        "natural",
+        {b_.literal("0"), {b_.byte_range('1', '9'), GrammarBuilder::ref(digits(0, kMaxIntegerDigits - 1))}});
     std::vector<Sequence> alts = {{GrammarBuilder::ref(magnitude)}};
     if (allow_negative) alts.push_back({b_.literal("-")[0], GrammarBuilder::ref(magnitude)});
     cached = b_.rule(allow_negative ? "integer" : "natural", alts);
@@ -172,7 +185,7 @@ class SchemaCompiler {
     int32_t& cached = allow_negative ? number_ : non_negative_number_;
     if (cached >= 0) return cached;
     const int32_t fraction =
-        b_.rule("fraction", {{}, {b_.literal(".")[0], GrammarBuilder::ref(digits(1, -1))}});
+        b_.rule("fraction", {{}, {b_.literal(".")[0], GrammarBuilder::ref(digits(1, kMaxFractionDigits))}});
     ByteClass e;
     e.set('e');
     e.set('E');
@@ -180,9 +193,9 @@ class SchemaCompiler {
     sign.set('+');
     sign.set('-');
     const int32_t exponent_sign = b_.rule("exponent-sign", {{}, {b_.bytes(sign)}});
-    const int32_t exponent =
-        b_.rule("exponent",
-                {{}, {b_.bytes(e), GrammarBuilder::ref(exponent_sign), GrammarBuilder::ref(digits(1, -1))}});
+    const int32_t exponent = b_.rule("exponent", {{},
+                                                  {b_.bytes(e), GrammarBuilder::ref(exponent_sign),
+                                                   GrammarBuilder::ref(digits(1, kMaxExponentDigits))}});
     cached = b_.rule("number", {{GrammarBuilder::ref(integer(allow_negative)), GrammarBuilder::ref(fraction),
                                  GrammarBuilder::ref(exponent)}});
     return cached;
@@ -311,6 +324,15 @@ class SchemaCompiler {
   }
 
   int32_t schema(const ordered_json& s, const std::string& path) {
+    // Nesting is followed by recursion here; a bound keeps a hostile schema from exhausting the stack.
+    if (++depth_ > kMaxNesting)
+      fail(path, "the schema nests deeper than " + std::to_string(kMaxNesting) + " levels");
+    const int32_t id = schema_at_depth(s, path);
+    --depth_;
+    return id;
+  }
+
+  int32_t schema_at_depth(const ordered_json& s, const std::string& path) {
     if (s.is_boolean()) {
       if (!s.get<bool>()) fail(path, "the schema false matches no value, so no output can satisfy it");
       return any_value();
@@ -386,7 +408,7 @@ class SchemaCompiler {
     }
     if (resolved == nullptr) fail(path + "/$ref", target + " does not point into the schema");
     // Declared before compiling the target, so that a recursive schema refers back to this rule.
-    const int32_t id = b_.declare("ref");
+    const int32_t id = b_.declare(target);
     refs_[target] = id;
     b_.add_alternative(id, {GrammarBuilder::ref(schema(*resolved, target))});
     return id;
@@ -541,7 +563,7 @@ class SchemaCompiler {
     const auto lo = integer_bound(s, "minimum", "exclusiveMinimum", true, path);
     const auto hi = integer_bound(s, "maximum", "exclusiveMaximum", false, path);
     if (!lo && !hi) return integer(true);
-    return integer_range(lo, hi, path);
+    return integer_range(lo.value_or(-kMaxInteger), hi.value_or(kMaxInteger), path);
   }
 
   int32_t number_schema(const ordered_json& s, const std::string& path) {
@@ -731,6 +753,7 @@ class SchemaCompiler {
   GrammarBuilder b_;
   std::map<std::string, int32_t> refs_;
   std::map<std::pair<int64_t, int64_t>, int32_t> strings_;
+  int depth_ = 0;
   int32_t ws_ = -1;
   int32_t string_char_ = -1;
   int32_t integer_ = -1;
@@ -750,10 +773,10 @@ Grammar grammar_from_json_schema(std::string_view schema_text) {
   } catch (const nlohmann::json::parse_error& e) {
     throw Error(std::string("JSON schema is not valid JSON: ") + e.what());
   }
-  return grammar_from_json_schema(schema);
+  return grammar_from_parsed_json_schema(schema);
 }
 
-Grammar grammar_from_json_schema(const ordered_json& schema) {
+Grammar grammar_from_parsed_json_schema(const ordered_json& schema) {
   return SchemaCompiler(schema).compile();
 }
 

@@ -9,7 +9,8 @@
 //   given, so the output holds only declared properties);
 //   array: items, minItems, maxItems; string: minLength, maxLength (in code points), format date, time,
 //   date-time and uuid (other formats are annotations and not enforced); integer: minimum, maximum,
-//   exclusiveMinimum, exclusiveMaximum; number.
+//   exclusiveMinimum, exclusiveMaximum; number. Numbers are kept within what int64 and double hold: at
+//   most 18 integer digits, 16 fraction digits and a two-digit exponent.
 // Annotations (title, description, default, examples, $schema, $id, $comment, ...) are ignored. A keyword
 // that would constrain the output but is not supported (pattern, multipleOf, uniqueItems, not, ...) is an
 // error rather than silently unenforced. Extra property names (additionalProperties) are written in
@@ -28,7 +29,8 @@ namespace tandem::sampling {
 
 // Parses `schema_text` as JSON (property order is kept) and compiles it.
 Grammar grammar_from_json_schema(std::string_view schema_text);
-Grammar grammar_from_json_schema(const nlohmann::ordered_json& schema);
+// The same for a schema already parsed (with its property order kept).
+Grammar grammar_from_parsed_json_schema(const nlohmann::ordered_json& schema);
 
 // JSON mode: any JSON object.
 Grammar json_object_grammar();
