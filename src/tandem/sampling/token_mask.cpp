@@ -37,6 +37,11 @@ void apply_token_mask(std::span<float> logits, const TokenMask& mask) {
     const uint64_t refused = ~words[w];
     if (refused == 0) continue;
     const size_t end = std::min(logits.size(), (w + 1) * 64);
+    if (refused == ~uint64_t{0}) {
+      std::fill(logits.begin() + static_cast<ptrdiff_t>(w * 64), logits.begin() + static_cast<ptrdiff_t>(end),
+                kNegInf);
+      continue;
+    }
     for (size_t i = w * 64; i < end; ++i)
       if ((refused >> (i & 63)) & 1) logits[i] = kNegInf;
   }
