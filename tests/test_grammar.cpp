@@ -3,10 +3,12 @@
 // and the matcher's positions (rollback, clone, draft prefixes).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -198,6 +200,65 @@ TEST(GrammarMatcher, RollbackCloneAndDraftPrefix) {
   EXPECT_TRUE(mask.test(2));
   EXPECT_FALSE(mask.test(6));  // "[" then "," is refused
   EXPECT_THROW(m.accept_token(99), Error);
+}
+
+TEST(TokenTrie, OverlongPieceIsNeverAllowed) {
+  GrammarBuilder b;
+  const int32_t root = b.repeat("as", {b.literal("a")[0]}, 1, -1);
+  auto grammar = std::make_shared<const Grammar>(std::move(b).build(root));
+  const auto trie = TokenTrie::build({"a", std::string(70000, 'a')}, {false, false});
+  GrammarMatcher m(grammar, trie);
+  TokenMask mask;
+  m.fill_mask(mask);
+  EXPECT_TRUE(mask.test(0));
+  EXPECT_FALSE(mask.test(1));
+  EXPECT_FALSE(m.can_accept(1));
+}
+
+// What speculative decoding relies on: a clone that accepts a draft sees, at every drafted position, the
+// mask that plain decoding saw there, the draft is cut at its first refused token, and rolling back restores
+// the earlier masks.
+TEST(GrammarMatcher, DraftMasksEqualPlainDecodingMasks) {
+  const auto tok =
+      tokenizer::Tokenizer::from_gguf(gguf::File::open(shared_path("vocab/ggml-vocab-llama-spm.gguf")));
+  const auto trie = TokenTrie::build(*tok);
+  // At least 100 items: the walk cannot finish within its 60 tokens, so some token other than an end of
+  // generation is always allowed.
+  auto grammar = std::make_shared<const Grammar>(
+      grammar_from_json_schema(R"({"type":"array","items":{"type":"string"},"minItems":100})"));
+  GrammarMatcher plain(grammar, trie);
+  std::mt19937 rng(3);
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<int32_t>> masks;
+  TokenMask mask;
+  for (int step = 0; step < 60; ++step) {
+    plain.fill_mask(mask);
+    masks.push_back(mask.allowed_ids());
+    std::vector<int32_t> allowed;
+    for (int32_t id : masks.back())
+      if (!trie->is_eog(id)) allowed.push_back(id);
+    ASSERT_FALSE(allowed.empty());
+    const int32_t pick = allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)];
+    ASSERT_TRUE(plain.accept_token(pick));
+    tokens.push_back(pick);
+  }
+  // A separate matcher (its own caches) replays the first 20 tokens, then drafts the next 30 with a refused
+  // token spliced in at draft index 12.
+  GrammarMatcher target(grammar, trie);
+  ASSERT_EQ(target.accept_prefix(std::span(tokens).first(20)), 20u);
+  std::vector<int32_t> draft(tokens.begin() + 20, tokens.begin() + 50);
+  int32_t refused = 0;
+  while (std::binary_search(masks[32].begin(), masks[32].end(), refused)) ++refused;
+  draft[12] = refused;
+  GrammarMatcher drafter = target.clone();
+  EXPECT_EQ(drafter.accept_prefix(draft), 12u);
+  for (size_t k = 13; k-- > 0;) {
+    drafter.rollback_to(20 + k);
+    drafter.fill_mask(mask);
+    EXPECT_EQ(mask.allowed_ids(), masks[20 + k]) << "draft position " << k;
+  }
+  target.fill_mask(mask);
+  EXPECT_EQ(mask.allowed_ids(), masks[20]);
 }
 
 // Real vocabularies: the mask equals a token-by-token check (every token's bytes walked through the grammar)

@@ -69,26 +69,28 @@ std::shared_ptr<const TokenTrie> TokenTrie::build(const std::vector<std::string>
   trie->pieces_ = pieces;
   trie->is_eog_.assign(pieces.size(), 0);
   std::vector<int32_t> order;
+  // Node depths are 16-bit: a longer piece (none exists in practice) is dropped, so never allowed.
+  constexpr size_t kMaxPiece = std::numeric_limits<uint16_t>::max();
   for (int32_t id = 0; id < n; ++id) {
+    if (trie->pieces_[static_cast<size_t>(id)].size() > kMaxPiece)
+      trie->pieces_[static_cast<size_t>(id)].clear();
     if (eog[static_cast<size_t>(id)]) {
       trie->is_eog_[static_cast<size_t>(id)] = 1;
       trie->eog_tokens_.push_back(id);
-    } else if (!pieces[static_cast<size_t>(id)].empty()) {
+    } else if (!trie->pieces_[static_cast<size_t>(id)].empty()) {
       order.push_back(id);
     }
   }
   // Sorted pieces give the preorder directly: each piece adds nodes below its common prefix with the one
   // before it.
+  const std::vector<std::string>& kept = trie->pieces_;
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return pieces[static_cast<size_t>(a)] < pieces[static_cast<size_t>(b)];
+    return kept[static_cast<size_t>(a)] < kept[static_cast<size_t>(b)];
   });
-  constexpr size_t kMaxPiece = std::numeric_limits<uint16_t>::max();
   std::string_view previous;
   std::vector<int32_t> node_at_depth(1, -1);  // [d]: last node created at depth d on the current path
   for (int32_t id : order) {
-    std::string_view piece = pieces[static_cast<size_t>(id)];
-    if (piece.size() > kMaxPiece) piece = piece.substr(0, 0);  // unreachable in practice; never allowed
-    if (piece.empty()) continue;
+    const std::string_view piece = kept[static_cast<size_t>(id)];
     size_t common = 0;
     while (common < previous.size() && common < piece.size() && previous[common] == piece[common]) ++common;
     if (node_at_depth.size() < piece.size() + 1) node_at_depth.resize(piece.size() + 1, -1);
