@@ -20,6 +20,8 @@
 #include "tandem/util/error.h"
 #include "test_util.h"
 
+#include "alloc_counter.inc"  // g_allocations, TANDEM_COUNTS_ALLOCATIONS
+
 namespace tandem::sampling {
 namespace {
 
@@ -259,6 +261,28 @@ TEST(GrammarMatcher, DraftMasksEqualPlainDecodingMasks) {
   }
   target.fill_mask(mask);
   EXPECT_EQ(mask.allowed_ids(), masks[20]);
+}
+
+// Once its states and masks are cached, a step (mask, mask applied to the logits, accept) allocates nothing.
+TEST(GrammarMatcher, CachedStepsDoNotAllocate) {
+  if (!TANDEM_COUNTS_ALLOCATIONS) GTEST_SKIP() << "allocations are not counted under AddressSanitizer";
+  auto grammar = std::make_shared<const Grammar>(list_grammar());
+  GrammarMatcher m(grammar, toy_trie());
+  const std::vector<int32_t> tokens = {9, 3, 7, 6, 11, 1, 10};  // "[a" "ab" ",a" "," "c" "]" end
+  TokenMask mask;
+  std::vector<float> logits(static_cast<size_t>(toy_trie()->n_vocab()));
+  for (int pass = 0; pass < 2; ++pass) {
+    m.rollback_to(0);
+    const size_t before = g_allocations.load();
+    for (int32_t id : tokens) {
+      m.fill_mask(mask);
+      apply_token_mask(logits, mask);
+      ASSERT_TRUE(m.accept_token(id));
+    }
+    if (pass == 1) {
+      EXPECT_EQ(g_allocations.load() - before, 0u);
+    }
+  }
 }
 
 // Real vocabularies: the mask equals a token-by-token check (every token's bytes walked through the grammar)

@@ -142,8 +142,10 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar,
 std::span<const uint64_t> GrammarMatcher::mask_words(int32_t state) {
   Shared& s = *shared_;
   const size_t words = s.words_per_mask;
-  auto [it, inserted] = s.mask_slots.emplace(state, s.mask_slots.size());
-  if (inserted) {
+  // find() before inserting: emplace() would allocate a node even on a hit, the common case.
+  auto it = s.mask_slots.find(state);
+  if (it == s.mask_slots.end()) {
+    it = s.mask_slots.emplace(state, s.mask_slots.size()).first;
     s.masks.resize(s.masks.size() + words, 0);
     uint64_t* bits = s.masks.data() + it->second * words;
     const TokenTrie& trie = *s.trie;
