@@ -76,8 +76,9 @@ class GrammarBuilder {
   static GrammarElement ref(int32_t rule) { return {GrammarElement::Kind::kRule, rule}; }
 
   // A rule matching `item` repeated between min_count and max_count times (max_count < 0: unbounded).
-  // `item` must not match the empty string when the repetition is unbounded. Builds max_count rules when
-  // bounded; throws tandem::Error above 100000 of them.
+  // `item` must not match the empty string (build() refuses the left recursion that would make). A bounded
+  // repetition builds one rule per optional item, keeping the count in the parse state; throws tandem::Error
+  // when min_count or max_count - min_count is above 100000.
   int32_t repeat(std::string name, const Sequence& item, int64_t min_count, int64_t max_count);
 
   // Throws tandem::Error when a declared rule has no alternative, a reference names no rule, `root` is not
