@@ -305,7 +305,7 @@ TEST(Jinja, ChatTemplateRendersTheModelsOwnTemplate) {
   EXPECT_EQ(chat.name(), "jinja");
   EXPECT_TRUE(chat.stop_sequences().empty());
   const std::vector<ChatMessage> messages = {{"system", "Be brief. "}, {"user", "Hi"}};
-  // The interpreter's rendering, less the leading BOS that the tokenizer adds itself.
+  // The interpreter's rendering as it stands, BOS included (the server encodes it without adding another).
   const Json vars = {
       {"messages", {{{"role", "system"}, {"content", "Be brief. "}}, {{"role", "user"}, {"content", "Hi"}}}},
       {"bos_token", "<|begin_of_text|>"},
@@ -313,7 +313,7 @@ TEST(Jinja, ChatTemplateRendersTheModelsOwnTemplate) {
       {"add_generation_prompt", true}};
   const std::string full = Template::parse(source).render(vars);
   ASSERT_EQ(full.rfind("<|begin_of_text|>", 0), 0u);
-  EXPECT_EQ(chat.render(messages), full.substr(std::string("<|begin_of_text|>").size()));
+  EXPECT_EQ(chat.render(messages), full);
   EXPECT_NE(chat.render(messages).find(
                 "Be brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"),
             std::string::npos);

@@ -150,8 +150,6 @@ std::string ChatTemplate::render_interpreted(std::span<const ChatMessage> messag
                    std::string("the model's chat template cannot render these messages: ") + e.what(),
                    "messages");
   }
-  // The tokenizer adds the BOS the model asks for; a template's own would double it.
-  if (!bos_.empty() && out.compare(0, bos_.size(), bos_) == 0) out.erase(0, bos_.size());
   return out;
 }
 

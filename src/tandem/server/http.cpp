@@ -131,7 +131,11 @@ engine::Request HttpServer::Impl::engine_request(const CompletionRequest& r,
   engine::Request er;
   std::string param = r.chat ? "messages" : "prompt";
   if (r.chat) {
-    er.prompt = tok.encode(chat.render(r.messages), /*add_special=*/true, /*parse_special=*/true);
+    const std::string text = chat.render(r.messages);
+    // Most templates write the BOS themselves; the encoder must not add a second one then. A tokenizer that
+    // adds no BOS keeps the template's.
+    const bool has_bos = tok.bos_id() >= 0 && text.starts_with(tok.token_text(tok.bos_id()));
+    er.prompt = tok.encode(text, /*add_special=*/!has_bos, /*parse_special=*/true);
     for (const std::string& s : chat.stop_sequences()) stops.push_back(s);
   } else if (!r.prompt_ids.empty()) {
     er.prompt = r.prompt_ids;
