@@ -18,6 +18,9 @@
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
+#include "tandem/kernels/quant_unpack.h"
+#include "tandem/kernels/quant_x86_ops.h"
+
 namespace tandem::kernels {
 namespace avx2_target {
 

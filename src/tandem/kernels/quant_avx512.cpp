@@ -22,6 +22,9 @@
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 #include <immintrin.h>
 
+#include "tandem/kernels/quant_unpack.h"
+#include "tandem/kernels/quant_x86_ops.h"
+
 namespace tandem::kernels {
 namespace avx512_target {
 

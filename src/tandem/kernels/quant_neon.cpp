@@ -12,6 +12,9 @@
 #if defined(__aarch64__) && defined(__GNUC__)
 #include <arm_neon.h>
 
+#include "tandem/kernels/quant_plain_ops.h"
+#include "tandem/kernels/quant_unpack.h"
+
 namespace tandem::kernels {
 namespace neon_target {
 

@@ -14,6 +14,9 @@
 #pragma GCC target("arch=armv8.2-a+dotprod")
 #include <arm_neon.h>
 
+#include "tandem/kernels/quant_plain_ops.h"
+#include "tandem/kernels/quant_unpack.h"
+
 namespace tandem::kernels {
 namespace neon_dot_target {
 

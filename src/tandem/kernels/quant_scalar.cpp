@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "tandem/kernels/quant_layout.h"
+#include "tandem/kernels/quant_plain_ops.h"
+#include "tandem/kernels/quant_unpack.h"
 #include "tandem/kernels/repack.h"
 #include "tandem/tensor/blocks.h"
 #include "tandem/tensor/fp16.h"
@@ -13,14 +15,11 @@
 namespace tandem::kernels {
 namespace scalar_target {
 
-inline float half_to_float(uint16_t h) {
-  return fp16_to_f32(h);
-}
-
-#include "tandem/kernels/quant_plain_helpers.inc"
-constexpr bool kBlockLanes = false;    // the legacy types in block order (quant_layout.h)
-constexpr bool kK4BlockLanes = false;  // Q4_K and Q5_K in group order
-#include "tandem/kernels/quant_unpack.inc"
+struct Ops : PlainOps<Ops> {
+  static constexpr bool kBlockLanes = false;    // the legacy types in block order (quant_layout.h)
+  static constexpr bool kK4BlockLanes = false;  // Q4_K and Q5_K in group order
+};
+using Unpack = QuantUnpack<Ops>;
 
 float dot_one(const UnpackedSuper* w, int64_t n_super, const ActSuper* x, bool signed_codes) {
   float acc = 0.0f, acc_b = 0.0f;
@@ -86,8 +85,8 @@ void dot_probe(const uint8_t* u, const int8_t* s, int64_t iterations, uint32_t* 
 const QuantKernels& quant_kernels_scalar() {
   static const QuantKernels k{false,
                               false,
-                              scalar_target::unpack_row_impl,
-                              scalar_target::quantize_row_impl,
+                              scalar_target::Unpack::unpack_row_impl,
+                              scalar_target::Unpack::quantize_row_impl,
                               scalar_target::dot_rows,
                               no_direct_rows,
                               no_direct_rows,
