@@ -19,7 +19,7 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 // exits first). Returns { url, replicas: [{ name, pid, url, log }], stop() }.
 export function startCluster({ bin, model, replicas = 3, port, balance = 'affinity', balanceFactor, serveArgs = [] }) {
   const args = [path.join(here, 'serve-cluster.sh'), String(replicas), '-m', model, '--port', String(port),
-    '--balance', balance, '--bin', bin, ...(balanceFactor ? ['--balance-factor', String(balanceFactor)] : []),
+    '--balance', balance, '--bin', bin, ...(balanceFactor !== undefined ? ['--balance-factor', String(balanceFactor)] : []),
     ...serveArgs];
   const proc = spawn('bash', args, { stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
