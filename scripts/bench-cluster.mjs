@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // Prefix-cache reuse across replicas: the same multi-turn chat workload through HAProxy over N `tandem serve`
-// replicas (scripts/serve-cluster.sh), once with session affinity and once with round-robin, printing the
-// share of prompt tokens each served from the replicas' prefix caches side by side.
+// replicas (scripts/serve-cluster.sh) with session affinity (bounded load, as configured by default), with
+// affinity and no load bound, and with round-robin, printing the share of prompt tokens each served from the
+// replicas' prefix caches side by side.
 //
 //   node scripts/bench-cluster.mjs -m MODEL [--replicas 3] [--clients 8] [--turns 6] [--max-tokens 64]
 //        [--port 18080] [--bin build/tandem] [--json] [-- serve flags...]
@@ -121,7 +122,7 @@ export function summarize(chats) {
 
 function parseArgs(argv) {
   const o = { replicas: 3, clients: 8, turns: 6, maxTokens: 64, port: 18080, bin: path.join(here, '..', 'build', 'tandem'),
-    json: false, serveArgs: ['-t', '1'] };
+    json: false, serveArgs: ['-t', '1', '--parallel', '8'] };
   const rest = argv.indexOf('--');
   if (rest >= 0) {
     o.serveArgs = argv.slice(rest + 1);
@@ -161,14 +162,19 @@ async function main() {
     process.exit(2);
   }
   const model = path.basename(o.model).replace(/\.gguf$/, '');
+  const modes = [
+    { label: 'affinity', balance: 'affinity' },
+    { label: 'no load bound', balance: 'affinity', balanceFactor: 0 },
+    { label: 'round-robin', balance: 'roundrobin' },
+  ];
   const results = {};
-  for (const balance of ['affinity', 'roundrobin']) {
-    const cluster = await startCluster({ bin: o.bin, model: o.model, replicas: o.replicas, port: o.port, balance,
-      serveArgs: o.serveArgs });
+  for (const mode of modes) {
+    const cluster = await startCluster({ bin: o.bin, model: o.model, replicas: o.replicas, port: o.port,
+      balance: mode.balance, balanceFactor: mode.balanceFactor, serveArgs: o.serveArgs });
     try {
       const t0 = performance.now();
       const chats = await runChats(cluster.url, model, { clients: o.clients, turns: o.turns, maxTokens: o.maxTokens });
-      results[balance] = { ...summarize(chats), seconds: (performance.now() - t0) / 1000 };
+      results[mode.label] = { ...summarize(chats), seconds: (performance.now() - t0) / 1000 };
     } finally {
       await cluster.stop();
     }
@@ -178,18 +184,15 @@ async function main() {
     return;
   }
   const pct = (x) => `${(100 * x).toFixed(1)}%`;
-  const rows = [
-    ['', 'affinity', 'round-robin'],
-    ['prompt tokens', results.affinity.prompt_tokens, results.roundrobin.prompt_tokens],
-    ['from prefix caches', results.affinity.cached_tokens, results.roundrobin.cached_tokens],
-    ['share cached', pct(results.affinity.cached_share), pct(results.roundrobin.cached_share)],
-    ['chats on one replica', `${results.affinity.chats_on_one_replica}/${results.affinity.chats}`,
-      `${results.roundrobin.chats_on_one_replica}/${results.roundrobin.chats}`],
-    ['failed requests', results.affinity.failed, results.roundrobin.failed],
-    ['seconds', results.affinity.seconds.toFixed(2), results.roundrobin.seconds.toFixed(2)],
-  ];
+  const row = (name, f) => `${name.padEnd(22)}${modes.map((m) => String(f(results[m.label])).padStart(16)).join('')}`;
   console.log(`${o.clients} clients x ${o.turns} turns over ${o.replicas} replicas (serve ${o.serveArgs.join(' ')})`);
-  for (const r of rows) console.log(`${String(r[0]).padEnd(22)}${String(r[1]).padStart(12)}${String(r[2]).padStart(14)}`);
+  console.log(row('', (r) => modes.find((m) => results[m.label] === r).label));
+  console.log(row('prompt tokens', (r) => r.prompt_tokens));
+  console.log(row('from prefix caches', (r) => r.cached_tokens));
+  console.log(row('share cached', (r) => pct(r.cached_share)));
+  console.log(row('chats on one replica', (r) => `${r.chats_on_one_replica}/${r.chats}`));
+  console.log(row('failed requests', (r) => r.failed));
+  console.log(row('seconds', (r) => r.seconds.toFixed(2)));
 }
 
 if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
