@@ -43,6 +43,7 @@ struct ServeOptions {
   int max_draft = 0;
   speculative::GateSettings gate;
   std::string api_key, alias, replica_name;
+  std::string chat_template;  // --chat-template FILE: overrides the model file's
   double drain_seconds = 30;
   server::ConnectionLimits connections;
   double idle_seconds = 5, request_seconds = 30, write_seconds = 10;
@@ -155,8 +156,16 @@ void serve(const ServeOptions& o) {
   auto text_of = [&](int32_t id, const char* fallback) {
     return id >= 0 ? std::string(tok->token_text(id)) : std::string(fallback);
   };
+  std::string problem;
   const server::ChatTemplate chat =
-      server::ChatTemplate::detect(source, text_of(tok->bos_id(), "<s>"), text_of(tok->eos_id(), "</s>"));
+      !o.chat_template.empty()
+          ? server::ChatTemplate::interpret(read_text_file(o.chat_template), text_of(tok->bos_id(), "<s>"),
+                                            text_of(tok->eos_id(), "</s>"))
+          : server::ChatTemplate::load(source, text_of(tok->bos_id(), "<s>"), text_of(tok->eos_id(), "</s>"),
+                                       &problem);
+  if (!problem.empty())
+    std::fprintf(stderr, "note: the model's chat template does not parse (%s); using the %s format instead\n",
+                 problem.c_str(), std::string(chat.name()).c_str());
 
   ThreadPool pool(o.model.resolved_threads());
   model::Graph graph(*model, pool, model::GraphOptions{std::max<int64_t>(o.rows, 16), 16});
@@ -292,6 +301,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--replica-name", o->replica_name,
                   "Name sent in every response's X-Tandem-Replica header (default HOSTNAME:PORT)")
       ->check(replica_name_check());
+  cmd->add_option("--chat-template", o->chat_template,
+                  "Jinja chat template file to use instead of the model's tokenizer.chat_template")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--drain-timeout", o->drain_seconds,
                   "Seconds running requests get after SIGTERM; queued ones get 503 at once (default 30)")
       ->check(CLI::Range(0.0, 86400.0));

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_quantize_command(app);
   tandem::cli::add_kld_command(app);
   tandem::cli::add_tokenize_command(app);
+  tandem::cli::add_template_command(app);
   tandem::cli::add_serve_command(app);
   tandem::cli::add_calibrate_command(app);
   tandem::cli::add_bench_spec_command(app);

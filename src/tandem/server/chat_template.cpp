@@ -2,6 +2,8 @@
 
 #include <initializer_list>
 
+#include "tandem/server/jinja/template.h"
+#include "tandem/server/openai_api.h"
 #include "tandem/util/error.h"
 
 namespace tandem::server {
@@ -83,6 +85,24 @@ ChatTemplate ChatTemplate::detect(std::string_view src, std::string bos, std::st
   return ChatTemplate(f, std::move(bos), std::move(eos), std::move(system));
 }
 
+ChatTemplate ChatTemplate::interpret(std::string_view source, std::string bos, std::string eos) {
+  auto parsed = std::make_shared<const jinja::Template>(jinja::Template::parse(source));
+  ChatTemplate t = detect(source, std::move(bos), std::move(eos));
+  t.jinja_ = std::move(parsed);
+  return t;
+}
+
+ChatTemplate ChatTemplate::load(std::string_view source, std::string bos, std::string eos,
+                                std::string* problem) {
+  if (source.empty()) return detect(source, std::move(bos), std::move(eos));
+  try {
+    return interpret(source, bos, eos);
+  } catch (const jinja::SyntaxError& e) {
+    if (problem) *problem = e.what();
+    return detect(source, std::move(bos), std::move(eos));
+  }
+}
+
 ChatTemplate::ChatTemplate(ChatFamily family, std::string bos, std::string eos, std::string default_system)
     : family_(family),
       bos_(std::move(bos)),
@@ -90,6 +110,7 @@ ChatTemplate::ChatTemplate(ChatFamily family, std::string bos, std::string eos, 
       default_system_(std::move(default_system)) {}
 
 std::string_view ChatTemplate::name() const {
+  if (jinja_) return "jinja";
   switch (family_) {
     case ChatFamily::kPlain:
       return "plain";
@@ -110,12 +131,33 @@ std::string_view ChatTemplate::name() const {
 }
 
 std::vector<std::string> ChatTemplate::stop_sequences() const {
-  if (family_ == ChatFamily::kPlain) return {"\nUser:"};
+  if (family_ == ChatFamily::kPlain && !jinja_) return {"\nUser:"};
   return {};
+}
+
+std::string ChatTemplate::render_interpreted(std::span<const ChatMessage> messages) const {
+  jinja::Json vars = jinja::Json::object();
+  jinja::Json& list = vars["messages"] = jinja::Json::array();
+  for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
+  vars["bos_token"] = bos_;
+  vars["eos_token"] = eos_;
+  vars["add_generation_prompt"] = true;
+  std::string out;
+  try {
+    out = jinja_->render(vars);
+  } catch (const jinja::RenderError& e) {
+    throw ApiError(400, "invalid_request_error",
+                   std::string("the model's chat template cannot render these messages: ") + e.what(),
+                   "messages");
+  }
+  // The tokenizer adds the BOS the model asks for; a template's own would double it.
+  if (!bos_.empty() && out.compare(0, bos_.size(), bos_) == 0) out.erase(0, bos_.size());
+  return out;
 }
 
 std::string ChatTemplate::render(std::span<const ChatMessage> messages) const {
   if (messages.empty()) throw Error("a chat needs at least one message");
+  if (jinja_) return render_interpreted(messages);
   std::string out;
   switch (family_) {
     case ChatFamily::kChatML: {

@@ -1,7 +1,9 @@
 // Chat templates: messages -> the prompt text a chat model was trained on.
 //
-// A GGUF file carries its template as Jinja source (tokenizer.chat_template). Rather than interpret Jinja,
-// Tandem recognises the common families by their marker tokens and renders them natively:
+// A GGUF file carries its template as Jinja source (tokenizer.chat_template). ChatTemplate::load renders that
+// source with the Jinja interpreter (server/jinja), exactly as the model hub does; a file without a template,
+// or one whose template does not parse, falls back to the families recognised by their marker tokens and
+// rendered natively:
 //   chatml   <|im_start|>{role}\n{content}<|im_end|>\n ... <|im_start|>assistant\n    (Qwen, many others;
 //            a default system message written in the template, as Qwen's, is applied when none is given)
 //   llama2   [INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] ...
@@ -10,7 +12,8 @@
 //   gemma    <start_of_turn>{user|model}\n{content}<end_of_turn>\n ... <start_of_turn>model\n
 //            (no system role: a system message opens the first user turn)
 //   phi3     <|{role}|>\n{content}<|end|>\n ... <|assistant|>\n
-// The BOS token that starts a conversation is not written: the tokenizer adds it when the model asks for
+// The BOS token that starts a conversation is not written (an interpreted template's leading bos_token is
+// dropped): the tokenizer adds it when the model asks for
 // one (tokenizer.ggml.add_bos_token), so it is never doubled. Later BOS / EOS tokens that a format places
 // between turns are written as their text, which the tokenizer parses as special tokens.
 //
@@ -23,12 +26,17 @@
 // with "\nUser:" as an implicit stop sequence, so a base model does not write the next user turn.
 #pragma once
 
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace tandem::server {
+
+namespace jinja {
+class Template;
+}
 
 struct ChatMessage {
   std::string role;  // system | user | assistant | tool
@@ -44,20 +52,33 @@ class ChatTemplate {
   static ChatTemplate detect(std::string_view source, std::string bos = "<s>", std::string eos = "</s>");
   explicit ChatTemplate(ChatFamily family, std::string bos = "<s>", std::string eos = "</s>",
                         std::string default_system = {});
+  // Renders `source` with the Jinja interpreter; throws jinja::SyntaxError (line and column) when it does not
+  // parse.
+  static ChatTemplate interpret(std::string_view source, std::string bos = "<s>", std::string eos = "</s>");
+  // The template of a model file: interpreted when `source` parses, else (and when it is empty) the family
+  // detect() recognises, with the syntax error in *problem when one is given.
+  static ChatTemplate load(std::string_view source, std::string bos = "<s>", std::string eos = "</s>",
+                           std::string* problem = nullptr);
 
   ChatFamily family() const { return family_; }
+  // Whether the Jinja interpreter renders this template (name() is then "jinja").
+  bool interpreted() const { return jinja_ != nullptr; }
   std::string_view name() const;
   const std::string& default_system() const { return default_system_; }
 
   // The prompt for `messages`, ending where the assistant's reply starts. Throws tandem::Error when there is
-  // no message.
+  // no message, and an ApiError (400) when an interpreted template refuses the conversation (it raised, or
+  // used a message in a way it cannot).
   std::string render(std::span<const ChatMessage> messages) const;
   // Stop sequences the format implies beyond the model's end-of-generation tokens.
   std::vector<std::string> stop_sequences() const;
 
  private:
+  std::string render_interpreted(std::span<const ChatMessage> messages) const;
+
   ChatFamily family_;
   std::string bos_, eos_, default_system_;
+  std::shared_ptr<const jinja::Template> jinja_;  // set when interpreted
 };
 
 }  // namespace tandem::server
