@@ -28,6 +28,8 @@ command -v npm >/dev/null 2>&1 || missing+=(npm)
 # package for this architecture, no root) that test skips with a message and nothing else needs it.
 optional=()
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || optional+=(chromium)
+# HAProxy for scripts/serve-cluster.sh and its test, optional in the same way: that test skips without it.
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || optional+=(haproxy)
 if [ ${#missing[@]} -eq 0 ] && [ ${#optional[@]} -eq 0 ]; then
   exit 0
 fi
@@ -39,7 +41,7 @@ if [ "$(id -u)" -ne 0 ]; then
     echo "error: missing packages (${missing[*]}) and not root; install them with apt-get as root" >&2
     exit 1
   else
-    echo "note: chromium is not installed and this is not root: the chat page's browser test will skip" >&2
+    echo "note: ${optional[*]} not installed and this is not root: the browser and cluster tests may skip" >&2
     exit 0
   fi
 fi
@@ -49,11 +51,12 @@ if [ ${#missing[@]} -ne 0 ]; then
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 elif ! $sudo apt-get update -qq; then
-  echo "note: apt-get update failed; chromium not installed: the chat page's browser test will skip" >&2
+  echo "note: apt-get update failed; ${optional[*]} not installed: the browser and cluster tests may skip" >&2
   exit 0
 fi
-if [ ${#optional[@]} -ne 0 ]; then
-  echo "installing (optional): ${optional[*]}" >&2
-  $sudo apt-get install -y -qq --no-install-recommends "${optional[@]}" ||
-    echo "note: chromium could not be installed: the chat page's browser test will skip" >&2
-fi
+# One at a time, so that a package missing for this architecture does not keep the other out.
+for p in "${optional[@]}"; do
+  echo "installing (optional): $p" >&2
+  $sudo apt-get install -y -qq --no-install-recommends "$p" ||
+    echo "note: $p could not be installed: the test that needs it will skip" >&2
+done

@@ -37,6 +37,7 @@ TEST(OpenAiApi, ParsesCompletion) {
   EXPECT_EQ(r.stop, (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(r.top_logprobs, 2);
   EXPECT_TRUE(r.stream && r.include_usage);
+  EXPECT_EQ(r.user, "x");
   auto ids = parse_request(R"({"model":"m","prompt":[1,2,3]})", false, kLimits);
   EXPECT_EQ(ids.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_FALSE(ids.max_tokens.has_value());
@@ -86,6 +87,8 @@ TEST(OpenAiApi, RejectsBadInput) {
       {R"({"model":"m","prompt":"x","stream":"yes"})", false, 400, "stream"},
       {R"({"model":"m","prompt":"x","presence_penalty":5})", false, 400, "presence_penalty"},
       {R"({"model":"m","prompt":"x","seed":1.5})", false, 400, "seed"},
+      {R"({"model":"m","prompt":"x","user":5})", false, 400, "user"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"user":{"id":"a"}})", true, 400, "user"},
       {R"({"model":"m"})", true, 400, "messages"},
       {R"({"model":"m","messages":[]})", true, 400, "messages"},
       {R"({"model":"m","messages":"hi"})", true, 400, "messages"},

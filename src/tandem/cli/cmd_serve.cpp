@@ -42,7 +42,7 @@ struct ServeOptions {
   int64_t rows = 64;
   int max_draft = 0;
   speculative::GateSettings gate;
-  std::string api_key, alias;
+  std::string api_key, alias, replica_name;
   std::string chat_template;  // --chat-template FILE: overrides the model file's
   double drain_seconds = 30;
   server::ConnectionLimits connections;
@@ -121,6 +121,26 @@ void bound_allocator_retention() {
 #endif
 }
 
+// One request of one token through the scheduler before the server calls itself ready: with the weights
+// mapped lazily, the first forward is what reads them from disk, and it starts the thread pool. Returns false
+// when a drain refused or cut it; throws when the forward failed.
+bool warm_up(engine::Scheduler& scheduler, const tokenizer::Tokenizer& tok) {
+  engine::Request r;
+  r.prompt = {std::max<int32_t>(tok.bos_id(), 0)};
+  r.max_tokens = 1;
+  r.sampling.temperature = 0;
+  engine::Scheduler::Admit admit{};
+  std::string why;
+  std::shared_ptr<engine::Stream> stream = scheduler.submit(std::move(r), admit, &why);
+  if (admit == engine::Scheduler::Admit::kDraining) return false;
+  if (!stream) throw Error("the warm-up request was refused: " + why);
+  engine::Event ev;
+  while (!stream->next(ev, std::chrono::milliseconds(100)) || ev.kind == engine::Event::Kind::kToken) {
+  }
+  if (ev.finish == engine::Finish::kError) throw Error("the warm-up forward failed: " + ev.error);
+  return ev.finish != engine::Finish::kDrained && ev.finish != engine::Finish::kCancelled;
+}
+
 void serve(const ServeOptions& o) {
   if (!o.draft.empty() && o.draft != "ngram")
     throw Error("--draft takes 'ngram' (or use --draft-model FILE)");
@@ -193,6 +213,7 @@ void serve(const ServeOptions& o) {
   http.host = o.host;
   http.port = o.port;
   http.api_key = o.api_key;
+  http.replica_name = o.replica_name;
   http.connections = o.connections;
   http.connections.idle_timeout = to_ms(o.idle_seconds);
   http.connections.request_timeout = to_ms(o.request_seconds);
@@ -221,14 +242,40 @@ void serve(const ServeOptions& o) {
       stderr,
       "serve: model '%s' (%s chat template), context %lld, %d parallel, queue %d, %lld rows per forward, "
       "drafting %s\n"
-      "serve: listening on http://%s:%d\n",
+      "serve: replica '%s' warming up on %s:%d (/health answers 503 \"starting\")\n",
       http.model_name.c_str(), std::string(chat.name()).c_str(), static_cast<long long>(n_ctx), o.parallel,
       o.queue, static_cast<long long>(o.rows),
-      speculate ? (draft ? "with a draft model" : "by n-gram lookup") : "off", o.host.c_str(), port);
+      speculate ? (draft ? "with a draft model" : "by n-gram lookup") : "off", srv.replica_name().c_str(),
+      o.host.c_str(), port);
+  // A failed warm-up leaves /health at "starting", so a balancer keeps sending elsewhere.
+  std::thread warm([&] {
+    try {
+      if (!warm_up(scheduler, tk)) return;  // a signal came first: the drain takes over
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "serve: %s; /health stays 503 \"starting\"\n", e.what());
+      return;
+    }
+    srv.ready();
+    std::fprintf(stderr, "serve: listening on http://%s:%d\n", o.host.c_str(), port);
+  });
   srv.serve();
+  warm.join();
   signals.join();
   scheduler.stop();
   std::fprintf(stderr, "serve: stopped\n");
+}
+
+// Names go into a response header as they are: letters, digits and . _ : - only, at most 64.
+CLI::Validator replica_name_check() {
+  return CLI::Validator(
+      [](const std::string& name) -> std::string {
+        const bool ok =
+            !name.empty() && name.size() <= 64 &&
+            name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-") ==
+                std::string::npos;
+        return ok ? "" : "use 1 to 64 letters, digits, '.', '_', ':' or '-'";
+      },
+      "NAME");
 }
 
 }  // namespace
@@ -251,6 +298,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--api-key", o->api_key,
                   "Require 'Authorization: Bearer KEY' on every route but /health and the chat page at /");
   cmd->add_option("--alias", o->alias, "Model name clients use (default: the file name without .gguf)");
+  cmd->add_option("--replica-name", o->replica_name,
+                  "Name sent in every response's X-Tandem-Replica header (default HOSTNAME:PORT)")
+      ->check(replica_name_check());
   cmd->add_option("--chat-template", o->chat_template,
                   "Jinja chat template file to use instead of the model's tokenizer.chat_template")
       ->check(CLI::ExistingFile);

@@ -82,6 +82,16 @@ bool Scheduler::idle() const {
   return active_.load() == 0;
 }
 
+bool Scheduler::full_locked() const {
+  const int64_t queued = active_.load() - static_cast<int64_t>(stats_.running);
+  return queued >= options_.max_waiting + std::max<int64_t>(0, options_.max_running - stats_.running);
+}
+
+bool Scheduler::saturated() const {
+  std::lock_guard lock(mutex_);
+  return full_locked();
+}
+
 SchedulerStats Scheduler::stats() const {
   std::lock_guard lock(mutex_);
   return stats_;
@@ -114,8 +124,7 @@ std::shared_ptr<Stream> Scheduler::submit(Request request, Admit& status, std::s
       status = Admit::kDraining;
       return nullptr;
     }
-    const int64_t queued = active_.load() - static_cast<int64_t>(stats_.running);
-    if (queued >= options_.max_waiting + std::max<int64_t>(0, options_.max_running - stats_.running)) {
+    if (full_locked()) {
       status = Admit::kQueueFull;
       return nullptr;
     }

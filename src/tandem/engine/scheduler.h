@@ -97,6 +97,8 @@ class Scheduler {
   bool draining() const { return draining_.load(); }
   // No request queued or running.
   bool idle() const;
+  // A submit() now would answer kQueueFull: every running slot and queue place is taken.
+  bool saturated() const;
   // Ends everything, pushes the final events (kCancelled for running requests, kDrained for those that never
   // started) and joins the thread (the destructor calls it).
   void stop();
@@ -108,6 +110,8 @@ class Scheduler {
  private:
   struct Sequence;
   void loop();
+  // submit()'s admission test; mutex_ held.
+  bool full_locked() const;
   void admit();
   // Ends every waiting sequence with kDrained.
   void refuse_waiting();

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -82,6 +83,7 @@ struct HttpServer::Impl {
   ApiLimits limits;
   LimitedServer svr;
   std::atomic<bool> draining{false};
+  std::atomic<bool> is_ready{false};
   int port = -1;
 
   void log(const httplib::Request& req, int status, const std::string& detail) const {
@@ -370,6 +372,7 @@ void HttpServer::Impl::respond_stream(const CompletionRequest& r, std::shared_pt
 
 void HttpServer::Impl::routes() {
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    res.set_header("X-Tandem-Replica", options.replica_name);
     if (std::optional<ApiError> e = svr.limit_error()) {  // too many headers
       send_error(req, res, *e, req.path);
       return httplib::Server::HandlerResponse::Handled;
@@ -441,10 +444,15 @@ void HttpServer::Impl::routes() {
     metrics.request("/v1/models", 200);
     (void)req;
   });
+  // Draining outranks the rest: a balancer must stop sending for good, not wait for a free slot.
   svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    const bool ok = !draining.load();
-    res.status = ok ? 200 : 503;
-    res.set_content(dump(json{{"status", ok ? "ok" : "draining"}}), kJson);
+    const char* state = draining.load()         ? "draining"
+                        : !is_ready.load()      ? "starting"
+                        : scheduler.saturated() ? "busy"
+                                                : "ok";
+    res.status = std::string_view(state) == "ok" ? 200 : 503;
+    if (res.status != 200) res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
+    res.set_content(dump(json{{"status", state}, {"replica", options.replica_name}}), kJson);
     metrics.request("/health", res.status);
   });
   svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
@@ -510,11 +518,19 @@ int HttpServer::bind() {
     throw Error("cannot listen on " + m.options.host + ":" + std::to_string(m.options.port) +
                 " (address in use, or not a local address?)");
   m.svr.widen_backlog();
+  if (m.options.replica_name.empty()) {
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+    m.options.replica_name = std::string(host[0] ? host : "localhost") + ":" + std::to_string(m.port);
+  }
   return m.port;
 }
 
 void HttpServer::serve() {
   impl_->svr.listen_after_bind();
+}
+void HttpServer::ready() {
+  impl_->is_ready.store(true);
 }
 void HttpServer::begin_drain() {
   impl_->draining.store(true);
@@ -524,6 +540,9 @@ void HttpServer::stop() {
 }
 int HttpServer::port() const {
   return impl_->port;
+}
+const std::string& HttpServer::replica_name() const {
+  return impl_->options.replica_name;
 }
 
 }  // namespace tandem::server

@@ -1,7 +1,10 @@
 // The OpenAI-compatible HTTP server: a thin adapter from HTTP (cpp-httplib) to the scheduler.
 //
 // Routes: POST /v1/completions, POST /v1/chat/completions (streamed as server-sent events with
-// "stream": true), GET /v1/models, GET /health, GET /metrics. Every error is an OpenAI-style error object
+// "stream": true), GET /v1/models, GET /health, GET /metrics. /health is what a load balancer polls: 200
+// "ok" when ready, else 503 with Retry-After and the reason ("starting" until ready(), "draining" after
+// begin_drain(), "busy" while a new request would get queue-full). Every response names the replica in
+// X-Tandem-Replica. Every error is an OpenAI-style error object
 // with the matching status: 400 bad input, 401 missing or wrong API key, 404 unknown route or model, 405
 // wrong method, 408 request not received in time, 413 body too large, 431 headers too large or too many, 503
 // queue full (with Retry-After), connections full (with Retry-After) or draining. Each request is logged to
@@ -29,6 +32,7 @@ struct ServerOptions {
   int port = 8080;  // 0: any free port (see HttpServer::port())
   std::string model_name;
   std::string api_key;          // empty: no authentication
+  std::string replica_name;     // X-Tandem-Replica; empty: "HOSTNAME:PORT" once bound
   int retry_after_seconds = 1;  // sent with 503 when the queue or the connections are full
   // Connections, request heads and bodies, and timeouts (see connection_limits.h). max_connections must
   // leave room beyond the scheduler's running and queued requests, each of which holds a connection.
@@ -50,11 +54,15 @@ class HttpServer {
   int bind();
   // Serves connections until stop(); call after bind().
   void serve();
+  // /health answers "starting" until this is called (the model is loaded and has run a forward).
+  // Generation requests are served before it all the same.
+  void ready();
   // New generation requests get 503 from now on; running ones continue.
   void begin_drain();
   // Stops listening; serve() returns once the connections in progress are done. Safe from any thread.
   void stop();
   int port() const;
+  const std::string& replica_name() const;
 
  private:
   struct Impl;

@@ -322,6 +322,10 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ApiLim
   }
   parse_stop(j, r);
   parse_logprobs(j, r);
+  if (const json* u = field(j, "user")) {
+    if (!u->is_string()) wrong_type("user", "a string", *u);
+    r.user = u->get<std::string>();
+  }
   r.stream = boolean(j, "stream", false);
   r.ignore_eos = boolean(j, "ignore_eos", false);
   if (const json* so = field(j, "stream_options")) {

@@ -55,6 +55,9 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // extension: generate through end-of-generation tokens (benchmarks, tests)
+  // OpenAI's end-user id. Generation ignores it; a balancer in front of several servers may route on it
+  // (docs/cluster.md), so it must be a string when present.
+  std::string user;
 };
 
 // Limits a request is checked against.
