@@ -674,11 +674,10 @@ BENCHMARK(BM_KvStoreF16)->Arg(0)->Arg(1);
 void BM_AttendWindow(benchmark::State& state) {
   const int64_t rows = state.range(0), ctx = state.range(1), G = 8, dim = 64;
   const bool together = state.range(2) != 0;
-  model::Config c;
+  cache::Geometry c;
   c.n_layer = 1;
-  c.n_head = static_cast<int>(G);
   c.n_head_kv = 1;
-  c.head_dim = c.head_dim_v = static_cast<int>(dim);
+  c.head_dim = c.head_dim_v = dim;
   cache::KvCache kv(c, ctx, cache::KvType::kF16);
   std::mt19937 rng(3);
   std::normal_distribution<float> dist(0.0f, 1.0f);

@@ -10,10 +10,10 @@
 
 #include <unistd.h>
 
-#include "tandem/engine/session.h"
 #include "tandem/kernels/matmul.h"
 #include "tandem/kernels/repack.h"
 #include "tandem/model/model.h"
+#include "tandem/model/session.h"
 #include "tandem/model/synth.h"
 #include "tandem/tensor/quant.h"
 
@@ -187,16 +187,16 @@ TEST(BatchInvariance, ForwardLogitsDoNotDependOnTheWindow) {
     const int64_t V = m->config().n_vocab;
     std::vector<int32_t> ids;
     for (int i = 0; i < 40; ++i) ids.push_back(3 + (i * 37) % static_cast<int32_t>(V - 3));
-    engine::SessionOptions so;
+    model::SessionOptions so;
     so.n_ctx = 64;
     so.batch = 64;
     // One batch of all tokens.
-    engine::Session batch(*m, pool, so);
+    model::Session batch(*m, pool, so);
     const auto all = batch.eval(ids, /*all_logits=*/true);
     const std::vector<float> want(all.begin(), all.end());
     // One token at a time, then windows of 1..16 rows.
     for (int64_t window : {1, 2, 5, 16}) {
-      engine::Session s(*m, pool, so);
+      model::Session s(*m, pool, so);
       for (size_t i = 0; i < ids.size(); i += static_cast<size_t>(window)) {
         const size_t len = std::min(ids.size() - i, static_cast<size_t>(window));
         const auto got = s.eval(std::span<const int32_t>(ids).subspan(i, len), /*all_logits=*/true);

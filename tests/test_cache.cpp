@@ -12,16 +12,16 @@
 #include <unistd.h>
 
 #include "tandem/cache/kv_cache.h"
-#include "tandem/engine/session.h"
 #include "tandem/model/model.h"
+#include "tandem/model/session.h"
 #include "tandem/util/error.h"
 #include "test_util.h"
 
 namespace {
 
 using tandem::cache::KvType;
-using tandem::engine::Session;
-using tandem::engine::SessionOptions;
+using tandem::model::Session;
+using tandem::model::SessionOptions;
 
 struct Case {
   std::string model;  // under ../shared/models
@@ -165,7 +165,7 @@ TEST_P(CacheModel, PrefixReuseSkipsTheSharedPrompt) {
   tandem::cache::KvStoreOptions so;
   so.type = GetParam().type;
   so.n_blocks = 64;
-  tandem::cache::KvStore store(model_->config(), so);
+  tandem::cache::KvStore store(model_->config().kv_geometry(), so);
   const auto system = tokens(37, 9, V());  // two full blocks of 16 and 5 more
   auto prompt1 = system, prompt2 = system;
   const auto q1 = tokens(11, 10, V()), q2 = tokens(13, 11, V());
@@ -205,7 +205,7 @@ TEST_P(CacheModel, SharedBlocksNeverLeakBetweenSequences) {
   tandem::cache::KvStoreOptions so;
   so.type = GetParam().type;
   so.n_blocks = 64;
-  tandem::cache::KvStore store(model_->config(), so);
+  tandem::cache::KvStore store(model_->config().kv_geometry(), so);
   const auto prompt = tokens(48, 13, V());  // exactly three blocks
   const auto xa = tokens(10, 14, V()), xb = tokens(10, 15, V());
 
@@ -348,7 +348,8 @@ TEST(KvCacheMemory, BlocksTakeMemoryOnlyOnceWritten) {
   c.layer_sliding.assign(static_cast<size_t>(c.n_layer), 0);
   const size_t before = resident_bytes();
   ASSERT_GT(before, 0u);
-  tandem::cache::KvCache cache(c, 4096, tandem::cache::KvType::kF16);  // 2 * 22 * 4 * 64 * 2 B * 4096: 92 MB
+  tandem::cache::KvCache cache(c.kv_geometry(), 4096,
+                               tandem::cache::KvType::kF16);  // 2 * 22 * 4 * 64 * 2 B * 4096: 92 MB
   const size_t after = resident_bytes();
   EXPECT_LT(after, before + (size_t{8} << 20)) << "the cache touched " << ((after - before) >> 20) << " MiB";
 }

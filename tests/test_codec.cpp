@@ -283,9 +283,9 @@ TEST(KvCodec, AnchoredScoresEqualQueryDotKey) {
 // The same through a cache and attend(): each block's anchor is its first key in f16, f16 and f32 caches
 // have none, and attention over anchored rows matches exact attention.
 TEST(KvCodec, CacheAnchorsEachBlockAtItsFirstKey) {
-  tandem::model::Config c;
+  tandem::cache::Geometry c;
   c.n_layer = 1;
-  c.n_head = c.n_head_kv = 2;
+  c.n_head_kv = 2;
   c.head_dim = c.head_dim_v = 8;
   for (KvType t : kTypes) {
     tandem::cache::KvCache cache(c, 64, t);
@@ -339,9 +339,8 @@ TEST(KvCodec, CacheAnchorsEachBlockAtItsFirstKey) {
 // heads than it holds), with first > 0 and spans across block boundaries, for every cache type.
 TEST(KvCodec, WindowRowsAttendTogetherAsAlone) {
   for (const int n_q : {3, 8, 70}) {
-    tandem::model::Config c;
+    tandem::cache::Geometry c;
     c.n_layer = 1;
-    c.n_head = n_q;
     c.n_head_kv = 1;
     c.head_dim = c.head_dim_v = 32;
     for (KvType t : kTypes) {

@@ -171,7 +171,7 @@ std::vector<std::vector<int32_t>> engine_greedy(const GoldenFile& g, const Token
   tandem::ThreadPool pool(1);
   std::vector<std::vector<int32_t>> out;
   for (const json& rec : g.records) {
-    tandem::engine::Session session(*model, pool, tandem::engine::SessionOptions{});
+    tandem::model::Session session(*model, pool, tandem::model::SessionOptions{});
     tandem::engine::GenerateOptions go;
     go.max_tokens = static_cast<int64_t>(rec["greedy_ids"].size());
     go.sampling.temperature = 0;

@@ -10,16 +10,16 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
-#include "tandem/engine/session.h"
 #include "tandem/model/model.h"
+#include "tandem/model/session.h"
 #include "tandem/sampling/sampler.h"
 #include "test_util.h"
 
 namespace {
 
 using nlohmann::json;
-using tandem::engine::Session;
-using tandem::engine::SessionOptions;
+using tandem::model::Session;
+using tandem::model::SessionOptions;
 
 struct Tolerance {
   double max_abs, p99, margin;

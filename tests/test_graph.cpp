@@ -42,7 +42,7 @@ TEST_P(GraphModels, VerifyWindowEqualsOneByOne) {
   Fixture f(GetParam());
   for (KvType kv : {KvType::kF16, KvType::kF32}) {
     Graph g(*f.model, f.pool, GraphOptions{64, 16});
-    KvCache a(f.model->config(), 128, kv), b(f.model->config(), 128, kv);
+    KvCache a(f.model->config().kv_geometry(), 128, kv), b(f.model->config().kv_geometry(), 128, kv);
     const std::vector<float> want = decode_one_by_one(g, a);
     g.prompt(kPrompt, b, nullptr);
     std::vector<float> got(want.size());
@@ -56,7 +56,8 @@ TEST_P(GraphModels, RollbackIsExact) {
   Fixture f(GetParam());
   const size_t V = static_cast<size_t>(f.model->config().n_vocab);
   Graph g(*f.model, f.pool, GraphOptions{64, 16});
-  KvCache a(f.model->config(), 128, KvType::kF16), b(f.model->config(), 128, KvType::kF16);
+  KvCache a(f.model->config().kv_geometry(), 128, KvType::kF16),
+      b(f.model->config().kv_geometry(), 128, KvType::kF16);
   const std::vector<float> want = decode_one_by_one(g, a);
   // Decode a wrong continuation, roll back, then decode the real one.
   g.prompt(kPrompt, b, nullptr);
@@ -75,7 +76,7 @@ TEST_P(GraphModels, MixedGroupsEqualSeparateRuns) {
   Fixture f(GetParam());
   const size_t V = static_cast<size_t>(f.model->config().n_vocab);
   Graph g(*f.model, f.pool, GraphOptions{64, 16});
-  const auto& cfg = f.model->config();
+  const auto cfg = f.model->config().kv_geometry();
   // Separate: sequence A decodes kNext[0]; sequence B verifies kNext[0..4); sequence C prompts kPrompt.
   KvCache a1(cfg, 128, KvType::kF16), b1(cfg, 128, KvType::kF16), c1(cfg, 128, KvType::kF16);
   g.prompt(kPrompt, a1, nullptr);
@@ -108,7 +109,7 @@ TEST_P(GraphModels, CaptureDeliversEveryLayerInOrder) {
   Fixture f(GetParam());
   const auto& cfg = f.model->config();
   Graph g(*f.model, f.pool, GraphOptions{64, 16});
-  KvCache cache(cfg, 128, KvType::kF16);
+  KvCache cache(cfg.kv_geometry(), 128, KvType::kF16);
   g.prompt(kPrompt, cache, nullptr);
   std::vector<int64_t> seen;
   tandem::model::CaptureFn cap = [&](int64_t layer, const float* hidden, int64_t rows) {

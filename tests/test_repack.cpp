@@ -12,10 +12,10 @@
 #include <utility>
 #include <vector>
 
-#include "tandem/engine/session.h"
 #include "tandem/kernels/matmul.h"
 #include "tandem/kernels/repack.h"
 #include "tandem/model/model.h"
+#include "tandem/model/session.h"
 #include "tandem/tensor/blocks.h"
 #include "tandem/tensor/quant.h"
 #include "test_util.h"
@@ -559,7 +559,7 @@ TEST(Repack, LoaderRepacksWhereItPaysAndNeverWritesTheFile) {
       EXPECT_GT(repacked, 0);                         // each of these files has Q8_0, Q4_K or Q6_K matrices
       EXPECT_EQ(w.tok_embd.form, WeightForm::kFile);  // read row by row: keeps the file's form
       ThreadPool pool(2);
-      engine::Session session(*model, pool, engine::SessionOptions{});
+      model::Session session(*model, pool, model::SessionOptions{});
       const std::vector<int32_t> prompt = {1, 17, 300, 5, 42};
       const auto out = session.eval(prompt, /*all_logits=*/true);
       logits.emplace_back(out.begin(), out.end());

@@ -114,7 +114,7 @@ TEST(Scheduler, BatchedEqualsAloneAndPlainLoop) {
   }
   // The reference loop on a plain session agrees token for token.
   for (size_t i = 0; i < reqs.size(); ++i) {
-    engine::Session session(*f.model, f.pool, {kCtx, cache::KvType::kF16, 32});
+    model::Session session(*f.model, f.pool, {kCtx, cache::KvType::kF16, 32});
     engine::GenerateOptions go;
     go.max_tokens = reqs[i].max_tokens;
     go.sampling = reqs[i].sampling;

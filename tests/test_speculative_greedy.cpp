@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "tandem/engine/generate.h"
-#include "tandem/engine/session.h"
 #include "tandem/model/model.h"
+#include "tandem/model/session.h"
 #include "tandem/speculative/draft_model.h"
 #include "tandem/speculative/loop.h"
 #include "tandem/speculative/ngram.h"
@@ -42,15 +42,15 @@ struct Pair {
   std::unique_ptr<model::Model> target, draft;
 };
 
-engine::SessionOptions session_options() {
-  engine::SessionOptions o;
+model::SessionOptions session_options() {
+  model::SessionOptions o;
   o.kv_type = cache::KvType::kF16;
   return o;
 }
 
 std::vector<int32_t> plain_greedy(const model::Model& m, ThreadPool& pool, std::span<const int32_t> prompt,
                                   int64_t max_tokens) {
-  engine::Session s(m, pool, session_options());
+  model::Session s(m, pool, session_options());
   engine::GenerateOptions g;
   g.max_tokens = max_tokens;
   g.sampling.temperature = 0.0f;
@@ -63,7 +63,7 @@ std::vector<int32_t> plain_greedy(const model::Model& m, ThreadPool& pool, std::
 std::vector<int32_t> spec_greedy(const model::Model& m, ThreadPool& pool, DraftSource& source,
                                  std::span<const int32_t> prompt, int depth, bool gate,
                                  SpecStats* stats = nullptr) {
-  engine::Session s(m, pool, session_options());
+  model::Session s(m, pool, session_options());
   SpecOptions o;
   o.generate.max_tokens = kTokens;
   o.generate.sampling.temperature = 0.0f;
@@ -139,7 +139,7 @@ TEST_F(SpeculativeGreedy, WindowLogitsEqualPlainDecodeBitForBit) {
     const auto& prompt = prompts[0];
     const auto cont = plain_greedy(*m, pool, prompt, 12);
     const auto V = static_cast<size_t>(m->config().n_vocab);
-    engine::Session plain(*m, pool, session_options()), window(*m, pool, session_options());
+    model::Session plain(*m, pool, session_options()), window(*m, pool, session_options());
     plain.eval(prompt);
     std::vector<float> expected;
     for (int32_t t : cont) {
@@ -170,7 +170,7 @@ TEST_F(SpeculativeGreedy, TargetCacheEqualsPlainDecodingAfterAnyNumberOfRounds) 
   const auto V = static_cast<size_t>(stories_->config().n_vocab);
   for (int64_t stop_after : {1, 2, 5, 9, 17, 30}) {
     for (bool sample : {false, true}) {
-      engine::Session target(*stories_, pool, session_options());
+      model::Session target(*stories_, pool, session_options());
       SpecOptions o;
       o.generate.max_tokens = 100;
       o.generate.sampling.temperature = sample ? 1.0f : 0.0f;
@@ -186,7 +186,7 @@ TEST_F(SpeculativeGreedy, TargetCacheEqualsPlainDecodingAfterAnyNumberOfRounds) 
           },
           nullptr);
       ASSERT_EQ(target.length(), static_cast<int64_t>(text.size()) - 1);
-      engine::Session plain(*stories_, pool, session_options());
+      model::Session plain(*stories_, pool, session_options());
       plain.eval(std::span<const int32_t>(prompt).first(1));
       for (size_t i = 1; i + 1 < text.size(); ++i) plain.eval(std::span<const int32_t>(text).subspan(i, 1));
       ASSERT_EQ(plain.length(), target.length());

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "tandem/engine/generate.h"
-#include "tandem/engine/session.h"
 #include "tandem/model/model.h"
+#include "tandem/model/session.h"
 #include "tandem/speculative/draft_model.h"
 #include "tandem/speculative/loop.h"
 #include "tandem/speculative/ngram.h"
@@ -54,7 +54,7 @@ class SpeculativeSampling : public ::testing::TestWithParam<float> {
 
   void SetUp() override {
     ThreadPool pool(1);
-    engine::Session s(*target_, pool, {});
+    model::Session s(*target_, pool, {});
     sampling::Sampler sampler(params_for(GetParam()));
     NgramSource ngram({1, 4});
     Draft d;
@@ -76,7 +76,7 @@ class SpeculativeSampling : public ::testing::TestWithParam<float> {
   }
 
   // The first `length` tokens of a speculative run with seed `seed` (gate off, depth 4).
-  std::vector<int32_t> spec_run(engine::Session& s, DraftSource& source, uint64_t seed, size_t length,
+  std::vector<int32_t> spec_run(model::Session& s, DraftSource& source, uint64_t seed, size_t length,
                                 SpecStats& total) {
     SpecOptions o;
     o.generate.max_tokens = 8;
@@ -91,7 +91,7 @@ class SpeculativeSampling : public ::testing::TestWithParam<float> {
     return out;
   }
 
-  std::vector<int32_t> plain_run(engine::Session& s, uint64_t seed, size_t length) {
+  std::vector<int32_t> plain_run(model::Session& s, uint64_t seed, size_t length) {
     engine::GenerateOptions g;
     g.max_tokens = static_cast<int64_t>(length);
     g.sampling = params_for(GetParam());
@@ -112,7 +112,7 @@ model::Model* SpeculativeSampling::draft_ = nullptr;
 
 TEST_P(SpeculativeSampling, FirstTokenFollowsTheTargetDistribution) {
   ThreadPool pool(1);
-  engine::Session s(*target_, pool, {});
+  model::Session s(*target_, pool, {});
   sampling::Sampler sampler(params_for(GetParam()));
   sampling::Distribution p;
   sampler.distribution(s.eval(prompt_), prompt_, p);
@@ -152,7 +152,7 @@ TEST_P(SpeculativeSampling, FirstTokenFollowsTheTargetDistribution) {
 
 TEST_P(SpeculativeSampling, ShortSequencesFollowThePlainSampler) {
   ThreadPool pool(1);
-  engine::Session s(*target_, pool, {});
+  model::Session s(*target_, pool, {});
   DraftModelSource model_source(*draft_, *target_, pool, {});
   NgramSource ngram({1, 4});
   constexpr size_t kLength = 3;

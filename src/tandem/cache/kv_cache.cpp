@@ -14,7 +14,7 @@ int64_t ceil_div(int64_t a, int64_t b) {
 }
 }  // namespace
 
-KvStore::KvStore(const model::Config& c, const KvStoreOptions& options)
+KvStore::KvStore(const Geometry& c, const KvStoreOptions& options)
     : options_(options), n_layer_(c.n_layer), n_head_kv_(c.n_head_kv) {
   if (options.block_size <= 0) throw Error("KV block size must be positive");
   if (options.n_blocks <= 0) throw Error("a KV store needs at least one block");
@@ -25,8 +25,7 @@ KvStore::KvStore(const model::Config& c, const KvStoreOptions& options)
   if (kv_type_anchors_keys(options.type)) key_anchor_ = std::make_unique<KeyAnchor>(c.head_dim);
   const size_t ab = key_anchor_ ? key_anchor_->bytes() : 0;
   std::vector<int64_t> full_layers, sliding_layers;
-  for (int64_t l = 0; l < c.n_layer; ++l)
-    (c.sliding(l) && c.sliding_window > 0 ? sliding_layers : full_layers).push_back(l);
+  for (int64_t l = 0; l < c.n_layer; ++l) (c.sliding(l) ? sliding_layers : full_layers).push_back(l);
   const size_t kr = key_codec_->row_bytes(), vr = value_codec_->row_bytes();
   full_ = std::make_unique<BlockPool>(full_layers, c.n_layer, c.n_head_kv, kr, vr, options.block_size,
                                       options.n_blocks, ab);
@@ -57,15 +56,15 @@ int32_t KvStore::allocate(bool sliding) {
   return b;
 }
 
-KvCache::KvCache(const model::Config& config, int64_t capacity, KvType type, int64_t max_batch)
+KvCache::KvCache(const Geometry& geometry, int64_t capacity, KvType type, int64_t max_batch)
     : capacity_(capacity) {
   if (capacity <= 0) throw Error("context size must be positive");
   KvStoreOptions o;
   o.type = type;
   o.n_blocks = ceil_div(capacity, o.block_size) + 1;  // + 1: a copy-on-write in flight
-  const int64_t reach = config.sliding_window + o.rollback + std::max<int64_t>(1, max_batch);
+  const int64_t reach = geometry.sliding_window + o.rollback + std::max<int64_t>(1, max_batch);
   o.n_sliding_blocks = std::min(o.n_blocks, ceil_div(reach, o.block_size) + 2);
-  owned_ = std::make_unique<KvStore>(config, o);
+  owned_ = std::make_unique<KvStore>(geometry, o);
   store_ = owned_.get();
   full_table_.assign(static_cast<size_t>(ceil_div(capacity, o.block_size)), -1);
   sliding_table_.assign(full_table_.size(), -1);

@@ -31,9 +31,9 @@
 #include <vector>
 
 #include "tandem/cache/block_pool.h"
+#include "tandem/cache/geometry.h"
 #include "tandem/cache/kv_codec.h"
 #include "tandem/cache/prefix_index.h"
-#include "tandem/model/config.h"
 
 namespace tandem::cache {
 
@@ -49,7 +49,7 @@ struct KvStoreOptions {
 
 class KvStore {
  public:
-  KvStore(const model::Config& config, const KvStoreOptions& options);
+  KvStore(const Geometry& geometry, const KvStoreOptions& options);
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;
 
@@ -90,7 +90,7 @@ class KvCache {
  public:
   // A sequence with a store of its own, sized for `capacity` positions; max_batch: the most rows of this
   // sequence one forward appends (sizes the sliding-window pool).
-  KvCache(const model::Config& config, int64_t capacity, KvType type, int64_t max_batch = 256);
+  KvCache(const Geometry& geometry, int64_t capacity, KvType type, int64_t max_batch = 256);
   // A sequence of at most `capacity` positions in a shared store, which must outlive it.
   KvCache(KvStore& store, int64_t capacity);
   ~KvCache();

@@ -13,11 +13,11 @@
 
 #include "tandem/cli/commands.h"
 #include "tandem/cli/common.h"
-#include "tandem/engine/session.h"
 #include "tandem/kernels/cpu_target.h"
 #include "tandem/kernels/peak.h"
 #include "tandem/kernels/prefetch_tuner.h"
 #include "tandem/kernels/stream.h"
+#include "tandem/model/session.h"
 #include "tandem/speculative/calibration.h"
 #include "tandem/util/error.h"
 
@@ -88,11 +88,11 @@ void add_bench_command(CLI::App& app) {
     const auto& c = model->config();
     const int threads = o->model.resolved_threads();
     ThreadPool pool(threads);
-    engine::SessionOptions so;
+    model::SessionOptions so;
     so.n_ctx = std::max<int64_t>(ctx + o->decode_tokens + 16, 512);
     so.kv_type = o->model.resolved_kv_type();
     so.batch = 512;
-    engine::Session session(*model, pool, so);
+    model::Session session(*model, pool, so);
 
     // Bandwidth: stream the mapped weights themselves when they are much larger than any cache (they are
     // resident anyway, so the peak RSS does not grow); otherwise a temporary buffer.

@@ -116,7 +116,7 @@ void add_bench_spec_command(CLI::App& app) {
     }
     const auto prompts = read_prompts(o->prompts, tok.get(), target->config().n_vocab);
     ThreadPool pool(o->model.resolved_threads());
-    engine::SessionOptions so;
+    model::SessionOptions so;
     so.n_ctx = o->model.n_ctx;
     so.kv_type = o->model.resolved_kv_type();
     so.batch = o->model.batch;
@@ -127,7 +127,7 @@ void add_bench_spec_command(CLI::App& app) {
     setup.options.generate.sampling = o->sampling;
     const engine::EogFn is_eog = [&](int32_t t) { return tok && tok->is_eog(t); };
 
-    engine::Session session(*target, pool, so);
+    model::Session session(*target, pool, so);
     {  // warm up: page the weights in and wake the thread team
       const std::vector<int32_t> warm(prompts[0].begin(), prompts[0].end());
       session.eval(warm);

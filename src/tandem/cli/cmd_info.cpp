@@ -4,9 +4,9 @@
 #include <string>
 
 #include "tandem/cli/commands.h"
-#include "tandem/engine/session.h"
 #include "tandem/gguf/reader.h"
 #include "tandem/model/model.h"
+#include "tandem/model/session.h"
 #include "tandem/util/error.h"
 
 namespace tandem::cli {
@@ -58,7 +58,7 @@ void add_info_command(CLI::App& app) {
     try {
       auto model = model::Model::from_file(f);
       const model::Config& c = model->config();
-      const int64_t ctx = engine::default_context(*model, 0);
+      const int64_t ctx = model::default_context(*model, 0);
       const double kv_per_token =
           static_cast<double>(c.n_layer * c.n_head_kv * (c.head_dim + c.head_dim_v) * 2);
       std::printf(

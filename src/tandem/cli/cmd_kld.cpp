@@ -9,7 +9,7 @@
 
 #include "tandem/cli/commands.h"
 #include "tandem/cli/common.h"
-#include "tandem/engine/session.h"
+#include "tandem/model/session.h"
 #include "tandem/tokenizer/tokenizer.h"
 #include "tandem/util/error.h"
 
@@ -89,14 +89,14 @@ void add_kld_command(CLI::App& app) {
     const int64_t per_window = bos >= 0 ? window - 1 : window;  // text tokens per window
 
     ThreadPool pool(o->model.resolved_threads());
-    engine::SessionOptions ref_opts;
+    model::SessionOptions ref_opts;
     ref_opts.n_ctx = window;
     ref_opts.kv_type = cache::KvType::kF32;
     ref_opts.batch = std::min<int64_t>(o->model.batch, window);
-    engine::SessionOptions test_opts = ref_opts;
+    model::SessionOptions test_opts = ref_opts;
     test_opts.kv_type = o->model.resolved_kv_type();
-    engine::Session ref(*model, pool, ref_opts);
-    engine::Session test(*model, pool, test_opts);
+    model::Session ref(*model, pool, ref_opts);
+    model::Session test(*model, pool, test_opts);
 
     const int64_t V = c.n_vocab;
     std::vector<double> klds;

@@ -7,7 +7,7 @@
 
 #include "tandem/cli/commands.h"
 #include "tandem/cli/common.h"
-#include "tandem/engine/session.h"
+#include "tandem/model/session.h"
 #include "tandem/sampling/sampler.h"
 #include "tandem/util/error.h"
 
@@ -40,11 +40,11 @@ void add_logprobs_command(CLI::App& app) {
     ThreadPool pool(o->model.resolved_threads());
     std::vector<int32_t> ids = prompt;
     ids.insert(ids.end(), cont.begin(), cont.end() - 1);
-    engine::SessionOptions so;
+    model::SessionOptions so;
     so.n_ctx = o->model.n_ctx > 0 ? o->model.n_ctx : static_cast<int64_t>(ids.size()) + 1;
     so.kv_type = o->model.resolved_kv_type();
     so.batch = o->model.batch;
-    engine::Session session(*model, pool, so);
+    model::Session session(*model, pool, so);
     auto logits = session.eval(ids, /*all_logits=*/true);
     const size_t V = static_cast<size_t>(session.n_vocab());
     const size_t top = std::min(static_cast<size_t>(o->top), V);

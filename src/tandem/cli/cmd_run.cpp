@@ -60,11 +60,11 @@ void add_run_command(CLI::App& app) {
     auto model = model::Model::load(o->model.model_path, o->model.load_mode());
     auto tok = tokenizer::Tokenizer::from_gguf(model->file());
     ThreadPool pool(o->model.resolved_threads());
-    engine::SessionOptions so;
+    model::SessionOptions so;
     so.n_ctx = o->model.n_ctx;
     so.kv_type = o->model.resolved_kv_type();
     so.batch = o->model.batch;
-    engine::Session session(*model, pool, so);
+    model::Session session(*model, pool, so);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     std::vector<int32_t> prompt;

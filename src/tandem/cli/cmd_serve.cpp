@@ -17,8 +17,8 @@
 #include "tandem/cli/spec_common.h"
 #include "tandem/engine/cache_pool.h"
 #include "tandem/engine/scheduler.h"
-#include "tandem/engine/session.h"
 #include "tandem/model/graph.h"
+#include "tandem/model/session.h"
 #include "tandem/server/chat_template.h"
 #include "tandem/server/http.h"
 #include "tandem/server/metrics.h"
@@ -150,7 +150,7 @@ void serve(const ServeOptions& o) {
   SignalWatcher signals;  // before any thread starts, so that all inherit the mask
   auto model = model::Model::load(o.model.model_path, o.model.load_mode());
   auto tok = tokenizer::Tokenizer::from_gguf(model->file());
-  const int64_t n_ctx = engine::default_context(*model, o.model.n_ctx);
+  const int64_t n_ctx = model::default_context(*model, o.model.n_ctx);
   std::string source;
   if (auto t = model->file().get_string("tokenizer.chat_template")) source = std::string(*t);
   auto text_of = [&](int32_t id, const char* fallback) {
@@ -184,7 +184,7 @@ void serve(const ServeOptions& o) {
     draft = model::Model::load(o.draft_model, o.model.load_mode());
     speculative::check_same_vocabulary(*model, *draft);
     draft_hash = speculative::file_fingerprint(o.draft_model);
-    engine::SessionOptions dso{n_ctx, o.model.resolved_kv_type(), 16};
+    model::SessionOptions dso{n_ctx, o.model.resolved_kv_type(), 16};
     drafts = [&, dso] { return std::make_unique<speculative::DraftModelSource>(*draft, *model, pool, dso); };
   } else if (o.draft == "ngram") {
     drafts = [] { return std::make_unique<speculative::NgramSource>(); };

@@ -60,7 +60,7 @@ void check_gate_options(const speculative::GateSettings& gate) {
 }
 
 SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const ModelOptions& target_options,
-                          ThreadPool& pool, const engine::SessionOptions& session_options,
+                          ThreadPool& pool, const model::SessionOptions& session_options,
                           bool calibrate_if_missing) {
   const std::string& target_path = target_options.model_path;
   if (!f.draft_model.empty() && !f.draft.empty())

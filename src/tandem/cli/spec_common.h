@@ -9,8 +9,8 @@
 #include <CLI/CLI.hpp>
 
 #include "tandem/cli/common.h"
-#include "tandem/engine/session.h"
 #include "tandem/model/model.h"
+#include "tandem/model/session.h"
 #include "tandem/speculative/calibration.h"
 #include "tandem/speculative/draft_source.h"
 #include "tandem/speculative/loop.h"
@@ -56,7 +56,7 @@ struct SpecSetup {
 // (benchmarks); otherwise fall back to the default costs.
 SpecSetup make_spec_setup(const SpecFlags& flags, const model::Model& target,
                           const ModelOptions& target_options, ThreadPool& pool,
-                          const engine::SessionOptions& session_options, bool calibrate_if_missing);
+                          const model::SessionOptions& session_options, bool calibrate_if_missing);
 
 // The end-of-run report: acceptance rate, mean accepted length, tokens per target forward, tok/s.
 void print_spec_report(std::FILE* out, const speculative::SpecStats& stats);

@@ -17,7 +17,7 @@ int64_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
 }  // namespace
 
 SlotCachePool::SlotCachePool(const model::Config& config, int64_t capacity, cache::KvType type, int n_slots)
-    : config_(config), capacity_(capacity), type_(type) {
+    : geometry_(config.kv_geometry()), capacity_(capacity), type_(type) {
   TANDEM_CHECK(capacity > 0 && n_slots > 0, "a cache pool needs a positive capacity and slot count");
   free_.resize(static_cast<size_t>(n_slots));
 }
@@ -61,7 +61,7 @@ CachePool::Lease SlotCachePool::acquire(std::span<const int32_t> prompt) {
     }
   }
   if (!lease.cache) {
-    lease.cache = std::make_unique<cache::KvCache>(config_, capacity_, type_);
+    lease.cache = std::make_unique<cache::KvCache>(geometry_, capacity_, type_);
     lease.reused = 0;
   }
   return lease;

@@ -58,7 +58,7 @@ class SlotCachePool final : public CachePool {
   // The free slot to lease for `prompt` (-1 if none) and its reusable length.
   int best_slot(std::span<const int32_t> prompt, int64_t& reused) const;
 
-  const model::Config& config_;
+  cache::Geometry geometry_;
   int64_t capacity_;
   cache::KvType type_;
   std::vector<Slot> free_;  // slots not leased

@@ -11,8 +11,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-GenerateStats generate(Session& session, std::span<const int32_t> prompt, const GenerateOptions& options,
-                       const TokenFn& on_token, const EogFn& is_eog) {
+GenerateStats generate(model::Session& session, std::span<const int32_t> prompt,
+                       const GenerateOptions& options, const TokenFn& on_token, const EogFn& is_eog) {
   if (prompt.empty()) throw Error("the prompt is empty: nothing to continue");
   GenerateStats stats;
   sampling::Sampler sampler(options.sampling);

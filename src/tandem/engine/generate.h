@@ -6,7 +6,7 @@
 #include <span>
 #include <vector>
 
-#include "tandem/engine/session.h"
+#include "tandem/model/session.h"
 #include "tandem/sampling/sampler.h"
 
 namespace tandem::engine {
@@ -32,7 +32,7 @@ using EogFn = std::function<bool(int32_t token)>;
 
 // Generates after `prompt` (non-empty) on an empty session. The end-of-generation token, when reached, is
 // passed to on_token and ends the run.
-GenerateStats generate(Session& session, std::span<const int32_t> prompt, const GenerateOptions& options,
-                       const TokenFn& on_token, const EogFn& is_eog);
+GenerateStats generate(model::Session& session, std::span<const int32_t> prompt,
+                       const GenerateOptions& options, const TokenFn& on_token, const EogFn& is_eog);
 
 }  // namespace tandem::engine

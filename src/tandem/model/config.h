@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "tandem/cache/geometry.h"
+
 namespace tandem::model {
 
 enum class RopeLayout { kNormal, kNeoX };
@@ -47,6 +49,10 @@ struct Config {
   int64_t kv_dim() const { return n_head_kv * head_dim; }
   int64_t v_dim() const { return n_head_kv * head_dim_v; }
   bool sliding(int64_t layer) const { return !layer_sliding.empty() && layer_sliding[layer] != 0; }
+  // The keys and values a cache of this model holds.
+  cache::Geometry kv_geometry() const {
+    return {n_layer, n_head_kv, head_dim, head_dim_v, sliding_window, layer_sliding};
+  }
 };
 
 }  // namespace tandem::model

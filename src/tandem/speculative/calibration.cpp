@@ -13,8 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tandem/engine/session.h"
 #include "tandem/kernels/cpu_target.h"
+#include "tandem/model/session.h"
 #include "tandem/sampling/rng.h"
 #include "tandem/util/error.h"
 
@@ -230,10 +230,10 @@ Calibration calibrate(const model::Model& target, const std::string& target_path
   c.cpu = machine_key();
   c.threads = pool.size();
 
-  engine::SessionOptions so;
+  model::SessionOptions so;
   so.n_ctx = o.context + o.max_rows + 1;
   so.batch = std::max<int64_t>(256, o.max_rows);
-  engine::Session session(target, pool, so);
+  model::Session session(target, pool, so);
   const auto tokens = filler_tokens(o.context + o.max_rows, session.n_vocab());
   const std::span<const int32_t> all(tokens);
   session.eval(all.first(static_cast<size_t>(o.context)));
@@ -253,7 +253,7 @@ Calibration calibrate(const model::Model& target, const std::string& target_path
   for (size_t i = 0; i < widths.size(); ++i) c.verify[static_cast<size_t>(widths[i])] = costs[i];
 
   if (draft) {
-    engine::Session ds(*draft, pool, so);
+    model::Session ds(*draft, pool, so);
     const auto dt = filler_tokens(o.context + 1, ds.n_vocab());
     const std::span<const int32_t> dall(dt);
     ds.eval(dall.first(static_cast<size_t>(o.context)));

@@ -85,7 +85,7 @@ void check_same_vocabulary(const model::Model& target, const model::Model& draft
 }
 
 DraftModelSource::DraftModelSource(const model::Model& draft, const model::Model& target, ThreadPool& pool,
-                                   const engine::SessionOptions& options)
+                                   const model::SessionOptions& options)
     : session_((check_same_vocabulary(target, draft), draft), pool, options), sampler_(sampling::Params{}) {}
 
 void DraftModelSource::begin(std::span<const int32_t> prompt, const DraftSettings& settings) {

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "tandem/engine/session.h"
 #include "tandem/gguf/reader.h"
+#include "tandem/model/session.h"
 #include "tandem/speculative/draft_source.h"
 
 namespace tandem::speculative {
@@ -27,7 +27,7 @@ class DraftModelSource final : public DraftSource {
   // Checks the vocabularies. The draft runs on `pool` (shared with the target: the two never run at once)
   // with its own cache of options.n_ctx positions. `draft` must outlive the source.
   DraftModelSource(const model::Model& draft, const model::Model& target, ThreadPool& pool,
-                   const engine::SessionOptions& options);
+                   const model::SessionOptions& options);
 
   std::string_view kind() const override { return "model"; }
   void begin(std::span<const int32_t> prompt, const DraftSettings& settings) override;
@@ -41,7 +41,7 @@ class DraftModelSource final : public DraftSource {
   // Rolls the cache back to its longest prefix shared with `text`.
   void roll_back_to(std::span<const int32_t> text);
 
-  engine::Session session_;
+  model::Session session_;
   sampling::Sampler sampler_;
   uint64_t sequence_ = 0;
   std::vector<int32_t> cached_;   // tokens in the draft cache, cached_.size() == session_.length()

@@ -26,7 +26,7 @@ struct Probe {
 // which opens the next window.
 class Run {
  public:
-  Run(engine::Session& target, DraftSource& source, const SpecOptions& options,
+  Run(model::Session& target, DraftSource& source, const SpecOptions& options,
       const engine::TokenFn& on_token, const engine::EogFn& is_eog)
       : target_(target),
         source_(source),
@@ -190,7 +190,7 @@ class Run {
     }
   }
 
-  engine::Session& target_;
+  model::Session& target_;
   DraftSource& source_;
   const SpecOptions& o_;
   const engine::TokenFn& on_token_;
@@ -226,7 +226,7 @@ void SpecStats::add(const SpecStats& o) {
   for (size_t i = 0; i < o.depth_histogram.size(); ++i) depth_histogram[i] += o.depth_histogram[i];
 }
 
-SpecStats generate_speculative(engine::Session& target, DraftSource& source, std::span<const int32_t> prompt,
+SpecStats generate_speculative(model::Session& target, DraftSource& source, std::span<const int32_t> prompt,
                                const SpecOptions& options, const engine::TokenFn& on_token,
                                const engine::EogFn& is_eog) {
   Run run(target, source, options, on_token, is_eog);

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "tandem/engine/generate.h"
-#include "tandem/engine/session.h"
+#include "tandem/model/session.h"
 #include "tandem/speculative/draft_source.h"
 #include "tandem/speculative/gate.h"
 
@@ -48,7 +48,7 @@ struct SpecStats : engine::GenerateStats {
 
 // Generates after `prompt` (non-empty) on an empty target session, like engine::generate. `source` is begun
 // here. The end-of-generation token, when reached, is passed to on_token and ends the run.
-SpecStats generate_speculative(engine::Session& target, DraftSource& source, std::span<const int32_t> prompt,
+SpecStats generate_speculative(model::Session& target, DraftSource& source, std::span<const int32_t> prompt,
                                const SpecOptions& options, const engine::TokenFn& on_token,
                                const engine::EogFn& is_eog);
 

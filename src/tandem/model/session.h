@@ -1,5 +1,7 @@
 // One sequence on one model: its cache and the forward that extends it. Prompts are evaluated in chunks of
-// the forward's row capacity; logits are produced only for the rows asked for.
+// the forward's row capacity; logits are produced only for the rows asked for. It lives in model/ (not in the
+// engine that generates with it) because drafters and calibration in speculative/ run sequences too, and
+// speculative/ sits below the engine.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +11,7 @@
 #include "tandem/cache/kv_cache.h"
 #include "tandem/model/forward.h"
 
-namespace tandem::engine {
+namespace tandem::model {
 
 struct SessionOptions {
   int64_t n_ctx = 0;  // 0: the model's training context, capped at 4096
@@ -19,25 +21,25 @@ struct SessionOptions {
 
 class Session {
  public:
-  Session(const model::Model& model, ThreadPool& pool, const SessionOptions& options);
+  Session(const Model& model, ThreadPool& pool, const SessionOptions& options);
   // A sequence in a shared KV store (options.kv_type is the store's): prefill() can then reuse prompt
   // prefixes that other sessions of the store evaluated. The store must outlive the session.
-  Session(const model::Model& model, ThreadPool& pool, const SessionOptions& options, cache::KvStore& store);
+  Session(const Model& model, ThreadPool& pool, const SessionOptions& options, cache::KvStore& store);
 
-  const model::Model& model() const { return forward_.model(); }
+  const Model& model() const { return forward_.model(); }
   int64_t length() const { return cache_.length(); }
   int64_t n_ctx() const { return cache_.capacity(); }
   int64_t n_vocab() const { return model().config().n_vocab; }
   cache::KvCache& cache() { return cache_; }
-  model::Forward& forward() { return forward_; }
+  Forward& forward() { return forward_; }
 
   // Appends tokens at the end of the sequence. Returns the logits of the last token [n_vocab], or with
   // all_logits the logits of every appended token [tokens.size(), n_vocab]. The span stays valid until the
   // next call. Throws tandem::Error when the context would overflow (the cache is left as it was). With a
-  // capture, it receives every layer's hidden states of each forward (model::CaptureFn; rows in token order,
+  // capture, it receives every layer's hidden states of each forward (CaptureFn; rows in token order,
   // one call per layer per chunk of at most forward().max_rows() tokens).
   std::span<const float> eval(std::span<const int32_t> tokens, bool all_logits = false,
-                              const model::CaptureFn* capture = nullptr);
+                              const CaptureFn* capture = nullptr);
 
   // Rolls the sequence back to n tokens (n <= length()).
   void truncate(int64_t n) { cache_.truncate(n); }
@@ -51,13 +53,13 @@ class Session {
   int64_t prompt_reused() const { return prompt_reused_; }
 
  private:
-  model::Forward forward_;
+  Forward forward_;
   cache::KvCache cache_;
-  std::vector<model::Row> rows_;
+  std::vector<Row> rows_;
   std::vector<float> logits_;
   int64_t prompt_evaluated_ = 0, prompt_reused_ = 0;
 };
 
-int64_t default_context(const model::Model& model, int64_t requested);
+int64_t default_context(const Model& model, int64_t requested);
 
-}  // namespace tandem::engine
+}  // namespace tandem::model

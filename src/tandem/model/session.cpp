@@ -1,23 +1,23 @@
-#include "tandem/engine/session.h"
+#include "tandem/model/session.h"
 
 #include <algorithm>
 
 #include "tandem/util/error.h"
 
-namespace tandem::engine {
+namespace tandem::model {
 
-int64_t default_context(const model::Model& model, int64_t requested) {
+int64_t default_context(const Model& model, int64_t requested) {
   if (requested < 0) throw Error("context size (-c) must be positive");
   if (requested > 0) return requested;
   return std::min<int64_t>(model.config().n_ctx_train > 0 ? model.config().n_ctx_train : 4096, 4096);
 }
 
-Session::Session(const model::Model& model, ThreadPool& pool, const SessionOptions& options)
+Session::Session(const Model& model, ThreadPool& pool, const SessionOptions& options)
     : forward_(model, pool, std::max<int64_t>(1, options.batch)),
-      cache_(model.config(), default_context(model, options.n_ctx), options.kv_type, forward_.max_rows()) {}
+      cache_(model.config().kv_geometry(), default_context(model, options.n_ctx), options.kv_type,
+             forward_.max_rows()) {}
 
-Session::Session(const model::Model& model, ThreadPool& pool, const SessionOptions& options,
-                 cache::KvStore& store)
+Session::Session(const Model& model, ThreadPool& pool, const SessionOptions& options, cache::KvStore& store)
     : forward_(model, pool, std::max<int64_t>(1, options.batch)),
       cache_(store, default_context(model, options.n_ctx)) {}
 
@@ -32,7 +32,7 @@ std::span<const float> Session::prefill(std::span<const int32_t> prompt) {
 }
 
 std::span<const float> Session::eval(std::span<const int32_t> tokens, bool all_logits,
-                                     const model::CaptureFn* capture) {
+                                     const CaptureFn* capture) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t V = n_vocab();
   if (n == 0) throw Error("nothing to evaluate");
@@ -54,4 +54,4 @@ std::span<const float> Session::eval(std::span<const int32_t> tokens, bool all_l
   return {logits_.data(), need};
 }
 
-}  // namespace tandem::engine
+}  // namespace tandem::model
