@@ -14,15 +14,19 @@
 #include <nlohmann/json.hpp>
 
 #include "tandem/engine/generate.h"
+#include "tandem/engine/generate_speculative.h"
 #include "tandem/model/model.h"
 #include "tandem/model/session.h"
 #include "tandem/speculative/draft_model.h"
-#include "tandem/speculative/loop.h"
 #include "tandem/speculative/ngram.h"
 #include "test_util.h"
 
 namespace tandem::speculative {
 namespace {
+
+using engine::generate_speculative;
+using engine::SpecOptions;
+using engine::SpecStats;
 
 constexpr int64_t kTokens = 48;  // as many as the goldens hold
 

@@ -11,15 +11,19 @@
 #include <vector>
 
 #include "tandem/engine/generate.h"
+#include "tandem/engine/generate_speculative.h"
 #include "tandem/model/model.h"
 #include "tandem/model/session.h"
 #include "tandem/speculative/draft_model.h"
-#include "tandem/speculative/loop.h"
 #include "tandem/speculative/ngram.h"
 #include "test_util.h"
 
 namespace tandem::speculative {
 namespace {
+
+using engine::generate_speculative;
+using engine::SpecOptions;
+using engine::SpecStats;
 
 // "Once upon a time" and its greedy continuation under stories260K (from the public golden file). The test
 // prompt is the shortest prefix after which n-gram lookup proposes a token the target samples with

@@ -134,7 +134,7 @@ void add_bench_spec_command(CLI::App& app) {
       session.truncate(0);
     }
     engine::GenerateStats plain_total;
-    speculative::SpecStats spec_total;
+    engine::SpecStats spec_total;
     int64_t mismatches = 0;
     for (const auto& prompt : prompts) {
       std::vector<int32_t> plain_out, spec_out;
@@ -150,7 +150,7 @@ void add_bench_spec_command(CLI::App& app) {
         replay->set_reference(std::move(reference));
       }
       session.truncate(0);
-      spec_total.add(speculative::generate_speculative(
+      spec_total.add(engine::generate_speculative(
           session, *setup.source, prompt, setup.options,
           [&](int32_t t) { return spec_out.push_back(t), true; }, is_eog));
       if (o->sampling.temperature <= 0.0f && spec_out != plain_out) ++mismatches;

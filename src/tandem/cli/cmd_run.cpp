@@ -101,12 +101,12 @@ void add_run_command(CLI::App& app) {
     };
     auto is_eog = [&](int32_t id) { return tok->is_eog(id); };
     engine::GenerateStats st;
-    std::optional<speculative::SpecStats> spec_stats;
+    std::optional<engine::SpecStats> spec_stats;
     if (o->spec.enabled()) {
       SpecSetup setup = make_spec_setup(o->spec, *model, o->model, pool, so, false);
       setup.options.generate = go;
-      speculative::SpecStats ss =
-          speculative::generate_speculative(session, *setup.source, prompt, setup.options, on_token, is_eog);
+      engine::SpecStats ss =
+          engine::generate_speculative(session, *setup.source, prompt, setup.options, on_token, is_eog);
       st = ss;
       spec_stats = ss;
     } else {

@@ -113,7 +113,7 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
   return s;
 }
 
-void print_spec_report(std::FILE* out, const speculative::SpecStats& st) {
+void print_spec_report(std::FILE* out, const engine::SpecStats& st) {
   std::fprintf(
       out,
       "speculative: %lld drafted, %lld accepted (acceptance %.1f%%), mean accepted length %.2f over %lld "

@@ -9,11 +9,11 @@
 #include <CLI/CLI.hpp>
 
 #include "tandem/cli/common.h"
+#include "tandem/engine/generate_speculative.h"
 #include "tandem/model/model.h"
 #include "tandem/model/session.h"
 #include "tandem/speculative/calibration.h"
 #include "tandem/speculative/draft_source.h"
-#include "tandem/speculative/loop.h"
 
 namespace tandem::cli {
 
@@ -47,7 +47,7 @@ void check_gate_options(const speculative::GateSettings& gate);
 struct SpecSetup {
   std::unique_ptr<model::Model> draft_model;
   std::unique_ptr<speculative::DraftSource> source;
-  speculative::SpecOptions options;  // draft_max, draft_min, use_gate, costs; the caller fills `generate`
+  engine::SpecOptions options;  // draft_max, draft_min, use_gate, costs; the caller fills `generate`
   bool calibrated = false;
 };
 
@@ -59,6 +59,6 @@ SpecSetup make_spec_setup(const SpecFlags& flags, const model::Model& target,
                           const model::SessionOptions& session_options, bool calibrate_if_missing);
 
 // The end-of-run report: acceptance rate, mean accepted length, tokens per target forward, tok/s.
-void print_spec_report(std::FILE* out, const speculative::SpecStats& stats);
+void print_spec_report(std::FILE* out, const engine::SpecStats& stats);
 
 }  // namespace tandem::cli

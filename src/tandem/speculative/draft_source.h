@@ -1,6 +1,7 @@
-// The interface every drafter implements for the speculative loop (loop.h). A draft source proposes tokens
+// The interface every drafter implements for the speculative drivers (engine::generate_speculative for one
+// sequence, engine::Scheduler for many; both settle rounds through settle.h). A draft source proposes tokens
 // that continue the committed text; the target verifies them in one forward; the source is then told what was
-// kept and rolls its own state back to it. The loop never looks inside a source, so drafters that read the
+// kept and rolls its own state back to it. A driver never looks inside a source, so drafters that read the
 // target's hidden states (EAGLE-style heads, DFlash-style block drafters, MTP modules) plug in through the
 // same calls: they name the target layers they read and receive those layers' outputs after every target
 // forward.
@@ -8,7 +9,7 @@
 // Call order for one generation:
 //   begin(prompt, settings)
 //   repeat: [on_target_hidden(...)]* propose(committed, max_depth, draft) accept(committed', n_accepted)
-// A source is used by one loop (one thread) at a time.
+// A source is used by one driver (one thread) at a time.
 #pragma once
 
 #include <cstdint>

@@ -1,10 +1,11 @@
 // Speculative generation of one sequence: each round a draft source proposes up to d tokens, the target
-// checks the window [last committed token, drafts] in one forward, verify.h keeps the accepted prefix and the
-// target's next token, and both caches roll back to what was kept. Accepted tokens are never recomputed.
+// checks the window [last committed token, drafts] in one forward, and speculative::Settler settles the round
+// (verification, commits, the target's cache and the drafter rolled back to what was kept), as the scheduler
+// does for each of its sequences. Accepted tokens are never recomputed.
 //
 // The output is the target's: greedy runs produce exactly the tokens of engine::generate, and sampled runs
-// draw every token from exactly the distribution engine::generate would draw it from (verify.h). The adaptive
-// gate (gate.h) chooses each round's depth, 0 meaning a plain decode step.
+// draw every token from exactly the distribution engine::generate would draw it from (speculative/verify.h).
+// The adaptive gate (speculative/gate.h) chooses each round's depth, 0 meaning a plain decode step.
 #pragma once
 
 #include <cstdint>
@@ -16,18 +17,18 @@
 #include "tandem/speculative/draft_source.h"
 #include "tandem/speculative/gate.h"
 
-namespace tandem::speculative {
+namespace tandem::engine {
 
 struct SpecOptions {
-  engine::GenerateOptions generate;  // max_tokens, sampling, sequence_id: as for engine::generate
-  int draft_max = 8;                 // drafts per round at most (>= 1)
-  int draft_min = 1;                 // a shorter proposal is not verified; the round is a plain step instead
-  bool use_gate = true;              // false: always draft draft_max (where tokens and context allow)
-  GateSettings gate;
-  CostModel costs;  // the gate's costs; empty verify: CostModel::linear(0.25, 0) is assumed
+  GenerateOptions generate;  // max_tokens, sampling, sequence_id: as for generate()
+  int draft_max = 8;         // drafts per round at most (>= 1)
+  int draft_min = 1;         // a shorter proposal is not verified; the round is a plain step instead
+  bool use_gate = true;      // false: always draft draft_max (where tokens and context allow)
+  speculative::GateSettings gate;
+  speculative::CostModel costs;  // the gate's costs; empty verify: CostModel::linear(0.25, 0) is assumed
 };
 
-struct SpecStats : engine::GenerateStats {
+struct SpecStats : GenerateStats {
   int64_t target_forwards = 0;           // after the prompt: plain steps plus verify rounds
   int64_t rounds = 0;                    // verify rounds (with drafts)
   int64_t drafted = 0;                   // drafts verified
@@ -46,10 +47,10 @@ struct SpecStats : engine::GenerateStats {
   void add(const SpecStats& other);
 };
 
-// Generates after `prompt` (non-empty) on an empty target session, like engine::generate. `source` is begun
-// here. The end-of-generation token, when reached, is passed to on_token and ends the run.
-SpecStats generate_speculative(model::Session& target, DraftSource& source, std::span<const int32_t> prompt,
-                               const SpecOptions& options, const engine::TokenFn& on_token,
-                               const engine::EogFn& is_eog);
+// Generates after `prompt` (non-empty) on an empty target session, like generate(). `source` is begun here.
+// The end-of-generation token, when reached, is passed to on_token and ends the run.
+SpecStats generate_speculative(model::Session& target, speculative::DraftSource& source,
+                               std::span<const int32_t> prompt, const SpecOptions& options,
+                               const TokenFn& on_token, const EogFn& is_eog);
 
-}  // namespace tandem::speculative
+}  // namespace tandem::engine

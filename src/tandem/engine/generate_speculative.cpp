@@ -1,14 +1,19 @@
-#include "tandem/speculative/loop.h"
+#include "tandem/engine/generate_speculative.h"
 
 #include <algorithm>
 #include <chrono>
 #include <optional>
 
+#include "tandem/speculative/settle.h"
 #include "tandem/speculative/verify.h"
 #include "tandem/util/error.h"
 
-namespace tandem::speculative {
+namespace tandem::engine {
 namespace {
+
+using speculative::CostModel;
+using speculative::DraftSource;
+using speculative::Gate;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -16,7 +21,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // An unverified proposal the gate asked for while idle, compared with the tokens the target then commits.
 struct Probe {
-  Draft draft;
+  speculative::Draft draft;
   size_t next = 0;  // the draft position the next committed token is compared with
   std::vector<double> outcomes;
   bool active = false;
@@ -26,8 +31,8 @@ struct Probe {
 // which opens the next window.
 class Run {
  public:
-  Run(model::Session& target, DraftSource& source, const SpecOptions& options,
-      const engine::TokenFn& on_token, const engine::EogFn& is_eog)
+  Run(model::Session& target, DraftSource& source, const SpecOptions& options, const TokenFn& on_token,
+      const EogFn& is_eog)
       : target_(target),
         source_(source),
         o_(options),
@@ -49,7 +54,6 @@ class Run {
         source_.on_target_hidden(layer, {hidden, width * static_cast<size_t>(n_rows)}, n_rows, capture_pos_);
       };
     }
-    p_.resize(static_cast<size_t>(o_.draft_max) + 1);
     stats_.depth_histogram.assign(static_cast<size_t>(o_.draft_max) + 1, 0);
   }
 
@@ -62,7 +66,7 @@ class Run {
     window_.reserve(static_cast<size_t>(o_.draft_max) + 1);
 
     auto t0 = std::chrono::steady_clock::now();
-    DraftSettings settings;
+    speculative::DraftSettings settings;
     settings.sampling = o_.generate.sampling;
     settings.sequence_id = o_.generate.sequence_id;
     source_.begin(prompt, settings);
@@ -111,7 +115,6 @@ class Run {
       if (drafted < o_.draft_min) drafted = 0;
       if (drafted > 0) probe_.active = false;  // verified rounds observe the drafter directly
     }
-    const size_t n = history_.size();  // position of the first draft; the pending token is at n - 1
     window_.assign(1, history_.back());
     window_.insert(window_.end(), draft_.tokens.begin(), draft_.tokens.begin() + drafted);
     const auto forward_start = std::chrono::steady_clock::now();
@@ -120,39 +123,28 @@ class Run {
     ++stats_.target_forwards;
     ++stats_.depth_histogram[static_cast<size_t>(drafted)];
 
-    // p[i] predicts position n + i, over the history extended by drafts [0, i).
-    const auto V = static_cast<size_t>(target_.n_vocab());
-    history_.insert(history_.end(), window_.begin() + 1, window_.end());
-    for (int i = 0; i <= drafted; ++i)
-      sampler_.distribution(logits.subspan(static_cast<size_t>(i) * V, V),
-                            std::span<const int32_t>(history_.data(), n + static_cast<size_t>(i)),
-                            p_[static_cast<size_t>(i)]);
-    history_.resize(n);
-
-    const std::span<const sampling::Distribution> q =
-        drafted > 0 && draft_.sampled ? std::span<const sampling::Distribution>(draft_.q.data(), drafted)
-                                      : std::span<const sampling::Distribution>();
-    const VerifyOutcome outcome =
-        verify(std::span<const int32_t>(window_).subspan(1), {p_.data(), static_cast<size_t>(drafted) + 1}, q,
-               sampler_, o_.generate.sequence_id, n, verify_scratch_);
-
+    speculative::Window window;
+    window.logits = logits;
+    window.drafts = std::span<const int32_t>(window_).subspan(1);
+    if (drafted > 0 && draft_.sampled)
+      window.q = std::span<const sampling::Distribution>(draft_.q.data(), static_cast<size_t>(drafted));
+    const speculative::SettleOutcome outcome = settler_.settle(
+        window,
+        {history_, sampler_, o_.generate.sequence_id, target_.cache(), gate_ ? &*gate_ : nullptr, &source_},
+        [&](int32_t token, int) {
+          // A plain step's token was drawn from the target's p, which scores a running probe.
+          commit(token, drafted == 0 ? &settler_.target_distribution(0) : nullptr);
+          return !done_;
+        });
     if (drafted > 0) {
       ++stats_.rounds;
       stats_.drafted += drafted;
       stats_.accepted += outcome.accepted;
-      if (gate_) gate_->record_round(drafted, outcome.accepted);
-    } else if (gate_) {
-      gate_->record_idle();
     }
-    for (int i = 0; i < outcome.accepted && !done_; ++i) commit(window_[static_cast<size_t>(i) + 1], nullptr);
-    if (!done_) commit(outcome.token, drafted == 0 ? &p_[0] : nullptr);
-    // Keep every committed token but the new pending one: the accepted drafts' rows stay, the rest roll back.
-    target_.truncate(static_cast<int64_t>(history_.size()) - 1);
-    source_.accept(history_, outcome.accepted);
   }
 
+  // `token` was just appended to history_ by the settle step.
   void commit(int32_t token, const sampling::Distribution* p) {
-    history_.push_back(token);
     ++stats_.generated;
     if (probe_.active) observe_probe(token, p);
     const bool keep_going = on_token_(token);
@@ -183,7 +175,7 @@ class Run {
     const size_t i = probe_.next++;
     const int32_t x = probe_.draft.tokens[i];
     const sampling::Distribution* q = probe_.draft.sampled ? &probe_.draft.q[i] : nullptr;
-    probe_.outcomes.push_back(acceptance_probability(x, *p, q));
+    probe_.outcomes.push_back(speculative::acceptance_probability(x, *p, q));
     if (token != x || probe_.next == probe_.draft.tokens.size()) {
       gate_->record(probe_.outcomes);
       probe_.active = false;
@@ -193,8 +185,8 @@ class Run {
   model::Session& target_;
   DraftSource& source_;
   const SpecOptions& o_;
-  const engine::TokenFn& on_token_;
-  const engine::EogFn& is_eog_;
+  const TokenFn& on_token_;
+  const EogFn& is_eog_;
   sampling::Sampler sampler_;
   std::optional<Gate> gate_;
   model::CaptureFn capture_;
@@ -202,9 +194,8 @@ class Run {
 
   std::vector<int32_t> history_;  // prompt and committed tokens
   std::vector<int32_t> window_;   // this round's forward: pending token, drafts
-  Draft draft_;
-  std::vector<sampling::Distribution> p_;  // [draft_max + 1] target distributions of a window
-  VerifyScratch verify_scratch_;
+  speculative::Draft draft_;
+  speculative::Settler settler_;
   Probe probe_;
   SpecStats stats_;
   bool done_ = false;
@@ -227,10 +218,9 @@ void SpecStats::add(const SpecStats& o) {
 }
 
 SpecStats generate_speculative(model::Session& target, DraftSource& source, std::span<const int32_t> prompt,
-                               const SpecOptions& options, const engine::TokenFn& on_token,
-                               const engine::EogFn& is_eog) {
+                               const SpecOptions& options, const TokenFn& on_token, const EogFn& is_eog) {
   Run run(target, source, options, on_token, is_eog);
   return run.run(prompt);
 }
 
-}  // namespace tandem::speculative
+}  // namespace tandem::engine

@@ -1,0 +1,100 @@
+// The settle step of a speculative round: everything between the target's forward over one sequence's window
+// and that sequence's next round. Every driver settles through it (engine::generate_speculative for one
+// sequence, engine::Scheduler for many), so "the output is exactly the target's" rests on this step and
+// verify.h alone, not on copies that must stay identical.
+//
+// A round. The sequence's committed text has n tokens; the last one (the pending token) is not yet in the
+// target's cache, which holds n - 1 positions. The target ran the window [pending, drafts[0, d)] at positions
+// n - 1 .. n - 1 + d and produced d + 1 logit rows, row i predicting position n + i; d == 0 is a plain step.
+// settle():
+//   1. target distributions: p[i] is the sampler's transform of row i over the committed text followed by
+//      drafts[0, i);
+//   2. verification (verify.h): the accepted prefix of the drafts and the target's token after it;
+//   3. the gate learns the round: record_round(d, accepted), or record_idle() for a plain step;
+//   4. commits the accepted drafts and then the target's token, in order: each is appended to the committed
+//      text and passed to the driver's on_token(token, row) (row: the logit row it was chosen from), which
+//      returns false to end the sequence (end of generation, length, a client gone); nothing after that
+//      token is committed;
+//   5. truncates the cache to the committed text less its new last token: rows of accepted drafts stay,
+//      rejected ones go;
+//   6. tells the drafter what was kept: DraftSource::accept(committed, accepted drafts still committed).
+// A sequence that does not speculate (no gate, no drafter) settles its plain steps the same way, so one
+// sequence's tokens come from the same code whether it speculates, runs alone or shares a batch.
+//
+// Settler keeps the distributions and verification scratch of one sequence: once its buffers have grown to
+// the deepest window, settling allocates nothing beyond what on_token does.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tandem/cache/kv_cache.h"
+#include "tandem/sampling/sampler.h"
+#include "tandem/speculative/draft_source.h"
+#include "tandem/speculative/gate.h"
+#include "tandem/speculative/verify.h"
+
+namespace tandem::speculative {
+
+// The window one target forward verified for a sequence.
+struct Window {
+  std::span<const float> logits;    // [(drafts.size() + 1) * n_vocab], row i predicting position n + i
+  std::span<const int32_t> drafts;  // the verified drafts; empty: a plain step
+  std::span<const sampling::Distribution> q;  // empty (deterministic drafts) or drafts.size() drafter
+                                              // distributions (Draft::sampled)
+};
+
+// What a sequence brings to its rounds, borrowed for one settle() call.
+struct SettleTarget {
+  std::vector<int32_t>& committed;  // the prompt and every committed token; grows by the tokens committed
+  sampling::Sampler& sampler;
+  uint64_t sequence_id;   // keys the sampler's randomness with the positions
+  cache::KvCache& cache;  // the target's cache of this sequence, committed.size() - 1 + d + 1 positions
+  Gate* gate = nullptr;   // null: no gate learns from this sequence
+  DraftSource* source = nullptr;  // null: no drafter follows this sequence
+};
+
+struct SettleOutcome {
+  int drafted = 0;       // drafts verified
+  int accepted = 0;      // of which accepted
+  int committed = 0;     // tokens committed: accepted + 1, fewer when on_token ended the sequence
+  bool stopped = false;  // on_token returned false
+};
+
+class Settler {
+ public:
+  // on_token(int32_t token, int row) -> bool: see step 4 above.
+  template <typename OnToken>
+  SettleOutcome settle(const Window& window, const SettleTarget& target, OnToken&& on_token) {
+    SettleOutcome out = judge(window, target);
+    for (int i = 0; i <= out.accepted; ++i) {
+      const int32_t token = i < out.accepted ? window.drafts[static_cast<size_t>(i)] : token_;
+      target.committed.push_back(token);
+      ++out.committed;
+      if (!on_token(token, i)) {
+        out.stopped = true;
+        break;
+      }
+    }
+    // A sequence that ended early kept only the drafts it committed.
+    keep(target, std::min(out.accepted, out.committed));
+    return out;
+  }
+
+  // The target distribution of window row i (0 <= i <= drafted) from the last settle(); valid until the next.
+  const sampling::Distribution& target_distribution(int i) const { return p_[static_cast<size_t>(i)]; }
+
+ private:
+  // Steps 1 to 3; the target's token is left in token_.
+  SettleOutcome judge(const Window& window, const SettleTarget& target);
+  // Steps 5 and 6.
+  static void keep(const SettleTarget& target, int accepted);
+
+  std::vector<sampling::Distribution> p_;  // [deepest window + 1], grown on demand
+  VerifyScratch scratch_;
+  int32_t token_ = -1;
+};
+
+}  // namespace tandem::speculative
