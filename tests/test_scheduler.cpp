@@ -353,4 +353,77 @@ TEST(Scheduler, VerifyWindowsKeepGreedyOutput) {
   EXPECT_EQ(caches.out.load(), 0);
 }
 
+// Remembers what the last released cache held against the tokens it came back with.
+class ReleaseRecordingPool final : public engine::CachePool {
+ public:
+  explicit ReleaseRecordingPool(const model::Config& c) : inner_(c, kCtx, cache::KvType::kF16, 1) {}
+  int64_t capacity() const override { return inner_.capacity(); }
+  Lease acquire(std::span<const int32_t> prompt) override { return inner_.acquire(prompt); }
+  void release(std::unique_ptr<cache::KvCache> c, std::span<const int32_t> tokens) override {
+    cache_length = c->length();
+    tokens_given = static_cast<int64_t>(tokens.size());
+    inner_.release(std::move(c), tokens);
+  }
+  int64_t reusable(std::span<const int32_t> prompt) const override { return inner_.reusable(prompt); }
+  std::atomic<int64_t> cache_length{-1}, tokens_given{-1};
+
+ private:
+  engine::SlotCachePool inner_;
+};
+
+// A drafter that proposes the target's own continuation, so every draft is accepted.
+class ExactDraft final : public speculative::DraftSource {
+ public:
+  explicit ExactDraft(std::vector<int32_t> full) : full_(std::move(full)) {}
+  std::string_view kind() const override { return "exact"; }
+  void begin(std::span<const int32_t>, const speculative::DraftSettings&) override {}
+  void propose(std::span<const int32_t> committed, int max_depth, speculative::Draft& out) override {
+    out.clear();
+    for (size_t at = committed.size(); at < full_.size() && static_cast<int>(out.tokens.size()) < max_depth;
+         ++at)
+      out.tokens.push_back(full_[at]);
+  }
+  void accept(std::span<const int32_t>, int) override {}
+
+ private:
+  std::vector<int32_t> full_;
+};
+
+// The end-of-generation token arrives as the first of several accepted drafts: the sequence stops there, and
+// its cache goes back holding no position past the tokens it is returned with (the rows of the accepted
+// drafts after the stop are rolled back), so a later request cannot reuse positions of text never committed.
+TEST(Scheduler, StoppingInsideAnAcceptedWindowReturnsOnlyTheCommittedText) {
+  Fixture f;
+  model::Graph graph(*f.model, f.pool, model::GraphOptions{32, 16});
+  const auto req = request({1, 403, 407, 261, 378}, 24, 0.0f, 5);
+  Result plain;
+  {
+    CountingPool caches(f.model->config(), 1);
+    Scheduler s(graph, caches, nullptr, {1, 4, 32, 0});
+    plain = collect(*submit(s, req));
+  }
+  ASSERT_EQ(plain.tokens.size(), 24u);
+  // The first drafted round covers generated tokens 1, 2, ...: stop at token 1, whose id must not occur at 0.
+  ASSERT_NE(plain.tokens[1], plain.tokens[0]);
+  const int32_t stop = plain.tokens[1];
+  std::vector<int32_t> full = req.prompt;
+  full.insert(full.end(), plain.tokens.begin(), plain.tokens.end());
+  ReleaseRecordingPool caches(f.model->config());
+  engine::SchedulerOptions o{1, 4, 32, 6};
+  Scheduler s(
+      graph, caches, [stop](int32_t t) { return t == stop; }, o,
+      [&] { return std::make_unique<ExactDraft>(full); });
+  engine::Request stopping = req;
+  stopping.stop_at_eog = true;
+  const Result r = collect(*submit(s, stopping));
+  EXPECT_EQ(r.finish, Finish::kStop);
+  EXPECT_EQ(r.tokens, std::vector<int32_t>(plain.tokens.begin(), plain.tokens.begin() + 1));
+  s.stop();  // the iteration's counters are added after the client hears of the end
+  const auto stats = s.stats();
+  ASSERT_GE(stats.accepted, 2u) << "the stop token was not followed by another accepted draft";
+  // Prompt, the first token and the stop token; the cache holds all but the last.
+  EXPECT_EQ(caches.tokens_given.load(), static_cast<int64_t>(req.prompt.size()) + 2);
+  EXPECT_EQ(caches.cache_length.load(), caches.tokens_given.load() - 1);
+}
+
 }  // namespace

@@ -5,7 +5,7 @@
 #include <numeric>
 #include <optional>
 
-#include "tandem/speculative/verify.h"
+#include "tandem/speculative/settle.h"
 #include "tandem/util/error.h"
 
 namespace tandem::engine {
@@ -33,10 +33,9 @@ struct Scheduler::Sequence {
   std::unique_ptr<speculative::DraftSource> draft;
   std::optional<speculative::Gate> gate;
   speculative::Draft proposal;
-  speculative::VerifyScratch verify_scratch;
-  std::vector<sampling::Distribution> p;
-  std::vector<int32_t> history;
+  speculative::Settler settler;
   uint64_t drafted = 0, accepted = 0;
+  Finish ending = Finish::kStop;  // why commit() ended the sequence, reported once its round is settled
 };
 
 Scheduler::Scheduler(model::Graph& graph, CachePool& caches, std::function<bool(int32_t)> is_eog,
@@ -54,6 +53,15 @@ Scheduler::Scheduler(model::Graph& graph, CachePool& caches, std::function<bool(
                 ")");
   options_.max_draft = std::clamp(options_.max_draft, 0, 15);
   logits_.resize(static_cast<size_t>(options_.max_rows * graph_.n_vocab()));
+  const auto n = static_cast<size_t>(options_.max_running);
+  plan_.decode_tokens.reserve(n);
+  plan_.decode_caches.reserve(n);
+  plan_.decoders.reserve(n);
+  plan_.verifiers.reserve(n);
+  plan_.prefills.reserve(n);
+  plan_.group_caches.reserve(n);
+  plan_.groups.reserve(n + 1);
+  ended_.reserve(n);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -213,13 +221,21 @@ int Scheduler::choose_depth(Sequence& s, int64_t budget_left, int batch) {
 }
 
 void Scheduler::iterate() {
-  const int64_t V = graph_.n_vocab();
+  plan();
+  if (!forward()) return;
+  settle();
+}
+
+void Scheduler::plan() {
+  Plan& p = plan_;
+  p.decode_tokens.clear();
+  p.decode_caches.clear();
+  p.decoders.clear();
+  p.verifiers.clear();
+  p.prefills.clear();
+  p.group_caches.clear();
+  p.groups.clear();
   int64_t budget = options_.max_rows;
-  std::vector<int32_t> decode_tokens;
-  std::vector<cache::KvCache*> decode_caches;
-  std::vector<Sequence*> decoders, verifiers, prefills;
-  std::vector<cache::KvCache*> single_caches;  // one per verify or prompt group, for the group's span
-  single_caches.reserve(running_.size());
 
   // Decode rows first: running streams never wait for prompts. Each has a row whatever happens, so a
   // window may only take rows beyond one per remaining decoder.
@@ -240,12 +256,12 @@ void Scheduler::iterate() {
     if (s.draft && !s.proposal.tokens.empty()) {
       s.window.assign(1, s.tokens.back());
       s.window.insert(s.window.end(), s.proposal.tokens.begin(), s.proposal.tokens.end());
-      verifiers.push_back(&s);
+      p.verifiers.push_back(&s);
       budget -= static_cast<int64_t>(s.window.size());
     } else {
-      decode_tokens.push_back(s.tokens.back());
-      decode_caches.push_back(s.cache.get());
-      decoders.push_back(&s);
+      p.decode_tokens.push_back(s.tokens.back());
+      p.decode_caches.push_back(s.cache.get());
+      p.decoders.push_back(&s);
       budget -= 1;
     }
   }
@@ -256,131 +272,117 @@ void Scheduler::iterate() {
     const int64_t left = static_cast<int64_t>(s.req.prompt.size()) - s.evaluated;
     const int64_t chunk = std::min(left, budget);
     s.window.assign(s.req.prompt.begin() + s.evaluated, s.req.prompt.begin() + s.evaluated + chunk);
-    prefills.push_back(&s);
+    p.prefills.push_back(&s);
     budget -= chunk;
   }
 
-  std::vector<model::Group> groups;
-  int64_t logit_rows = 0, rows = 0;
-  if (!decoders.empty()) {
-    groups.push_back({model::Phase::kDecode, decode_tokens, decode_caches, nullptr});
-    for (size_t i = 0; i < decoders.size(); ++i) decoders[i]->logit_row = static_cast<int64_t>(i);
-    logit_rows = rows = static_cast<int64_t>(decoders.size());
+  int64_t logit_rows = 0;
+  p.rows = 0;
+  if (!p.decoders.empty()) {
+    p.groups.push_back({model::Phase::kDecode, p.decode_tokens, p.decode_caches, nullptr});
+    for (size_t i = 0; i < p.decoders.size(); ++i) p.decoders[i]->logit_row = static_cast<int64_t>(i);
+    logit_rows = p.rows = static_cast<int64_t>(p.decoders.size());
   }
+  // group_caches holds at most max_running entries within its reserved capacity, so the spans stay valid.
   auto single = [&](Sequence& s, model::Phase phase) {
-    single_caches.push_back(s.cache.get());
-    groups.push_back({phase, s.window, std::span<cache::KvCache* const>(&single_caches.back(), 1), nullptr});
+    p.group_caches.push_back(s.cache.get());
+    p.groups.push_back(
+        {phase, s.window, std::span<cache::KvCache* const>(&p.group_caches.back(), 1), nullptr});
     s.logit_row = logit_rows;
-    rows += static_cast<int64_t>(s.window.size());
+    p.rows += static_cast<int64_t>(s.window.size());
   };
-  for (Sequence* s : verifiers) {
+  for (Sequence* s : p.verifiers) {
     single(*s, model::Phase::kVerify);
     logit_rows += static_cast<int64_t>(s->window.size());
   }
-  for (Sequence* s : prefills) {
+  for (Sequence* s : p.prefills) {
     const bool last =
         s->evaluated + static_cast<int64_t>(s->window.size()) == static_cast<int64_t>(s->req.prompt.size());
     single(*s, last ? model::Phase::kPrompt : model::Phase::kAppendKnown);
     logit_rows += last ? 1 : 0;
   }
+}
 
+bool Scheduler::forward() {
   try {
-    graph_.mixed(groups, logits_.data());
+    graph_.mixed(plan_.groups, logits_.data());
+    return true;
   } catch (const std::exception& e) {
     // The caches of this batch are in an unknown state: their sequences fail and the caches are dropped.
     for (auto& s : running_) {
       finish(*s, Finish::kError, std::string("forward failed: ") + e.what());
     }
     running_.clear();
-    return;
+    return false;
   }
+}
+
+void Scheduler::settle() {
   SchedulerStats delta;
   delta.forwards = 1;
-  delta.rows = static_cast<uint64_t>(rows);
-
-  auto row = [&](int64_t r) { return logits_.data() + r * V; };
-  std::vector<Sequence*> done;
-  for (Sequence* s : decoders) {
-    if (s->draft) {
-      s->draft->accept(s->tokens, 0);
-      s->gate->record_idle();
-    }
-    try {
-      const auto pos = static_cast<uint64_t>(s->tokens.size());
-      const int32_t t =
-          s->sampler.sample(std::span<const float>(row(s->logit_row), V), s->tokens, s->req.sequence_id, pos);
-      if (!commit(*s, t, row(s->logit_row))) done.push_back(s);
-    } catch (const std::exception& e) {
-      finish(*s, Finish::kError, e.what());
-      done.push_back(s);
-    }
-  }
-  for (Sequence* s : verifiers) {
-    const std::span<const int32_t> drafts(s->proposal.tokens);
-    const size_t d = drafts.size();
-    const int64_t base = static_cast<int64_t>(s->tokens.size()) - 1;  // position of window[0]
-    try {
-      if (s->p.size() < d + 1) s->p.resize(d + 1);
-      s->history.assign(s->tokens.begin(), s->tokens.end());
-      for (size_t i = 0; i <= d; ++i) {
-        s->sampler.distribution(std::span<const float>(row(s->logit_row + static_cast<int64_t>(i)), V),
-                                s->history, s->p[i]);
-        if (i < d) s->history.push_back(drafts[i]);
-      }
-      std::span<const sampling::Distribution> q;
-      if (s->proposal.sampled) q = std::span<const sampling::Distribution>(s->proposal.q.data(), d);
-      const speculative::VerifyOutcome out = speculative::verify(
-          drafts, std::span<const sampling::Distribution>(s->p.data(), d + 1), q, s->sampler,
-          s->req.sequence_id, static_cast<uint64_t>(base + 1), s->verify_scratch);
-      s->drafted += d;
-      s->accepted += static_cast<uint64_t>(out.accepted);
-      s->gate->record_round(static_cast<int>(d), out.accepted);
-      delta.drafted += d;
-      delta.accepted += static_cast<uint64_t>(out.accepted);
-      s->cache->truncate(base + 1 + out.accepted);
-      bool alive = true;
-      for (int i = 0; i <= out.accepted && alive; ++i) {
-        const int32_t t = i < out.accepted ? drafts[static_cast<size_t>(i)] : out.token;
-        alive = commit(*s, t, row(s->logit_row + i));
-      }
-      if (!alive) {
-        done.push_back(s);
-      } else {
-        s->draft->accept(s->tokens, out.accepted);
-      }
-    } catch (const std::exception& e) {
-      finish(*s, Finish::kError, e.what());
-      done.push_back(s);
-    }
-  }
-  for (Sequence* s : prefills) {
+  delta.rows = static_cast<uint64_t>(plan_.rows);
+  ended_.clear();
+  for (Sequence* s : plan_.decoders)
+    if (!settle(*s, {}, true, delta)) ended_.push_back(s);
+  for (Sequence* s : plan_.verifiers)
+    if (!settle(*s, std::span<const int32_t>(s->window).subspan(1), true, delta)) ended_.push_back(s);
+  for (Sequence* s : plan_.prefills) {
     s->evaluated += static_cast<int64_t>(s->window.size());
     delta.evaluated_prompt_tokens += s->window.size();
     if (s->evaluated < static_cast<int64_t>(s->req.prompt.size())) continue;
+    bool alive = false;
     try {
       start_decoding(*s);
-      const auto pos = static_cast<uint64_t>(s->tokens.size());
-      const int32_t t =
-          s->sampler.sample(std::span<const float>(row(s->logit_row), V), s->tokens, s->req.sequence_id, pos);
-      if (!commit(*s, t, row(s->logit_row))) done.push_back(s);
+      alive = true;
     } catch (const std::exception& e) {
       finish(*s, Finish::kError, e.what());
-      done.push_back(s);
     }
+    // The prompt's last row gives the first token: a round without a window, nothing to teach the gate or
+    // the drafter (which has just begun on the prompt).
+    if (!alive || !settle(*s, {}, false, delta)) ended_.push_back(s);
   }
-  if (!done.empty())
+  if (!ended_.empty())
     std::erase_if(running_, [&](const std::unique_ptr<Sequence>& s) {
-      return std::find(done.begin(), done.end(), s.get()) != done.end();
+      return std::find(ended_.begin(), ended_.end(), s.get()) != ended_.end();
     });
 
   std::lock_guard lock(mutex_);
   stats_.forwards += delta.forwards;
   stats_.rows += delta.rows;
   for (int b = 0; b < SchedulerStats::kBuckets; ++b)
-    stats_.rows_le[b] += rows <= SchedulerStats::kRowBuckets[b] ? 1 : 0;
+    stats_.rows_le[b] += plan_.rows <= SchedulerStats::kRowBuckets[b] ? 1 : 0;
   stats_.evaluated_prompt_tokens += delta.evaluated_prompt_tokens;
   stats_.drafted += delta.drafted;
   stats_.accepted += delta.accepted;
+}
+
+bool Scheduler::settle(Sequence& s, std::span<const int32_t> drafts, bool speculating,
+                       SchedulerStats& delta) {
+  const auto V = static_cast<size_t>(graph_.n_vocab());
+  speculative::Window window;
+  window.logits =
+      std::span<const float>(logits_).subspan(static_cast<size_t>(s.logit_row) * V, (drafts.size() + 1) * V);
+  window.drafts = drafts;
+  if (!drafts.empty() && s.proposal.sampled)
+    window.q = std::span<const sampling::Distribution>(s.proposal.q.data(), drafts.size());
+  speculative::Gate* gate = speculating && s.gate ? &*s.gate : nullptr;
+  speculative::DraftSource* source = speculating ? s.draft.get() : nullptr;
+  try {
+    const speculative::SettleOutcome out =
+        s.settler.settle(window, {s.tokens, s.sampler, s.req.sequence_id, *s.cache, gate, source},
+                         [&](int32_t token, int row) {
+                           return commit(s, token, window.logits.data() + static_cast<size_t>(row) * V);
+                         });
+    s.drafted += static_cast<uint64_t>(out.drafted);
+    s.accepted += static_cast<uint64_t>(out.accepted);
+    delta.drafted += static_cast<uint64_t>(out.drafted);
+    delta.accepted += static_cast<uint64_t>(out.accepted);
+    if (!out.stopped) return true;
+    finish(s, s.ending);
+  } catch (const std::exception& e) {
+    finish(s, Finish::kError, e.what());
+  }
+  return false;
 }
 
 void Scheduler::start_decoding(Sequence& s) {
@@ -395,20 +397,19 @@ void Scheduler::start_decoding(Sequence& s) {
 }
 
 bool Scheduler::commit(Sequence& s, int32_t token, const float* logits) {
-  s.tokens.push_back(token);
   ++s.generated;
   {
     std::lock_guard lock(mutex_);
     ++stats_.generated_tokens;
   }
   if (s.req.stop_at_eog && is_eog_ && is_eog_(token)) {
-    finish(s, Finish::kStop);
+    s.ending = Finish::kStop;
     return false;
   }
   emit_token(s, token, logits);
   // The next row would sit at position tokens.size() - 1, which must be inside the context.
   if (s.generated >= s.req.max_tokens || static_cast<int64_t>(s.tokens.size()) > caches_.capacity()) {
-    finish(s, Finish::kLength);
+    s.ending = Finish::kLength;
     return false;
   }
   return true;

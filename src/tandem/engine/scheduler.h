@@ -115,10 +115,19 @@ class Scheduler {
   void admit();
   // Ends every waiting sequence with kDrained.
   void refuse_waiting();
+  // One iteration: plan() the rows, run them in one forward(), settle() every sequence that had rows.
   void iterate();
+  void plan();
+  bool forward();  // false: the forward failed and every running sequence has finished with an error
+  void settle();
+  // Settles s's window (its logits from s.logit_row; drafts empty: a plain step) through its
+  // speculative::Settler; with `speculating`, its gate and drafter learn the round. Returns false when s
+  // finished (its final event pushed).
+  bool settle(Sequence& s, std::span<const int32_t> drafts, bool speculating, SchedulerStats& delta);
   void finish(Sequence& s, Finish why, const std::string& error = {});
   void emit_token(Sequence& s, int32_t token, const float* logits);
-  // Appends `token` to s, emits it and decides whether s continues; returns false when s finished.
+  // Counts and emits `token`, which the settle step has just appended to s.tokens; returns false when s ends
+  // here (the reason left in s.ending, reported by finish() once the round is settled).
   bool commit(Sequence& s, int32_t token, const float* logits);
   void start_decoding(Sequence& s);
   int choose_depth(Sequence& s, int64_t budget_left, int batch);
@@ -141,6 +150,18 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<float> logits_;  // [max_rows, n_vocab]
+  // One iteration's plan, rebuilt every iteration in buffers reserved for max_running sequences, so a steady
+  // state allocates none.
+  struct Plan {
+    std::vector<int32_t> decode_tokens;          // [decoders]
+    std::vector<cache::KvCache*> decode_caches;  // [decoders]
+    std::vector<Sequence*> decoders, verifiers, prefills;
+    std::vector<cache::KvCache*> group_caches;  // one per verify or prompt group; groups borrow spans of it
+    std::vector<model::Group> groups;
+    int64_t rows = 0;
+  };
+  Plan plan_;
+  std::vector<Sequence*> ended_;  // sequences finished while settling
   std::vector<double> logprob_scratch_;
   std::vector<int32_t> order_scratch_;
   std::thread thread_;
