@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 
 #include "tandem/model/graph.h"
+#include "tandem/util/error.h"
 #include "test_util.h"
 
 namespace {
@@ -131,6 +133,24 @@ TEST_P(GraphModels, CaptureDeliversEveryLayerInOrder) {
   g.logits(taps.hidden(1).data(), 5, from_head.data());
   EXPECT_EQ(0, std::memcmp(again.data(), from_head.data(), again.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(again.data(), logits.data(), again.size() * sizeof(float)));
+}
+
+// A verify window wider than the graph declares is refused with the option to raise, before the cache moves.
+TEST_P(GraphModels, VerifyWiderThanDeclaredIsRefused) {
+  Fixture f(GetParam());
+  Graph g(*f.model, f.pool, GraphOptions{64, 4});
+  KvCache cache(f.model->config().kv_geometry(), 128, KvType::kF16);
+  g.prompt(kPrompt, cache, nullptr);
+  std::vector<float> logits(5 * static_cast<size_t>(g.n_vocab()));
+  try {
+    g.verify(std::span<const int32_t>(kNext).first(5), cache, logits.data());
+    FAIL() << "a 5-row window passed a graph declaring 4";
+  } catch (const tandem::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_verify"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(cache.length(), static_cast<int64_t>(kPrompt.size()));
+  g.verify(std::span<const int32_t>(kNext).first(4), cache, logits.data());
+  EXPECT_EQ(cache.length(), static_cast<int64_t>(kPrompt.size() + 4));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GraphModels,

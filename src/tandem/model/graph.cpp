@@ -2,20 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+
+#include "tandem/util/error.h"
 
 namespace tandem::model {
-
-std::string_view row_class_name(RowClass c) {
-  switch (c) {
-    case RowClass::kSingle:
-      return "single";
-    case RowClass::kWindow:
-      return "window";
-    case RowClass::kMany:
-      return "many";
-  }
-  return "?";
-}
 
 LayerTaps::LayerTaps(std::vector<int64_t> layers, int64_t n_embd)
     : layers_(std::move(layers)), n_embd_(n_embd) {
@@ -32,13 +23,7 @@ LayerTaps::LayerTaps(std::vector<int64_t> layers, int64_t n_embd)
 }
 
 Graph::Graph(const Model& model, ThreadPool& pool, const GraphOptions& options)
-    : forward_(model, pool, std::max<int64_t>(options.max_rows, options.max_verify)), options_(options) {
-  decode_.add(1, 1, RowClass::kSingle).add(2, std::max<int64_t>(2, forward_.max_rows()), RowClass::kWindow);
-  verify_.add(1, 1, RowClass::kSingle).add(2, std::max<int64_t>(2, options.max_verify), RowClass::kWindow);
-  prompt_.add(1, 1, RowClass::kSingle);
-  if (forward_.max_rows() >= 2) prompt_.add(2, std::min<int64_t>(16, forward_.max_rows()), RowClass::kWindow);
-  if (forward_.max_rows() > 16) prompt_.add(17, forward_.max_rows(), RowClass::kMany);
-}
+    : forward_(model, pool, std::max<int64_t>(options.max_rows, options.max_verify)), options_(options) {}
 
 void Graph::prompt(std::span<const int32_t> tokens, cache::KvCache& cache, float* last_logits,
                    const CaptureFn* capture) {
@@ -46,7 +31,6 @@ void Graph::prompt(std::span<const int32_t> tokens, cache::KvCache& cache, float
   const int64_t n = static_cast<int64_t>(tokens.size());
   for (int64_t b = 0; b < n; b += forward_.max_rows()) {
     const int64_t e = std::min(n, b + forward_.max_rows());
-    (void)prompt_.at(e - b);  // the table declares every chunk size it is given
     rows_.clear();
     const int64_t pos0 = cache.length();
     for (int64_t i = b; i < e; ++i)
@@ -58,7 +42,6 @@ void Graph::prompt(std::span<const int32_t> tokens, cache::KvCache& cache, float
 
 void Graph::decode(std::span<const int32_t> tokens, std::span<cache::KvCache* const> caches, float* logits) {
   TANDEM_CHECK(tokens.size() == caches.size(), "decode takes one token per sequence");
-  (void)decode_.at(static_cast<int64_t>(tokens.size()));
   rows_.clear();
   for (size_t i = 0; i < tokens.size(); ++i)
     rows_.push_back({tokens[i], caches[i]->length(), static_cast<int32_t>(i), true});
@@ -67,7 +50,9 @@ void Graph::decode(std::span<const int32_t> tokens, std::span<cache::KvCache* co
 
 void Graph::verify(std::span<const int32_t> tokens, cache::KvCache& cache, float* logits,
                    const CaptureFn* capture) {
-  (void)verify_.at(static_cast<int64_t>(tokens.size()));
+  if (static_cast<int64_t>(tokens.size()) > options_.max_verify)
+    throw Error("a verify window of " + std::to_string(tokens.size()) + " rows exceeds the graph's widest (" +
+                std::to_string(options_.max_verify) + "); raise GraphOptions::max_verify");
   cache::KvCache* caches[] = {&cache};
   rows_.clear();
   const int64_t pos0 = cache.length();

@@ -1,14 +1,15 @@
-// model::Graph: the contract between a model and what drives it (the scheduler, the speculative loop,
-// drafters).
+// model::Graph: several sequences in one forward, the contract of the batched driver (engine::Scheduler). A
+// sequence on its own (engine::generate, engine::generate_speculative, drafters, calibration) runs through
+// model::Session instead; both build their rows for model::Forward, which holds the layers.
 //
-// Phases, each a row table (an operation per exact row count or range):
+// Phases of a group (the kernels pick their row class from each forward's shape, kernels/matmul.h):
 //   prompt       chunks of one sequence's prompt, by position range; logits for the last row only
 //   decode       one new position per sequence (1 row each); logits for every row
-//   verify       a window of k+1 positions of one sequence; logits for every row
+//   verify       a window of k+1 positions of one sequence (at most max_verify); logits for every row
 //   append_known committed known tokens; no logits
-//   logits       the head over post-final-norm hidden rows
-// and mixed(): one forward serving several groups (decode rows, a prompt window, verify windows), each over
-// its own cache, with the row-wise layers packed together.
+// mixed() runs several groups (decode rows, a prompt window, verify windows), each over its own cache, in one
+// forward with the row-wise layers packed together; prompt(), decode(), verify() and append_known() run one
+// group alone, and logits() the head over post-final-norm hidden rows.
 //
 // Ownership: inputs (tokens, hidden rows) are borrowed for the call; outputs (logits) are written to buffers
 // the caller owns. The graph appends every position it runs to the caches and never rolls back: rollback is
@@ -24,15 +25,10 @@
 #include <vector>
 
 #include "tandem/model/forward.h"
-#include "tandem/model/row_table.h"
 
 namespace tandem::model {
 
 enum class Phase { kPrompt, kDecode, kVerify, kAppendKnown };
-
-// The row classes the CPU kernels distinguish (see kernels/matmul.h): the op a row table selects.
-enum class RowClass { kSingle, kWindow, kMany };
-std::string_view row_class_name(RowClass c);
 
 // One group of a mixed forward.
 struct Group {
@@ -66,7 +62,7 @@ class LayerTaps {
 
 struct GraphOptions {
   int64_t max_rows = 256;   // rows one forward holds (prompt chunk size, mixed batch capacity)
-  int64_t max_verify = 16;  // widest verify window the verify table declares
+  int64_t max_verify = 16;  // widest verify window verify() accepts
 };
 
 class Graph {
@@ -76,11 +72,6 @@ class Graph {
   const Model& model() const { return forward_.model(); }
   int64_t n_vocab() const { return model().config().n_vocab; }
 
-  // Row tables: which kernel class serves each row count of each phase.
-  const RowTable<RowClass>& decode_table() const { return decode_; }
-  const RowTable<RowClass>& verify_table() const { return verify_; }
-  const RowTable<RowClass>& prompt_table() const { return prompt_; }
-
   // Appends a prompt to `cache` in chunks of at most max_rows; writes the last position's logits to
   // `last_logits` [n_vocab] (may be null).
   void prompt(std::span<const int32_t> tokens, cache::KvCache& cache, float* last_logits,
@@ -88,7 +79,7 @@ class Graph {
   // One position per sequence: tokens[i] continues caches[i]; logits [n, n_vocab].
   void decode(std::span<const int32_t> tokens, std::span<cache::KvCache* const> caches, float* logits);
   // A verify window on one sequence: logits [tokens.size(), n_vocab], row i predicting the token after
-  // tokens[i].
+  // tokens[i]. Throws tandem::Error for a window wider than max_verify.
   void verify(std::span<const int32_t> tokens, cache::KvCache& cache, float* logits,
               const CaptureFn* capture = nullptr);
   // Committed tokens whose logits nobody needs.
@@ -102,7 +93,6 @@ class Graph {
  private:
   Forward forward_;
   GraphOptions options_;
-  RowTable<RowClass> decode_, verify_, prompt_;
   std::vector<Row> rows_;
   std::vector<cache::KvCache*> caches_;
   struct GroupSpan {

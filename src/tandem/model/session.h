@@ -1,7 +1,7 @@
 // One sequence on one model: its cache and the forward that extends it. Prompts are evaluated in chunks of
 // the forward's row capacity; logits are produced only for the rows asked for. It lives in model/ (not in the
 // engine that generates with it) because drafters and calibration in speculative/ run sequences too, and
-// speculative/ sits below the engine.
+// speculative/ sits below the engine. Several sequences in one forward go through model::Graph instead.
 #pragma once
 
 #include <cstdint>
