@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_serve_command(app);
   tandem::cli::add_calibrate_command(app);
   tandem::cli::add_bench_spec_command(app);
+  tandem::cli::add_train_drafter_command(app);
 
   try {
     tandem::kernels::best_target();  // a TANDEM_KERNELS this CPU cannot run fails here, before any work

@@ -1,6 +1,7 @@
 #include "tandem/cli/spec_common.h"
 
 #include "tandem/speculative/draft_model.h"
+#include "tandem/speculative/eagle_draft.h"
 #include "tandem/speculative/ngram.h"
 #include "tandem/speculative/replay.h"
 #include "tandem/util/error.h"
@@ -10,6 +11,8 @@ namespace tandem::cli {
 void add_spec_options(CLI::App& cmd, SpecFlags& f, bool with_replay) {
   cmd.add_option("--draft-model", f.draft_model,
                  "Speculative decoding with this draft model (any GGUF with the target's vocabulary)");
+  cmd.add_option("--drafter", f.drafter,
+                 "Speculative decoding with a drafter made by `tandem train-drafter` for this target");
   cmd.add_option("--draft", f.draft,
                  with_replay
                      ? "Speculative decoding without a draft model: ngram (lookup in the prompt and output) "
@@ -63,8 +66,8 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
                           ThreadPool& pool, const model::SessionOptions& session_options,
                           bool calibrate_if_missing) {
   const std::string& target_path = target_options.model_path;
-  if (!f.draft_model.empty() && !f.draft.empty())
-    throw Error("pass either --draft-model or --draft, not both");
+  if (!f.draft_model.empty() + !f.draft.empty() + !f.drafter.empty() > 1)
+    throw Error("pass one of --draft-model, --drafter and --draft, not several");
   if (f.draft_max < 1) throw Error("--draft-max must be at least 1");
   SpecSetup s;
   std::string draft_hash;
@@ -72,6 +75,10 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
     s.draft_model = model::Model::load(f.draft_model, target_options.load_mode());
     s.source = std::make_unique<speculative::DraftModelSource>(*s.draft_model, target, pool, session_options);
     draft_hash = speculative::file_fingerprint(f.draft_model);
+  } else if (!f.drafter.empty()) {
+    s.source =
+        speculative::EagleDraftSource::load(f.drafter, target, speculative::file_fingerprint(target_path),
+                                            pool, model::default_context(target, session_options.n_ctx));
   } else if (f.draft == "ngram") {
     s.source =
         std::make_unique<speculative::NgramSource>(speculative::NgramOptions{f.ngram_min, f.ngram_max});

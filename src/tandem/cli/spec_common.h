@@ -19,6 +19,7 @@ namespace tandem::cli {
 
 struct SpecFlags {
   std::string draft_model;  // --draft-model FILE
+  std::string drafter;      // --drafter FILE (tandem train-drafter)
   std::string draft;        // --draft ngram | replay
   int draft_max = 8;
   int draft_min = 1;
@@ -27,11 +28,12 @@ struct SpecFlags {
   double accept = 0.8;             // --accept, replay only
   speculative::GateSettings gate;  // --gate-*
 
-  bool enabled() const { return !draft_model.empty() || !draft.empty(); }
+  bool enabled() const { return !draft_model.empty() || !drafter.empty() || !draft.empty(); }
 };
 
-// Adds --draft-model, --draft, --draft-max, --draft-min, --no-gate, --ngram-min/--ngram-max, the gate's
-// settings (add_gate_options) and, with with_replay, --accept (the replay drafter is for benchmarks only).
+// Adds --draft-model, --drafter, --draft, --draft-max, --draft-min, --no-gate, --ngram-min/--ngram-max, the
+// gate's settings (add_gate_options) and, with with_replay, --accept (the replay drafter is for benchmarks
+// only).
 void add_spec_options(CLI::App& cmd, SpecFlags& flags, bool with_replay);
 
 // Adds the adaptive gate's settings (speculative/gate.h) as --gate-prior-accepted, --gate-prior-rejected,

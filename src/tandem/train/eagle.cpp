@@ -102,12 +102,17 @@ LossStats EagleDrafter::forward_backward(const EagleBatch& b, Compute& c, bool b
                 " attention mask");
   if (b.targets.rows != R)
     throw Error("an EAGLE batch needs targets for each of its " + std::to_string(R) + " rows");
+  const int64_t T = b.tap_rows < 0 ? R : b.tap_rows;
+  if (T > R || (T < R && b.given_g == nullptr))
+    throw Error("an EAGLE batch's rows past tap_rows (" + std::to_string(T) + " of " + std::to_string(R) +
+                ") need given_g");
   const float eps = cfg_.norm_eps;
   const size_t n_probs = static_cast<size_t>(H * b.mask->n_scores());
   if (probs_.size() < n_probs) probs_.resize(n_probs);
 
   // Forward.
-  linear_forward(fc_, nullptr, b.taps, R, g_.data(), c);
+  if (T > 0) linear_forward(fc_, nullptr, b.taps, T, g_.data(), c);
+  if (T < R) std::memcpy(g_.data() + T * d, b.given_g, static_cast<size_t>((R - T) * d) * sizeof(float));
   embedding_forward(emb_, b.next_ids, R, e_.data());
   rmsnorm_forward(emb_norm_, eps, e_.data(), R, ne_.data(), inv_e_.data(), c);
   rmsnorm_forward(hidden_norm_, eps, g_.data(), R, ng_.data(), inv_g_.data(), c);
@@ -156,7 +161,7 @@ LossStats EagleDrafter::forward_backward(const EagleBatch& b, Compute& c, bool b
   float* de = ne_.data();  // the normalized embedding is spent: its buffer takes the embedding's gradient
   rmsnorm_backward(emb_norm_, e_.data(), inv_e_.data(), dne_.data(), R, de, false, c);
   embedding_backward(emb_, b.next_ids, de, R);
-  linear_backward(fc_, nullptr, b.taps, dg_.data(), R, nullptr, false, c);
+  if (T > 0) linear_backward(fc_, nullptr, b.taps, dg_.data(), T, nullptr, false, c);
   return stats;
 }
 

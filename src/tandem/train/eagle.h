@@ -35,9 +35,15 @@ struct EagleConfig {
 
 // One batch. Row i holds position pos[i] of its sequence: the target's tap features there, the token that
 // follows it (whose embedding the drafter reads) and the target's distribution for the token after that.
+//
+// Training-time test: rows [tap_rows, rows) read a given g instead of fc(taps), the drafter's own output
+// hidden state (output_hidden()) of an earlier unrolled step, as inference feeds it for drafts 2, 3, ...
+// That g is a constant here: no gradient flows back into the step that produced it.
 struct EagleBatch {
   int64_t rows = 0;
-  const float* taps = nullptr;          // [rows, n_taps * d]
+  const float* taps = nullptr;          // [tap_rows, n_taps * d]
+  int64_t tap_rows = -1;                // rows reading taps; -1: every row
+  const float* given_g = nullptr;       // [rows - tap_rows, d]; needed when tap_rows < rows
   const int32_t* next_ids = nullptr;    // [rows]
   const int32_t* pos = nullptr;         // [rows]
   const AttentionMask* mask = nullptr;  // rows x rows
@@ -61,6 +67,10 @@ class EagleDrafter {
 
   // The batch's loss; with backward, also adds every trainable parameter's gradient.
   LossStats forward_backward(const EagleBatch& batch, Compute& c, bool backward = true);
+
+  // The last batch's output hidden states before the final norm, [batch.rows, d]: the g that the next
+  // unrolled step (or draft) reads.
+  const float* output_hidden() const { return h2_.data(); }
 
  private:
   EagleConfig cfg_;

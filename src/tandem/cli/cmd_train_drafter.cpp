@@ -1,0 +1,87 @@
+// tandem train-drafter: trains a drafter that reads the target's hidden states (speculative/eagle_train.h)
+// and writes it as a GGUF drafter checkpoint for `run` and `bench-spec --drafter`.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "tandem/cli/commands.h"
+#include "tandem/cli/common.h"
+#include "tandem/speculative/calibration.h"
+#include "tandem/speculative/eagle_train.h"
+#include "tandem/tokenizer/tokenizer.h"
+#include "tandem/util/error.h"
+
+namespace tandem::cli {
+
+void add_train_drafter_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "train-drafter",
+      "Train a drafter that reads the target's hidden states (EAGLE-3 style) from the target's own "
+      "continuations of prompts, and write it as a GGUF checkpoint for --drafter");
+  struct Opts {
+    ModelOptions model;
+    std::string kind = "eagle3";
+    std::string out;
+    std::string prompts;
+    speculative::EagleTrainOptions train;
+  };
+  auto o = std::make_shared<Opts>();
+  add_model_options(*cmd, o->model);
+  cmd->add_option("--kind", o->kind, "Drafter kind: eagle3 (default)");
+  cmd->add_option("-o,--output", o->out, "Where to write the drafter checkpoint (.gguf)")->required();
+  cmd->add_option("--prompts", o->prompts,
+                  "A text file of training prompts, one a line (default: a built-in set of story openings)");
+  cmd->add_option("--tokens", o->train.tokens,
+                  "Tokens of training text the target generates (default 16384)");
+  cmd->add_option("--steps", o->train.steps, "Training steps, one sequence each (default 800)");
+  cmd->add_option("--seed", o->train.seed, "Seed of the sampled text and the initial weights (default 1)");
+  cmd->add_option("--unroll", o->train.unroll, "Draft steps unrolled in training (default 4)");
+  cmd->add_option("--lr", o->train.lr, "Peak learning rate (default 0.003)");
+  cmd->callback([o] {
+    if (o->kind != speculative::kEagleKind) throw Error("unknown --kind '" + o->kind + "': expected eagle3");
+    auto target = model::Model::load(o->model.model_path, o->model.load_mode());
+    auto tok = tokenizer::Tokenizer::from_gguf(target->file());
+    ThreadPool pool(o->model.resolved_threads());
+
+    std::vector<std::string> texts;
+    if (o->prompts.empty()) {
+      for (const char* p : speculative::default_training_prompts()) texts.emplace_back(p);
+    } else {
+      std::ifstream in(o->prompts);
+      if (!in) throw Error("cannot read --prompts " + o->prompts + ": give a text file, one prompt a line");
+      for (std::string line; std::getline(in, line);)
+        if (!line.empty()) texts.push_back(line);
+      if (texts.empty()) throw Error("--prompts " + o->prompts + " holds no prompt (one a line)");
+    }
+    for (const std::string& t : texts) o->train.prompts.push_back(tok->encode(t, true, false));
+    o->train.is_eog = [&tok](int32_t id) { return tok->is_eog(id); };
+    o->train.on_progress = [](const speculative::EagleTrainProgress& p) {
+      std::fprintf(stderr, "\r%-8s %6lld/%-6lld", p.phase, static_cast<long long>(p.done),
+                   static_cast<long long>(p.total));
+      if (p.loss > 0) std::fprintf(stderr, "  loss %.4f", p.loss);
+      if (p.eta_seconds >= 0) std::fprintf(stderr, "  ETA %4.0f s", p.eta_seconds);
+      std::fprintf(stderr, "   ");
+      if (p.done == p.total) std::fprintf(stderr, "\n");
+    };
+
+    speculative::EagleTrainResult r = speculative::train_eagle(*target, pool, o->train);
+    r.info.target_file_hash = speculative::file_fingerprint(o->model.model_path);
+    std::vector<train::Param*> params = r.source->drafter().params();
+    train::save_drafter(o->out, r.info, params);
+
+    std::fprintf(
+        stderr,
+        "\ntext: %lld training and %lld held-out tokens; generate %.1f s, capture %.1f s, train %.1f s, "
+        "evaluate %.1f s; final loss %.4f\n",
+        static_cast<long long>(r.train_tokens), static_cast<long long>(r.heldout_tokens), r.generate_seconds,
+        r.capture_seconds, r.train_seconds, r.eval_seconds, r.final_loss);
+    std::printf("held-out acceptance by draft position:");
+    for (float a : r.info.acceptance) std::printf(" %.3f", a);
+    std::printf("\nwrote %s (taps", o->out.c_str());
+    for (int32_t l : r.info.tap_layers) std::printf(" %d", l);
+    std::printf(")\n");
+  });
+}
+
+}  // namespace tandem::cli

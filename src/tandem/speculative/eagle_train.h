@@ -1,0 +1,65 @@
+// Training an EAGLE-3-style drafter for a target (docs/training.md, "tandem train-drafter"):
+//   generate  continuations of the prompts by the target, greedy and temperature-1 samples in turn;
+//   capture   a teacher-forced pass over each sequence records the tap layers' hidden states and the target's
+//             next-token distribution (in full for vocabularies of at most kFullVocab tokens, else the top
+//             kTopK with the rest's mass);
+//   train     AdamW (linear warm-up, cosine decay, gradient clipping) on one sequence per step, unrolled
+//             `unroll` steps on the drafter's own output hidden states (the training-time test), the loss of
+//             step j weighted by 0.8^j;
+//   evaluate  on the held-out sequences (those of the last prompts, never trained on): the fraction of
+//             positions whose first k + 1 greedy drafts all match the target's greedy text.
+// The result is the same bits for the same target, options and thread count.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tandem/model/model.h"
+#include "tandem/speculative/eagle_draft.h"
+#include "tandem/train/checkpoint.h"
+#include "tandem/util/thread_pool.h"
+
+namespace tandem::speculative {
+
+inline constexpr int64_t kFullVocab = 4096;
+inline constexpr int64_t kTopK = 32;
+
+// Short story openings for targets that continue plain text; none is one of the public golden prompts.
+std::span<const char* const> default_training_prompts();
+
+struct EagleTrainProgress {
+  const char* phase = "";  // "generate", "capture", "train", "evaluate"
+  int64_t done = 0, total = 0;
+  double loss = 0;          // train: the mean loss of recent steps
+  double eta_seconds = -1;  // of the phase; < 0 when unknown
+};
+
+struct EagleTrainOptions {
+  std::vector<std::vector<int32_t>> prompts;  // tokenized; at least one
+  int64_t tokens = 16384;                     // generated tokens of training text in all
+  int64_t continuation = 256;                 // tokens generated per sequence at most
+  int64_t steps = 800;
+  uint64_t seed = 1;
+  int unroll = 4;  // training-time test steps (>= 1)
+  double lr = 3e-3;
+  double clip = 1.0;
+  int eval_depth = 8;
+  std::function<bool(int32_t)> is_eog;  // ends a continuation early; may be empty
+  std::function<void(const EagleTrainProgress&)> on_progress;
+};
+
+struct EagleTrainResult {
+  train::DrafterInfo info;                   // everything but the target's file hash, which the caller sets
+  std::unique_ptr<EagleDraftSource> source;  // the trained drafter, ready to draft
+  int64_t train_tokens = 0, heldout_tokens = 0;
+  double generate_seconds = 0, capture_seconds = 0, train_seconds = 0, eval_seconds = 0;
+  double final_loss = 0;
+};
+
+EagleTrainResult train_eagle(const model::Model& target, ThreadPool& pool, const EagleTrainOptions& options);
+
+}  // namespace tandem::speculative
