@@ -18,6 +18,7 @@
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
+#include "tandem/kernels/quant_direct_x86.h"
 #include "tandem/kernels/quant_unpack.h"
 #include "tandem/kernels/quant_x86_ops.h"
 

@@ -19,6 +19,7 @@
 #pragma GCC target("avx2,fma,f16c,avxvnni")
 #include <immintrin.h>
 
+#include "tandem/kernels/quant_direct_x86.h"
 #include "tandem/kernels/quant_unpack.h"
 #include "tandem/kernels/quant_x86_ops.h"
 

@@ -22,6 +22,7 @@
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")
 #include <immintrin.h>
 
+#include "tandem/kernels/quant_direct_x86.h"
 #include "tandem/kernels/quant_unpack.h"
 #include "tandem/kernels/quant_x86_ops.h"
 
