@@ -25,9 +25,12 @@
 namespace tandem::kernels {
 namespace avx2_target {
 
-#define TANDEM_AVX2_VNNI 0
+// The instruction set this copy of quant_avx2.inc is compiled for: plain AVX2: vpmaddubsw and vpmaddwd.
+struct Isa {
+  static constexpr bool kVnni = false;
+};
+
 #include "tandem/kernels/quant_avx2.inc"
-#undef TANDEM_AVX2_VNNI
 
 }  // namespace avx2_target
 

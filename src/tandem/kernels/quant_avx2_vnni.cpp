@@ -26,9 +26,12 @@
 namespace tandem::kernels {
 namespace avx2_vnni_target {
 
-#define TANDEM_AVX2_VNNI 1
+// The instruction set this copy of quant_avx2.inc is compiled for: AVX-VNNI: vpdpbusd.
+struct Isa {
+  static constexpr bool kVnni = true;
+};
+
 #include "tandem/kernels/quant_avx2.inc"
-#undef TANDEM_AVX2_VNNI
 
 }  // namespace avx2_vnni_target
 

@@ -29,9 +29,12 @@
 namespace tandem::kernels {
 namespace avx512_target {
 
-#define TANDEM_AVX512_VBMI 0
+// The instruction set this copy of quant_avx512.inc is compiled for: no VBMI byte permutes.
+struct Isa {
+  static constexpr bool kVbmi = false;
+};
+
 #include "tandem/kernels/quant_avx512.inc"
-#undef TANDEM_AVX512_VBMI
 
 }  // namespace avx512_target
 

@@ -29,9 +29,12 @@
 namespace tandem::kernels {
 namespace avx512_vbmi_target {
 
-#define TANDEM_AVX512_VBMI 1
+// The instruction set this copy of quant_avx512.inc is compiled for: VBMI byte permutes.
+struct Isa {
+  static constexpr bool kVbmi = true;
+};
+
 #include "tandem/kernels/quant_avx512.inc"
-#undef TANDEM_AVX512_VBMI
 
 }  // namespace avx512_vbmi_target
 
