@@ -127,8 +127,8 @@ void matmul_rows_t(const uint8_t* w, size_t w_row_bytes, int64_t o0, int64_t o1,
     for (; o + kFloatTileRows <= o1; o += kFloatTileRows)
       weight_tile<T, kFloatTileRows>(at(o), w_row_bytes, kk, x, x_stride, n_rows, y + o, y_stride);
   // Decode, and a range's last rows short of a whole tile: one weight row at a time. Decode so that the
-  // weights stream in address order (four rows at once, a synthetic TinyLlama in F16 decoded at 0.49-0.52 of
-  // the best bandwidth pass instead of 0.72-0.92).
+  // weights stream in address order (with four rows at once, F16 decode read a much smaller share of the
+  // probed bandwidth; performance.md).
   for (; o < o1; ++o) weight_tile<T, 1>(at(o), w_row_bytes, kk, x, x_stride, n_rows, y + o, y_stride);
 }
 
