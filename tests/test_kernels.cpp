@@ -319,7 +319,7 @@ TEST(Kernels, DirectKernelsAreBitIdenticalToUnpackAndDot) {
       const bool signed_codes = t == DType::Q8_0 && qk.signed_q8;
       // 2304 and 5632: windows past the column-chunk threshold (several chunks, several blocks of weight rows
       // at 5632). The legacy types also at widths with a partial last super-block (its copy padded with zero
-      // blocks, quant_direct_x86.inc): under one super-block, Qwen2.5-0.5B's 896, and 5664 (past the
+      // blocks, quant_direct_x86.h): under one super-block, Qwen2.5-0.5B's 896, and 5664 (past the
       // column-chunk threshold, which such rows do not take); 480 for a partial super-block of 7 blocks.
       // Both forms of the types with an interleaved one (kernels/repack.h; lane pairs: the next test).
       std::vector<int64_t> widths = {256, 768, 2304, 5632};

@@ -127,8 +127,8 @@ void matmul_rows_t(const uint8_t* w, size_t w_row_bytes, int64_t o0, int64_t o1,
     for (; o + kFloatTileRows <= o1; o += kFloatTileRows)
       weight_tile<T, kFloatTileRows>(at(o), w_row_bytes, kk, x, x_stride, n_rows, y + o, y_stride);
   // Decode, and a range's last rows short of a whole tile: one weight row at a time. Decode so that the
-  // weights stream in address order (four rows at once, a synthetic TinyLlama in F16 decoded at 0.49-0.52 of
-  // the best bandwidth pass instead of 0.72-0.92).
+  // weights stream in address order (with four rows at once, F16 decode read a much smaller share of the
+  // probed bandwidth; performance.md).
   for (; o < o1; ++o) weight_tile<T, 1>(at(o), w_row_bytes, kk, x, x_stride, n_rows, y + o, y_stride);
 }
 
@@ -277,10 +277,9 @@ void dots_group_t(const float* q, int64_t G, int64_t q_stride, const uint8_t* ro
 }
 
 // kQ queries by kC vectors of dims from c0, over every row of the runs in order: the accumulators stay in
-// registers, loaded once and stored once across all the runs (a call per 16-row cache block took 1.26-1.29x
-// the time of a call per four for 8 queries, AttentionValues/8/1 against /8/4). All sizes fixed at compile
-// time: with the counts at run time GCC kept a branch and a flag store per query inside the row loop (AVX2: 8
-// queries ran at about 4 multiply-adds per cycle).
+// registers, loaded once and stored once across all the runs (a call per 16-row cache block took longer than
+// a call per four; performance.md). All sizes fixed at compile time: with the counts at run time GCC kept a
+// branch and a flag store per query inside the row loop.
 template <DType T, int kQ, int kC>
 HWY_INLINE void accumulate_tile(const float* p, int64_t p_stride, const ValueRun* runs, int64_t n_runs,
                                 size_t row_bytes, size_t c0, float* acc, int64_t acc_stride) {
@@ -300,8 +299,7 @@ HWY_INLINE void accumulate_tile(const float* p, int64_t p_stride, const ValueRun
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
         // The weight broadcast inside each FMA's memory operand ({1to16}), where GCC broadcasts it once
         // into a register for the kC FMAs: the same products and sums, but no broadcast instructions beside
-        // the FMAs. On the Zen 4, 8 queries' value sums took 0.92-0.94x the time (AttentionValues), one
-        // query's 0.91-0.94x.
+        // the FMAs, and less time for one query's value sums and for 8 (performance.md).
         for (int c = 0; c < kC; ++c)
           __asm__("vfmadd231ps %[p]%{1to16%}, %[v], %[acc]"
                   : [acc] "+v"(a[h][c].raw)
@@ -404,10 +402,9 @@ void accumulate_runs_converted(const float* p, int64_t G, int64_t p_stride, cons
 }
 
 // Groups of 8 queries or more take 8 queries by 2 vectors of 64 bytes (each value row converted once per 8
-// queries: 1.14x the rate of 4 by 4 at 8 queries, AttentionValues), smaller ones 4 by 4 (more independent
-// chains; 8 by 2 ran 0.72x at one query); narrower vectors the same bytes in more vectors. On 32-byte vectors
-// (AVX2, 16 registers) every group takes 4 queries by 2 vectors: 8 by 1 took 1.12-1.17x the time at 8
-// queries (AttentionValues). Groups of more than 8 queries (a window's) weigh f16 rows converted once
+// queries), smaller ones 4 by 4 (more independent chains); narrower vectors the same bytes in more vectors.
+// On 32-byte vectors (AVX2, 16 registers) every group takes 4 queries by 2 vectors, faster there than 8 by 1
+// (performance.md). Groups of more than 8 queries (a window's) weigh f16 rows converted once
 // (accumulate_runs_converted).
 template <DType T>
 void accumulate_runs_t(const float* p, int64_t G, int64_t p_stride, const ValueRun* runs, int64_t n_runs,
@@ -569,8 +566,8 @@ float exponentials(float* x, size_t full, size_t rest, float scale, hn::Vec<DF> 
 // rounding could leave it far from zero at the max itself (half a unit in the last place of the product: more
 // than 87 beyond 2^31, every exponential zero), so such scores, and soft-capped ones, are scaled (and capped)
 // and stored first, and the exponents are differences of the stored scores. Every element takes the same code
-// path: tails run through one padded vector. (Against hn::Exp, a first pass that scaled and stored and a
-// scalar last pass: 0.64-0.69x the time over 256 and 2048 scores on AVX-512, alternating in one process.)
+// path: tails run through one padded vector. (Faster than hn::Exp, a first pass that scaled and stored and a
+// scalar last pass: performance.md.)
 void Softmax(float* x, int64_t n, float scale, float softcap) {
   const DF df;
   using V = hn::Vec<DF>;

@@ -165,11 +165,9 @@ void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t n_row
   // buffer; up to kOwnActivationRows rows by every thread into its own copy as it takes its first chunk, so
   // that no thread writes lines another has read. One or two rows quantized on the caller into the shared
   // buffer (as before) waited on the other threads' copies of its lines, read by the call before, being
-  // invalidated: on the 2-core Zen 4, in the fast memory state, 7.3 us per quantization of a TinyLlama
-  // decode step against 2.1 into a buffer of the caller's own, the other thread idle meanwhile. Q4_0 decode
-  // 1.03-1.05x faster in the fast state (6 of 6 alternating runs), 0.99-1.02x in the slow one; three-row
-  // windows' products 0.90-0.97x the time (6 of 6) with their own copies, four rows 0.94-1.04x (4 of 6
-  // faster), wider ones alike or slower.
+  // invalidated, several times as long as quantizing into a buffer of the caller's own, the other thread
+  // idle meanwhile. Own copies made decode and windows of up to four rows faster, wider ones alike or slower
+  // (performance.md).
   const bool own = n_rows <= kOwnActivationRows;
   const uint64_t call = scratch.next_call();
   if (!own) {
@@ -182,10 +180,8 @@ void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t n_row
   // streams its own contiguous share of them and then steals from the others' tails
   // (parallel_for_stealing), so its weight reads, and the kernels' software prefetch ahead of them, run on
   // in address order; handed out in guided chunks instead, each thread's reads jumped at every chunk and
-  // the prefetch ran into rows another thread took. Synthetic TinyLlama, two threads, context 256, decode
-  // steps alternating in one process (median time ratio over 60-100 pairs of six steps, split by the
-  // bandwidth probed beside each pair): Q4_0 0.96 / 0.97-0.98 (fast / slow memory), Q8_0 0.96 / 0.98, Q4_K_M
-  // 0.95 / 0.97; windows of 2 to 8 rows, which bind on arithmetic, 0.97-0.99.
+  // the prefetch ran into rows another thread took. Decode steps took less time in either memory state, and
+  // windows, which bind on arithmetic, a little less (performance.md).
   int64_t units = 0;
   for (const MatmulOut& o : outs) units += (o.w->rows + kOutputGrain - 1) / kOutputGrain;
   pool.parallel_for_stealing(units, 1, [&](int64_t u0, int64_t u1, int thread) {

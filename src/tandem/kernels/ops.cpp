@@ -7,9 +7,8 @@
 namespace tandem::kernels {
 
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
-  // Eight interleaved partial sums (interleaved_sum8): timed inside TinyLlama decode on the 2-core Zen 4,
-  // 2.5 us per norm of 2048 elements with one running sum against 1.0-1.4, about 0.5% of a step (decode
-  // tok/s alike within the noise of alternating runs).
+  // Eight interleaved partial sums (interleaved_sum8): one running sum is a chain of dependent adds, about
+  // twice the time per norm, though a small share of a step (performance.md).
   const double sum = interleaved_sum8<double>(n, [x](int64_t i) { return static_cast<double>(x[i]) * x[i]; });
   const float scale = 1.0f / std::sqrt(static_cast<float>(sum / static_cast<double>(n)) + eps);
   if (w) {

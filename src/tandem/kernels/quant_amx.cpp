@@ -36,21 +36,15 @@
 namespace tandem::kernels {
 namespace amx_target {
 
-// Rows up to which the vpdpbusd kernel runs; more take the tiles. Synthetic TinyLlama's four-row matrix
-// products (2-core Xeon, two threads, alternating in one process): Q8_0 0.95-0.97x the time of the tiles,
-// Q4_0 0.93-0.94x (with its high nibbles masked in place, not shifted). At 2 and 3 rows the tiles took
-// 1.15-1.24x the time of vpdpbusd.
+// Rows up to which the vpdpbusd kernel runs; more take the tiles: up to four rows it was the faster of the
+// two for Q4_0 and Q8_0 (performance.md, AMX).
 constexpr int64_t kVnniRows = 4;
 // Rows one call takes (one tile of activation rows; prefill runs in passes of up to 16 rows).
 constexpr int64_t kMaxRows = kTileRows;
-// How far ahead the weights are prefetched: each line twice, this far into L1 and twice as far into L2.
-// Whole TinyLlama forwards alternating in one process with the model in the previous forms, on the 2-core
-// Xeon with AMX (48 KB L1 data cache): with the second prefetch (both into L2) Q8_0 took 0.96-0.98x the time
-// at 1 and 2 rows and 0.97-0.99x at 4 (without, 0.98-1.0x, 1.05x and 1.04-1.05x), Q4_0 0.99x and 1.01x at 1
-// and 2 rows (without, 1.01x and 1.035x); 3 and 12 KB alone measured alike or worse. The nearer prefetch into
-// L1 instead of L2, whole decode forwards alternating in one process: Q4_0 0.95-0.97x the time at 1, 2 and 4
-// rows, Q8_0 0.98x at one, 8 rows (the tiles) 1.00x; into L1 3 KB ahead 1.01x, a third into L2 18 KB ahead
-// 1.02x, both twice as far 1.01x, the nearer one non-temporal 0.97-0.98x.
+// How far ahead the weights are prefetched: each line twice, this far into L1 and twice as far into L2. The
+// second prefetch, and the nearer one into L1 rather than L2, each took less time in whole forwards on the
+// Xeon with AMX; one distance alone, other distances, a third prefetch and non-temporal hints measured alike
+// or worse (performance.md, AMX).
 constexpr int64_t kPrefetchBytes = 6144;
 static_assert(kPrefetchBytes % 64 == 0, "prefetch_block finds a block's lines from the prefetched address");
 
@@ -91,8 +85,7 @@ constexpr int kVectors = kType == DType::Q8_0 ? 8 : 4;
 // Prefetches, with kHint, the lines that begin within the block at p (a block lies 0 or 32 bytes past a
 // 64-byte boundary, and blocks are 32 mod 64 bytes long, so each block's lines are prefetched once: Q4_0 five
 // or four lines a block, Q8_0 nine or eight). Prefetching every line the block touches instead, as before,
-// issued a third more prefetches for Q4_0: synthetic TinyLlama's one-row matrix products took 1.02-1.03x the
-// time.
+// issued a third more prefetches for Q4_0, and one-row products took longer.
 template <DType kType, _mm_hint kHint>
 inline void prefetch_block(const uint8_t* p) {
   for (size_t line = 64; line < kBlockBytes<kType> + 32; line += 64)
@@ -137,8 +130,7 @@ inline __m512 scale_sum(__m512 acc, __m512i sum, __m512 dw, float dx) {
 // unsigned bytes by the activation row's four codes broadcast, from the offset sum of that fixed offset.
 // Q8_0: the codes plus 128. Q4_0: the low nibbles, and the high ones masked in place (16 times their value)
 // into a second chain, which is a multiple of 16 and so shifts back exactly; against shifting each vector's
-// high nibbles down, one instruction fewer per vector: synthetic TinyLlama's matrix products took 0.97-0.98x
-// the time at one row, 0.96x at two.
+// high nibbles down, one instruction fewer per vector, and less time at one and two rows.
 template <DType kType, int R>
 void vnni_rows(const uint8_t* w, size_t tile_bytes, int64_t n_tiles, int64_t blocks, const ActSuper* x,
                int64_t x_stride, float* y, int64_t y_stride) {
@@ -185,8 +177,8 @@ void vnni_rows(const uint8_t* w, size_t tile_bytes, int64_t n_tiles, int64_t blo
 }
 
 // Blocks by which the tile kernel unpacks the codes ahead of the multiply-adds that read them: a tile load
-// of bytes still in the store buffer waits for them to reach the cache (in a tight loop, 41 ns a block
-// unpacked just before its tile load, 23 ns four blocks ahead, on a 2-core Xeon with AMX).
+// of bytes still in the store buffer waits for them to reach the cache (four blocks ahead took about half
+// the time per block of unpacking just before the tile load; performance.md, AMX).
 constexpr int64_t kUnpackAhead = 4;
 constexpr int64_t kUnpackRing = 8;  // B buffers (a power of two above kUnpackAhead + 1)
 

@@ -18,15 +18,19 @@
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
+#include "tandem/kernels/quant_direct_x86.h"
 #include "tandem/kernels/quant_unpack.h"
 #include "tandem/kernels/quant_x86_ops.h"
 
 namespace tandem::kernels {
 namespace avx2_target {
 
-#define TANDEM_AVX2_VNNI 0
+// The instruction set this copy of quant_avx2.inc is compiled for: plain AVX2: vpmaddubsw and vpmaddwd.
+struct Isa {
+  static constexpr bool kVnni = false;
+};
+
 #include "tandem/kernels/quant_avx2.inc"
-#undef TANDEM_AVX2_VNNI
 
 }  // namespace avx2_target
 

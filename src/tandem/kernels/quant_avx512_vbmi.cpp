@@ -22,15 +22,19 @@
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")
 #include <immintrin.h>
 
+#include "tandem/kernels/quant_direct_x86.h"
 #include "tandem/kernels/quant_unpack.h"
 #include "tandem/kernels/quant_x86_ops.h"
 
 namespace tandem::kernels {
 namespace avx512_vbmi_target {
 
-#define TANDEM_AVX512_VBMI 1
+// The instruction set this copy of quant_avx512.inc is compiled for: VBMI byte permutes.
+struct Isa {
+  static constexpr bool kVbmi = true;
+};
+
 #include "tandem/kernels/quant_avx512.inc"
-#undef TANDEM_AVX512_VBMI
 
 }  // namespace avx512_vbmi_target
 

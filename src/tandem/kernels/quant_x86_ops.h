@@ -1,6 +1,6 @@
 // x86 pieces shared by the AVX2 and AVX-512 kernel files: the bit-level helpers of the unpacking
 // (UnpackOps, quant_unpack.h) and the prefetch in intrinsics (X86Ops), and the types and compile-time
-// helpers of the direct kernels (quant_direct_x86.inc). Included inside each file's `#pragma GCC target`
+// helpers of the direct kernels (quant_direct_x86.h). Included inside each file's `#pragma GCC target`
 // region, after <immintrin.h>, so that each target's instantiations are compiled for its instruction set;
 // a target derives its Ops from X86Ops<Ops> so that its copies have names of their own.
 #pragma once
@@ -57,7 +57,7 @@ struct X86Ops {
 // How a tile call covers its weight row: whole (first and last), or one column chunk of it, the accumulators
 // carried between chunks in `state` (NR * kStateFloats floats). Prefetching runs `prefetch` bytes ahead of
 // each super-block read. tail: the padded copy of the row's partial last super-block, read by the tiles that
-// take one (TailLoad; quant_direct_x86.inc) instead of the row's own bytes there; tail_blocks: its blocks,
+// take one (TailLoad; quant_direct_x86.h) instead of the row's own bytes there; tail_blocks: its blocks,
 // for the tail loaders that read it in place (repacked forms).
 struct TilePart {
   float* state;

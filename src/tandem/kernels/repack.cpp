@@ -352,8 +352,8 @@ void unpack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
 // are plain byte loops over p: nibble plane A takes quarters 0 and 2, plane B quarters 1 and 3; the two-bit
 // planes (Q2_K's and Q3_K's low bits, Q6_K's high ones) a field of each quarter; the 32-byte planes (Q3_K's
 // third bits, Q5_K's fifth) one bit of each quarter of p and of p + 32. (With their move plans, element by
-// element, a synthetic TinyLlama in Q3_K_M took 2.1 s to load; this way 0.34-0.38 s, and 0.18-0.23 s
-// without repacking.)
+// element, loading a model whose K-quants are repacked took several times as long, most of it in the moves;
+// performance.md.)
 void pack_k_planes(DType type, const uint8_t* in, uint8_t* out) {
   static const QuantKernels& qk = quant_kernels(best_target());
   UnpackedSuper us;

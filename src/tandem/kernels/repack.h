@@ -100,9 +100,9 @@ inline size_t lane_pair_scales_offset(DType type, const uint8_t* pair) {
 bool can_lane_pair(DType type, int64_t cols);
 // Whether the loader takes lane pairs for such rows (repack_form): Q8_0 only where the activations of a
 // window of 8 rows in lane pairs fill at most 3/4 of the L1 data cache (2048 columns on a 32 KiB L1). Wider
-// rows keep the interleaved form, whose windows there take three weight rows a tile (pair_width): TinyLlama
-// Q8_0's FFN down projection (5632 columns) in lane pairs took 1.6x the time of the interleaved form at 4 and
-// 8 rows (two threads, weights from memory), 1.0-1.07x at one and two rows.
+// rows keep the interleaved form, whose windows there take three weight rows a tile (pair_width): Q8_0's FFN
+// down projection (5632 columns) in lane pairs took much longer in windows and no less at one and two rows
+// (performance.md, lane pairs).
 bool lane_pair_window_fits(DType type, int64_t cols);
 // One pair of `type`: two super-blocks in the file's form -> lane pairs at out, and back from lane pairs at
 // in (in != out).
@@ -148,9 +148,8 @@ bool can_interleave(DType type, int64_t cols);
 // the file's, super-block by super-block); every type with a form under AVX-512, and under AVX2 every type
 // but Q4_1, Q5_0 and Q5_1 and rows with a partial last super-block, which its kernels would read through the
 // file form. (Q4_0 under AVX-512 kept the file form while weights were read from a file mapping, where one
-// row measured 1.09x the time repacked; with the weights copied into 2 MB pages (gguf/mapped_file.h)
-// synthetic TinyLlama decodes in 0.90-0.97x the time repacked, windows of 2 to 8 rows 0.92-0.97x; under AVX2
-// the repacked form takes 0.73-0.87x.)
+// row measured slower repacked; with the weights copied into 2 MB pages (gguf/mapped_file.h) decode and
+// windows take less time repacked, under AVX2 too; performance.md, repacked forms.)
 // Lane pairs take the place of the interleaved form for Q4_0, Q4_K and Q8_0 rows that have them
 // (can_lane_pair, lane_pair_window_fits) under AVX-512, where the matrix starts on 32 bytes (repack_form).
 bool repack_pays(DType type, int64_t cols, Target target = best_target());

@@ -11,10 +11,8 @@ namespace tandem::kernels {
 
 // How the read kernel streams: plain loads (the hardware prefetchers alone), or the same loads with each
 // cache line also prefetched into L2 kStreamL2Ahead bytes ahead, or into L1 that far ahead and into L2 twice
-// as far (as the AMX target's row tiles prefetch). On a 2-core Zen 4 the L2 prefetch read 69 GB/s where plain
-// loads read 64 (12 and 24 KB ahead 66 and 58, into L1 3 KB ahead 62), and 1-5% more at 28-49 GB/s; but an
-// earlier build's plain loads read 72-79 GB/s where a prefetch into L1 3 KB ahead read 69-73, so the probe
-// keeps every form.
+// as far (as the AMX target's row tiles prefetch). Which form reads fastest has changed between builds on one
+// machine (performance.md), so the probe keeps every form.
 enum class StreamForm { kPlain, kPrefetchL2, kPrefetchL1L2 };
 inline constexpr StreamForm kStreamForms[] = {StreamForm::kPlain, StreamForm::kPrefetchL2,
                                               StreamForm::kPrefetchL1L2};
