@@ -7,10 +7,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <span>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "tandem/kernels/full_attention.h"
+#include "tandem/kernels/matmul.h"
 #include "tandem/kernels/ops.h"
 #include "tandem/model/encoder.h"
 #include "tandem/model/forward.h"
@@ -151,6 +153,89 @@ TEST_F(BertGolden, DecoderForwardRefusesEncoder) {
   } catch (const tandem::Error& e) {
     EXPECT_NE(std::string(e.what()).find("embed"), std::string::npos) << e.what();
   }
+}
+
+// `tandem embed`: one array per input line in order, equal to the library's embeddings, for plain lines and
+// --jsonl; a bad --jsonl line and an over-long line are refused with status 1 and a message naming the line.
+TEST_F(BertGolden, CommandLine) {
+  const std::string tandem =
+      std::string(TANDEM_BINARY) + " embed -t 1 -m " + tandem::testing::shared_path(kBert);
+  const std::string dir = ::testing::TempDir();
+  {
+    std::ofstream plain(dir + "/embed_plain.txt"), jsonl(dir + "/embed.jsonl");
+    for (const auto& g : golden_) {
+      plain << g["text"].get<std::string>() << "\n";
+      jsonl << nlohmann::json(g["text"]).dump() << "\n";
+    }
+  }
+  for (const std::string& args : {" -f " + dir + "/embed_plain.txt", " --jsonl -f " + dir + "/embed.jsonl"}) {
+    const auto [out, status] = tandem::testing::run_command(tandem + args);
+    ASSERT_EQ(status, 0) << args;
+    std::istringstream lines(out);
+    std::string line;
+    size_t n = 0;
+    for (; std::getline(lines, line); ++n) {
+      ASSERT_LT(n, golden_.size());
+      const auto got = nlohmann::json::parse(line).get<std::vector<float>>();
+      const auto want = golden_[n]["embedding"].get<std::vector<float>>();
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_GE(cosine(got.data(), want.data(), static_cast<int64_t>(got.size())), 0.9999) << n;
+    }
+    EXPECT_EQ(n, golden_.size()) << args;
+  }
+  {
+    std::ofstream bad(dir + "/embed_bad.jsonl");
+    bad << "\"fine\"\n42\n";
+  }
+  const auto [bad_out, bad_status] =
+      tandem::testing::run_command(tandem + " --jsonl -f " + dir + "/embed_bad.jsonl 2>&1");
+  EXPECT_EQ(bad_status, 1);
+  EXPECT_NE(bad_out.find("line 2"), std::string::npos) << bad_out;
+  std::string long_text;
+  for (int i = 0; i < 600; ++i) long_text += "cat ";
+  const auto [long_out, long_status] = tandem::testing::run_command(tandem + " -p '" + long_text + "' 2>&1");
+  EXPECT_EQ(long_status, 1);
+  EXPECT_NE(long_out.find("512"), std::string::npos) << long_out;
+}
+
+// Decoder embeddings are the post-final-norm hidden states: unnormalised last-token pooling times the
+// output head gives the session's last logits; causality makes CLS pooling of a sequence the last-token
+// pooling of its first token, and the mean the average of the prefixes' last tokens.
+TEST(DecoderEmbeddings, PoolPostNormHiddenStates) {
+  auto model = Model::load(tandem::testing::shared_path("models/stories260K.gguf"));
+  tandem::ThreadPool pool(1);
+  Embedder embedder(*model, pool);
+  EXPECT_EQ(embedder.pooling(), Pooling::kLast);
+  const int64_t D = embedder.dim();
+  const std::vector<std::vector<int32_t>> seq = {{1, 403, 407, 261}};
+  std::vector<float> last(static_cast<size_t>(D)), cls(last), mean(last), normed(last);
+  embedder.embed(spans(seq), {Pooling::kLast, false}, last.data());
+  embedder.embed(spans(seq), {Pooling::kCls, false}, cls.data());
+  embedder.embed(spans(seq), {Pooling::kMean, false}, mean.data());
+  embedder.embed(spans(seq), {}, normed.data());
+
+  tandem::model::Session session(*model, pool, {});
+  const auto logits = session.eval(seq[0]);
+  std::vector<float> head(logits.size());
+  tandem::kernels::matmul_reference(model->weights().output, last.data(), 1, head.data());
+  for (size_t i = 0; i < head.size(); ++i) ASSERT_NEAR(head[i], logits[i], 1e-3) << "logit " << i;
+
+  std::vector<float> mean_of_prefixes(static_cast<size_t>(D), 0.0f), prefix(static_cast<size_t>(D));
+  for (size_t n = 1; n <= seq[0].size(); ++n) {
+    const std::vector<std::vector<int32_t>> p = {
+        std::vector<int32_t>(seq[0].begin(), seq[0].begin() + static_cast<std::ptrdiff_t>(n))};
+    embedder.embed(spans(p), {Pooling::kLast, false}, prefix.data());
+    if (n == 1) {
+      for (int64_t d = 0; d < D; ++d)
+        EXPECT_NEAR(cls[static_cast<size_t>(d)], prefix[static_cast<size_t>(d)], 1e-5);
+    }
+    for (int64_t d = 0; d < D; ++d)
+      mean_of_prefixes[static_cast<size_t>(d)] +=
+          prefix[static_cast<size_t>(d)] / static_cast<float>(seq[0].size());
+  }
+  for (int64_t d = 0; d < D; ++d)
+    EXPECT_NEAR(mean[static_cast<size_t>(d)], mean_of_prefixes[static_cast<size_t>(d)], 1e-4);
+  EXPECT_GT(cosine(last.data(), normed.data(), D), 0.99999);
 }
 
 // Non-causal attention of one sequence against the scalar reference, on every Highway target, for lengths

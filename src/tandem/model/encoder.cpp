@@ -159,7 +159,7 @@ Pooling decoder_pooling(const Model& model) {
 
 }  // namespace
 
-Embedder::Embedder(const Model& model, ThreadPool& pool, int64_t max_rows) : model_(model) {
+Embedder::Embedder(const Model& model, ThreadPool& pool, int64_t max_rows, int64_t n_ctx) : model_(model) {
   if (model.config().encoder) {
     pooling_ = model.config().pooling == Pooling::kNone ? Pooling::kMean : model.config().pooling;
     encoder_ = std::make_unique<Encoder>(model, pool, max_rows);
@@ -168,6 +168,7 @@ Embedder::Embedder(const Model& model, ThreadPool& pool, int64_t max_rows) : mod
     pooling_ = decoder_pooling(model);
     SessionOptions options;
     options.batch = std::min<int64_t>(max_rows, 512);
+    options.n_ctx = n_ctx;
     session_ = std::make_unique<Session>(model, pool, options);
   }
 }

@@ -71,8 +71,9 @@ class Encoder {
 // Token sequences to embeddings, with whichever forward the model has.
 class Embedder {
  public:
-  // max_rows: rows of one forward (an encoder packs several sequences into it).
-  Embedder(const Model& model, ThreadPool& pool, int64_t max_rows = 2048);
+  // max_rows: rows of one forward (an encoder packs several sequences into it). n_ctx: a decoder's context
+  // (0: default_context()); an encoder's is its trained one.
+  Embedder(const Model& model, ThreadPool& pool, int64_t max_rows = 2048, int64_t n_ctx = 0);
   ~Embedder();
 
   int64_t dim() const { return model_.config().n_embd; }
