@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -16,6 +17,7 @@
 #include "tandem/kernels/ops.h"
 #include "tandem/model/encoder.h"
 #include "tandem/model/forward.h"
+#include "tandem/model/synth.h"
 #include "tandem/tokenizer/tokenizer.h"
 #include "tandem/util/error.h"
 #include "test_util.h"
@@ -238,6 +240,37 @@ TEST(DecoderEmbeddings, PoolPostNormHiddenStates) {
   EXPECT_GT(cosine(last.data(), normed.data(), D), 0.99999);
 }
 
+// `tandem synth --preset bge-small` writes a bert encoder of bge-small's shapes that loads and embeds: CLS
+// pooling, unit-length vectors, and a sequence's embedding the same bits alone as beside others.
+TEST(SynthBgeSmall, LoadsAndEmbeds) {
+  const std::string path = ::testing::TempDir() + "/bge-small-Q8_0.gguf";
+  tandem::ThreadPool pool(2);
+  tandem::model::write_synthetic_model(tandem::model::find_synth_preset("bge-small"),
+                                       tandem::model::find_file_type("Q8_0"), path, pool);
+  auto model = Model::load(path);
+  const auto& c = model->config();
+  EXPECT_TRUE(c.encoder);
+  EXPECT_EQ(c.n_layer, 12);
+  EXPECT_EQ(c.n_embd, 384);
+  EXPECT_EQ(c.n_head, 12);
+  EXPECT_EQ(c.n_vocab, 30522);
+  EXPECT_EQ(c.pooling, Pooling::kCls);
+  Embedder embedder(*model, pool);
+  const std::vector<std::vector<int32_t>> seqs = {{101, 2000, 3000, 102}, {101, 7, 8, 9, 10, 11, 102}};
+  std::vector<float> both(2 * 384), alone(384);
+  embedder.embed(spans(seqs), {}, both.data());
+  const std::span<const int32_t> second[] = {seqs[1]};
+  embedder.embed(second, {}, alone.data());
+  double norm = 0;
+  for (size_t d = 0; d < 384; ++d) {
+    ASSERT_EQ(alone[d], both[384 + d]);
+    norm += static_cast<double>(alone[d]) * alone[d];
+  }
+  EXPECT_NEAR(norm, 1.0, 1e-5);
+  EXPECT_LT(cosine(both.data(), both.data() + 384, 384), 0.999);
+  std::remove(path.c_str());
+}
+
 // Non-causal attention of one sequence against the scalar reference, on every Highway target, for lengths
 // around the query block and grouped key/value heads.
 TEST(FullAttention, MatchesReference) {
@@ -269,6 +302,27 @@ TEST(FullAttention, MatchesReference) {
                 << "n " << n << " row " << i << " element " << d;
       });
     }
+  }
+}
+
+// The vectorized GELU against the scalar one, on every Highway target, over lengths with vector tails and
+// arguments from deep negative (where it is 0) to large positive (where it is x).
+TEST(Gelu, MatchesScalarReference) {
+  for (const int64_t n : {1, 7, 16, 37, 1536}) {
+    auto x = tandem::testing::normal_floats(n, 9);
+    for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] *= 4.0f;
+    x[0] = -60.0f;
+    if (n > 1) x[1] = 30.0f;
+    auto want = x;
+    tandem::kernels::gelu_reference(want.data(), n);
+    tandem::testing::for_each_hwy_target([&] {
+      auto got = x;
+      tandem::kernels::gelu(got.data(), n);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_NEAR(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)],
+                    2e-6f * (1.0f + std::abs(want[static_cast<size_t>(i)])))
+            << "x = " << x[static_cast<size_t>(i)];
+    });
   }
 }
 

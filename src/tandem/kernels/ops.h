@@ -41,8 +41,10 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n);
 // out[i] = gelu_tanh(gate[i]) * up[i]  (the tanh approximation, as gemma uses)
 void geglu(const float* gate, const float* up, float* out, int64_t n);
 
-// x[i] = gelu_tanh(x[i]), in place (the tanh approximation, as the reference's encoders use)
+// x[i] = gelu_tanh(x[i]), in place (the tanh approximation, as the reference's encoders use): vectorized
+// (float_kernels.h gelu_tanh), and its scalar reference with the library's tanh.
 void gelu(float* x, int64_t n);
+void gelu_reference(float* x, int64_t n);
 
 // x[i] = cap * tanh(x[i] / cap)
 void soft_cap(float* x, int64_t n, float cap);
