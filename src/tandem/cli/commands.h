@@ -22,6 +22,7 @@ void add_serve_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_template_command(CLI::App& app);
 void add_train_drafter_command(CLI::App& app);
+void add_embed_command(CLI::App& app);
 // Sampling flags shared by run and the speculative commands; seed_given is set when --seed is passed.
 void add_sampling_options(CLI::App& cmd, sampling::Params& params, bool& seed_given);
 

@@ -9,7 +9,7 @@
 int main(int argc, char** argv) {
   CLI::App app{
       "Tandem: LLM inference on the CPU with lossless speculative decoding.\n"
-      "Loads GGUF checkpoints (llama, qwen2, qwen3, gemma2 families).\n"
+      "Loads GGUF checkpoints (llama, qwen2, qwen3, gemma2 families; bert encoders for embeddings).\n"
       "Environment: TANDEM_MODEL, the model when -m is not given; TANDEM_KERNELS, a kernel target to run\n"
       "instead of the best this CPU runs (scalar, avx2, avx2-vnni, avx512-vnni, avx512-vnni-vbmi,\n"
       "avx512-amx, neon, neon-dotprod)."};
@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_kld_command(app);
   tandem::cli::add_tokenize_command(app);
   tandem::cli::add_template_command(app);
+  tandem::cli::add_embed_command(app);
   tandem::cli::add_serve_command(app);
   tandem::cli::add_calibrate_command(app);
   tandem::cli::add_bench_spec_command(app);

@@ -504,6 +504,29 @@ void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
+// gelu_tanh(x) = 0.5 x (1 + tanh(u)) = x / (1 + e^(-2u)), u = sqrt(2 / pi) (x + 0.044715 x^3), with hn::Exp;
+// -2u is capped at 88, where the result is already 0 to single precision.
+void GeluTanh(float* x, int64_t n) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  const auto one = hn::Set(df, 1.0f), cap = hn::Set(df, 88.0f);
+  const auto k2 = hn::Set(df, -2.0f * 0.79788456080286535588f),
+             k3 = hn::Set(df, -2.0f * 0.79788456080286535588f * 0.044715f);
+  const auto gelu = [&](auto v) {
+    const auto minus_2u = hn::Mul(v, hn::MulAdd(hn::Mul(v, v), k3, k2));
+    return hn::Div(v, hn::Add(one, hn::Exp(df, hn::Min(minus_2u, cap))));
+  };
+  size_t i = 0;
+  for (; i + lanes <= static_cast<size_t>(n); i += lanes) hn::StoreU(gelu(hn::LoadU(df, x + i)), df, x + i);
+  if (i < static_cast<size_t>(n)) {
+    alignas(64) float buf[HWY_MAX_BYTES / sizeof(float)] = {};
+    const size_t rest = static_cast<size_t>(n) - i;
+    std::memcpy(buf, x + i, rest * 4);
+    hn::Store(gelu(hn::Load(df, buf)), df, buf);
+    std::memcpy(x + i, buf, rest * 4);
+  }
+}
+
 // e^x for the x <= 0 a softmax takes (scores less their max), in fewer operations than hn::Exp, which also
 // serves positive and huge arguments: n = round(x log2 e) by the shifter 1.5 * 2^23 (t's low mantissa bits
 // hold n), r = x - n ln 2 in two steps, e^r = 1 + r + r^2 P(r) with hn::Exp's coefficients (Horner), and 2^n
@@ -628,6 +651,7 @@ HWY_EXPORT(DotsF32);
 HWY_EXPORT(AccumulateF16);
 HWY_EXPORT(AccumulateF32);
 HWY_EXPORT(SiluMul);
+HWY_EXPORT(GeluTanh);
 HWY_EXPORT(F32ToF16);
 HWY_EXPORT(Softmax);
 HWY_EXPORT(DotsGroupF16);
@@ -679,6 +703,10 @@ void accumulate_runs_f32(const float* p, int64_t G, int64_t p_stride, const Valu
 
 void f32_to_f16(const float* x, int64_t n, uint8_t* out) {
   HWY_DYNAMIC_DISPATCH(F32ToF16)(x, n, out);
+}
+
+void gelu_tanh(float* x, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(GeluTanh)(x, n);
 }
 
 void silu_mul(const float* gate, const float* up, float* out, int64_t n) {

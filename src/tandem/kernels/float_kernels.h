@@ -60,6 +60,10 @@ void f32_to_f16(const float* x, int64_t n, uint8_t* out);
 // by element, so a row's result never depends on the others. out may alias gate.
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 
+// x[i] = gelu_tanh(x[i]) = x / (1 + exp(-2 sqrt(2/pi) (x + 0.044715 x^3))), in place, with a vectorized exp
+// (the exponent capped at 88). Element by element. ops.h gelu_reference is its scalar reference.
+void gelu_tanh(float* x, int64_t n);
+
 // Softmax of n > 0 attention scores in place: s_j = scale * x[j] (soft-capped to cap * tanh(s_j / cap) when
 // cap > 0), then x[j] = exp(s_j - max s) / sum exp(s - max s), with vectorized exp and tanh (float sums in
 // vector lanes). Depends only on the row itself.

@@ -18,6 +18,25 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   }
 }
 
+void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t n, float eps) {
+  const double mean = interleaved_sum8<double>(n, [x](int64_t i) { return static_cast<double>(x[i]); }) /
+                      static_cast<double>(n);
+  const double var = interleaved_sum8<double>(n,
+                                              [x, mean](int64_t i) {
+                                                const double d = x[i] - mean;
+                                                return d * d;
+                                              }) /
+                     static_cast<double>(n);
+  const auto m = static_cast<float>(mean);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(var) + eps);
+  for (int64_t i = 0; i < n; ++i) {
+    float v = (x[i] - m) * scale;
+    if (w) v *= w[i];
+    if (b) v += b[i];
+    y[i] = v;
+  }
+}
+
 void rope_angles(int64_t n_rot, const float* inv_freq, int64_t pos, float* cs) {
   for (int64_t i = 0; i < n_rot / 2; ++i) {
     const double theta = static_cast<double>(pos) * inv_freq[i];
@@ -49,6 +68,19 @@ void geglu(const float* gate, const float* up, float* out, int64_t n) {
     const float g = gate[i];
     const float t = std::tanh(kSqrt2OverPi * g * (1.0f + kCoef * g * g));
     out[i] = 0.5f * g * (1.0f + t) * up[i];
+  }
+}
+
+void gelu(float* x, int64_t n) {
+  gelu_tanh(x, n);
+}
+
+void gelu_reference(float* x, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+  constexpr float kCoef = 0.044715f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = x[i];
+    x[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * g * (1.0f + kCoef * g * g)));
   }
 }
 

@@ -24,6 +24,10 @@ inline Acc interleaved_sum8(int64_t n, Term term) {
 // double, in eight interleaved partial sums combined pairwise (the same order on every target).
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
 
+// y = (x - mean(x)) / sqrt(var(x) + eps) * w + b   (encoders' LayerNorm; w and b may be null: none). x and y
+// may alias. Mean and variance in double, each summed in interleaved_sum8 order.
+void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t n, float eps);
+
 // Rotary position embedding, in place. Rotates the first n_rot dims of a head vector:
 //   normal layout: pairs (x[2i], x[2i+1]);  NeoX layout: pairs (x[i], x[i + n_rot/2]).
 // inv_freq[i] (i < n_rot/2) is the angle per position of pair i (base^(-2i/n_rot) / freq_factor_i / scale).
@@ -36,6 +40,11 @@ void rope_apply(float* x, int64_t n_rot, const float* cs, bool neox);
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 // out[i] = gelu_tanh(gate[i]) * up[i]  (the tanh approximation, as gemma uses)
 void geglu(const float* gate, const float* up, float* out, int64_t n);
+
+// x[i] = gelu_tanh(x[i]), in place (the tanh approximation, as the reference's encoders use): vectorized
+// (float_kernels.h gelu_tanh), and its scalar reference with the library's tanh.
+void gelu(float* x, int64_t n);
+void gelu_reference(float* x, int64_t n);
 
 // x[i] = cap * tanh(x[i] / cap)
 void soft_cap(float* x, int64_t n, float cap);

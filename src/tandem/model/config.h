@@ -12,6 +12,9 @@ namespace tandem::model {
 
 enum class RopeLayout { kNormal, kNeoX };
 enum class FfnActivation { kSiLU, kGeluTanh };
+// How a sequence's final hidden states become one embedding ({arch}.pooling_type: 0 none, 1 mean, 2 cls,
+// 3 last): the mean over all positions, the first position ([CLS]) or the last one.
+enum class Pooling { kNone, kMean, kCls, kLast };
 
 struct Config {
   std::string arch;    // general.architecture
@@ -44,6 +47,12 @@ struct Config {
   bool post_norms = false;   // gemma2: RMSNorm after attention and after the FFN, before the residual add
   bool qk_norm = false;      // qwen3: RMSNorm over each q and k head before RoPE
   FfnActivation activation = FfnActivation::kSiLU;
+
+  // Encoders (bert): learned absolute positions and token types, every position attends to every position of
+  // its sequence, LayerNorm (with bias) after each residual add, an FFN of GELU(x W_up + b) W_down + b, and
+  // no output head: they produce embeddings only (model/encoder.h), never logits.
+  bool encoder = false;
+  Pooling pooling = Pooling::kNone;  // the checkpoint's own pooling; kNone: it names none
 
   int64_t q_dim() const { return n_head * head_dim; }
   int64_t kv_dim() const { return n_head_kv * head_dim; }

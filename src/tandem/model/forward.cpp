@@ -14,6 +14,9 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
     : model_(model), pool_(pool), max_rows_(max_rows) {
   const Config& c = model.config();
   TANDEM_CHECK(max_rows > 0, "max_rows must be positive");
+  if (c.encoder)
+    throw Error("model '" + c.arch +
+                "' is an encoder: it computes embeddings (tandem embed, POST /v1/embeddings), not text");
   int64_t widest = std::max({c.n_embd, c.n_ff, c.n_head * c.head_dim_v});
   scratch_ = kernels::MatmulScratch(pool.size(), widest, max_rows);
   inv_freq_.resize(static_cast<size_t>(c.n_rot / 2));

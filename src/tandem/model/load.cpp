@@ -54,6 +54,8 @@ int64_t layer_of(std::string_view name) {
   return n;
 }
 
+}  // namespace
+
 // block_count against the blk.N tensors present, before anything is sized by it.
 void check_layer_count(const ArchReader& r, const Config& c) {
   int64_t present = 0;
@@ -75,8 +77,6 @@ void check_layer_count(const ArchReader& r, const Config& c) {
                 (last ? " (the last is '" + last->name + "')" : std::string()) +
                 "; block_count must be the number of blk.N layers");
 }
-
-}  // namespace
 
 ArchReader::ArchReader(const gguf::File& file, std::string arch)
     : file_(file), arch_(std::move(arch)), bound_(file.tensors().size(), 0) {}

@@ -91,6 +91,8 @@ void bind_model(const gguf::File& file, Config& config, Weights& weights);
 // Shared by the llama-like families: hyperparameters common to all of them and the standard tensor names.
 void read_common_hparams(const ArchReader& r, Config& c);
 void bind_standard_layers(const ArchReader& r, const Config& c, Weights& w);
+// Refuses a block_count that differs from the number of blk.N layers the file holds.
+void check_layer_count(const ArchReader& r, const Config& c);
 // Rope frequency factors from a rope_freqs tensor or from Llama 3 scaling metadata (empty when neither).
 void read_rope_scaling(const ArchReader& r, Config& c);
 

@@ -128,6 +128,7 @@ const std::vector<SynthPreset>& synth_presets() {
       {"tiny-llama-d256", "llama", 256, 768, 2, 4, 2, 512, 512, 10000.0f, false},
       {"tiny-llama-d512", "llama", 512, 1536, 2, 8, 2, 512, 512, 10000.0f, false},
       {"tiny-qwen2-d64", "qwen2", 64, 160, 2, 4, 2, 384, 512, 10000.0f, true},
+      {"bge-small", "bert", 384, 1536, 12, 12, 12, 30522, 512, 10000.0f, true},
   };
   return presets;
 }
@@ -197,6 +198,57 @@ DType matrix_type(const FileType& ft, std::string_view tensor, int64_t cols, int
   return t;
 }
 
+namespace {
+
+// The rest of a bert encoder after the common metadata: CLS pooling (as bge), LayerNorms with biases,
+// biased projections, learned positions and two token types. Position and type embeddings stay F32, as
+// converters write them.
+void write_bert(gguf::Writer& w, const SynthPreset& p, const FileType& ft, const std::string& path,
+                ThreadPool& pool, uint64_t seed) {
+  const std::string a(p.arch);
+  w.add_f32(a + ".attention.layer_norm_epsilon", 1e-12f);
+  w.add_bool(a + ".attention.causal", false);
+  w.add_u32(a + ".pooling_type", 2);
+  add_vocabulary(w, p.n_vocab);
+  auto tensor = [&](const std::string& name, DType t, int64_t cols, int64_t rows, float scale, float offset) {
+    RowGen gen = uniform_rows(seed, name, cols, scale, offset);
+    std::vector<int64_t> ne = {cols};
+    if (rows > 1) ne.push_back(rows);
+    w.add_tensor(name, t, ne, [&pool, t, rows, cols, gen](const gguf::ByteSink& sink) {
+      emit_rows(pool, t, rows, cols, gen, sink);
+    });
+  };
+  auto matrix = [&](const std::string& name, int64_t cols, int64_t rows, int64_t layer) {
+    const DType t = matrix_type(ft, name, cols, layer, p.n_layer);
+    tensor(name, t, cols, rows, static_cast<float>(std::sqrt(3.0 / static_cast<double>(cols))), 0.0f);
+  };
+  auto norm = [&](const std::string& name) {
+    tensor(name + ".weight", DType::F32, p.n_embd, 1, 0.1f, 1.0f);
+    tensor(name + ".bias", DType::F32, p.n_embd, 1, 0.1f, 0.0f);
+  };
+  auto bias = [&](const std::string& name, int64_t n) { tensor(name, DType::F32, n, 1, 0.1f, 0.0f); };
+  matrix("token_embd.weight", p.n_embd, p.n_vocab, -1);
+  tensor("position_embd.weight", DType::F32, p.n_embd, p.n_ctx_train, 0.1f, 0.0f);
+  tensor("token_types.weight", DType::F32, p.n_embd, 2, 0.1f, 0.0f);
+  norm("token_embd_norm");
+  for (int64_t i = 0; i < p.n_layer; ++i) {
+    const std::string b = "blk." + std::to_string(i) + ".";
+    for (const char* m : {"attn_q", "attn_k", "attn_v", "attn_output"}) {
+      matrix(b + m + ".weight", p.n_embd, p.n_embd, i);
+      bias(b + m + ".bias", p.n_embd);
+    }
+    norm(b + "attn_output_norm");
+    matrix(b + "ffn_up.weight", p.n_embd, p.n_ff, i);
+    bias(b + "ffn_up.bias", p.n_ff);
+    matrix(b + "ffn_down.weight", p.n_ff, p.n_embd, i);
+    bias(b + "ffn_down.bias", p.n_embd);
+    norm(b + "layer_output_norm");
+  }
+  w.write_file(path);
+}
+
+}  // namespace
+
 void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::string& path,
                            ThreadPool& pool, uint64_t seed) {
   gguf::Writer w;
@@ -209,6 +261,7 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
   w.add_u32(a + ".block_count", static_cast<uint32_t>(p.n_layer));
   w.add_u32(a + ".feed_forward_length", static_cast<uint32_t>(p.n_ff));
   w.add_u32(a + ".attention.head_count", static_cast<uint32_t>(p.n_head));
+  if (p.arch == "bert") return write_bert(w, p, ft, path, pool, seed);
   w.add_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(p.n_head_kv));
   w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(p.n_embd / p.n_head));
   w.add_f32(a + ".rope.freq_base", p.rope_base);
