@@ -8,9 +8,11 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <mutex>
 #include <optional>
 #include <random>
 
+#include "tandem/sampling/token_mask.h"
 #include "tandem/server/chat_page.h"
 #include "tandem/server/openai_api.h"
 #include "tandem/server/peer_watch.h"
@@ -85,6 +87,13 @@ struct HttpServer::Impl {
   std::atomic<bool> draining{false};
   std::atomic<bool> is_ready{false};
   int port = -1;
+  std::once_flag trie_once;
+  std::shared_ptr<const sampling::TokenTrie> trie;  // the vocabulary for grammar masks, built on first use
+
+  const std::shared_ptr<const sampling::TokenTrie>& token_trie() {
+    std::call_once(trie_once, [&] { trie = sampling::TokenTrie::build(tok); });
+    return trie;
+  }
 
   void log(const httplib::Request& req, int status, const std::string& detail) const {
     std::fprintf(stderr, "serve: %s %s %d%s%s\n", req.method.c_str(), req.path.c_str(), status,
@@ -179,6 +188,13 @@ engine::Request HttpServer::Impl::engine_request(const CompletionRequest& r,
   p.seed = r.seed ? *r.seed : random_seed();
   er.top_logprobs = r.top_logprobs;
   er.stop_at_eog = !r.ignore_eos;
+  if (r.grammar) {
+    er.grammar.emplace(r.grammar, token_trie());
+    // The first mask of a new grammar is its most expensive: computed here, it keeps the scheduler's
+    // thread (and every other running request) from waiting on it.
+    sampling::TokenMask first;
+    er.grammar->fill_mask(first);
+  }
   return er;
 }
 

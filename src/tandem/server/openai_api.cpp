@@ -3,6 +3,9 @@
 #include <cmath>
 #include <limits>
 
+#include "tandem/sampling/json_schema.h"
+#include "tandem/util/error.h"
+
 namespace tandem::server {
 
 using nlohmann::json;
@@ -189,6 +192,46 @@ void parse_logprobs(const json& body, CompletionRequest& r) {
   if (on) r.top_logprobs = top ? static_cast<int>(*top) : 0;
 }
 
+// response_format: {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema":
+// {"name": ..., "schema": {...}, "strict": ...}}. The schema is read again from the body as ordered JSON, as
+// its properties are written in their declared order.
+void parse_response_format(const json& body, const std::string& text, CompletionRequest& r) {
+  const json* rf = field(body, "response_format");
+  if (!rf) return;
+  if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
+  const json* type = field(*rf, "type");
+  if (!type) throw bad_request("'response_format.type' is required", "response_format.type");
+  if (!type->is_string()) wrong_type("response_format.type", "a string", *type);
+  const std::string kind = type->get<std::string>();
+  if (kind == "text") return;
+  if (kind == "json_object") {
+    r.grammar = std::make_shared<const sampling::Grammar>(sampling::json_object_grammar());
+    return;
+  }
+  if (kind != "json_schema")
+    throw bad_request("'response_format.type' must be text, json_object or json_schema, got '" + kind + "'",
+                      "response_format.type");
+  const json* js = field(*rf, "json_schema");
+  if (!js) throw bad_request("'response_format.json_schema' is required", "response_format.json_schema");
+  if (!js->is_object()) wrong_type("response_format.json_schema", "an object", *js);
+  if (const json* name = field(*js, "name"); name && !name->is_string())
+    wrong_type("response_format.json_schema.name", "a string", *name);
+  // Output that matches the schema is what strict mode promises; it is enforced either way.
+  if (const json* strict = field(*js, "strict"); strict && !strict->is_boolean())
+    wrong_type("response_format.json_schema.strict", "a boolean", *strict);
+  const json* schema = field(*js, "schema");
+  const std::string param = "response_format.json_schema.schema";
+  if (!schema) throw bad_request("'" + param + "' is required", param);
+  if (!schema->is_object() && !schema->is_boolean()) wrong_type(param, "an object", *schema);
+  const nlohmann::ordered_json ordered =
+      nlohmann::ordered_json::parse(text).at("response_format").at("json_schema").at("schema");
+  try {
+    r.grammar = std::make_shared<const sampling::Grammar>(sampling::grammar_from_parsed_json_schema(ordered));
+  } catch (const tandem::Error& e) {
+    throw bad_request("'" + param + "' cannot be enforced: " + e.what(), param);
+  }
+}
+
 // Where the value being read sits, as the error messages name it: "messages[2].content", "logit_bias.42".
 struct Frame {
   bool object = false;
@@ -326,6 +369,7 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ApiLim
     if (!u->is_string()) wrong_type("user", "a string", *u);
     r.user = u->get<std::string>();
   }
+  parse_response_format(j, body, r);
   r.stream = boolean(j, "stream", false);
   r.ignore_eos = boolean(j, "ignore_eos", false);
   if (const json* so = field(j, "stream_options")) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -16,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tandem/engine/stream.h"
+#include "tandem/sampling/grammar.h"
 #include "tandem/server/chat_template.h"
 
 namespace tandem::server {
@@ -58,6 +60,8 @@ struct CompletionRequest {
   // OpenAI's end-user id. Generation ignores it; a balancer in front of several servers may route on it
   // (docs/cluster.md), so it must be a string when present.
   std::string user;
+  // response_format json_object or json_schema: the grammar the output must match (null: free text).
+  std::shared_ptr<const sampling::Grammar> grammar;
 };
 
 // Limits a request is checked against.
@@ -74,7 +78,8 @@ struct ApiLimits {
 // Parses and validates a request body for /v1/completions (chat = false) or /v1/chat/completions. Throws
 // ApiError: 400 for malformed JSON, invalid UTF-8, a body past the JSON limits, numbers too large for a
 // double (1e400: the error names the field, as "temperature" or "logit_bias.42"), wrong types, missing fields
-// and out-of-range values; 404 for a model name other than the one served.
+// and out-of-range values, and a response_format JSON schema that does not compile (the message names the
+// place in the schema); 404 for a model name other than the one served.
 CompletionRequest parse_request(const std::string& body, bool chat, const ApiLimits& limits);
 
 // Response assembly for one choice.
