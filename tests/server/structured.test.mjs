@@ -134,3 +134,73 @@ test('a schema that cannot be enforced is a 400 naming its place', async () => {
   );
   await assert.rejects(chat(clients.plain, { response_format: { type: 'yaml' } }), (e) => e.status === 400);
 });
+
+const WEATHER = {
+  type: 'function',
+  function: {
+    name: 'get_weather',
+    description: 'The weather in a city',
+    parameters: {
+      type: 'object',
+      properties: {
+        city: { type: 'string', minLength: 1, maxLength: 20 },
+        unit: { enum: ['celsius', 'fahrenheit'] },
+        days: { type: 'integer', minimum: 1, maximum: 7 },
+      },
+      required: ['city', 'unit'],
+      additionalProperties: false,
+    },
+  },
+};
+const CLOCK = { type: 'function', function: { name: 'now', parameters: { type: 'object', properties: {} } } };
+const validateWeather = new Ajv().compile(WEATHER.function.parameters);
+
+function checkCalls(calls, names) {
+  assert.ok(calls.length >= 1);
+  for (const call of calls) {
+    assert.equal(call.type, 'function');
+    assert.match(call.id, /^call_/);
+    assert.ok(names.includes(call.function.name), call.function.name);
+    assert.equal(typeof call.function.arguments, 'string');
+    const args = JSON.parse(call.function.arguments);
+    if (call.function.name === 'get_weather') assert.ok(validateWeather(args), call.function.arguments);
+  }
+}
+
+test('tools with tool_choice required: tool_calls whose arguments validate, streamed alike', async () => {
+  const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
+  const params = { model: MODEL_NAME, messages, tools: [WEATHER, CLOCK], tool_choice: 'required', temperature: 0 };
+  const r = await clients.plain.chat.completions.create(params);
+  const msg = r.choices[0].message;
+  assert.equal(r.choices[0].finish_reason, 'tool_calls');
+  checkCalls(msg.tool_calls, ['get_weather', 'now']);
+
+  const stream = await clients.plain.chat.completions.create({ ...params, stream: true });
+  const calls = [];
+  let finish = null;
+  for await (const chunk of stream)
+    for (const c of chunk.choices) {
+      for (const d of c.delta.tool_calls ?? []) {
+        calls[d.index] ??= { id: d.id, type: d.type, function: { name: '', arguments: '' } };
+        calls[d.index].function.name += d.function?.name ?? '';
+        calls[d.index].function.arguments += d.function?.arguments ?? '';
+      }
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  assert.equal(finish, 'tool_calls');
+  assert.deepEqual(calls.map((c) => [c.function.name, c.function.arguments]),
+    msg.tool_calls.map((c) => [c.function.name, c.function.arguments]));
+
+  // A named function, one call only; and the answer fed back renders through the template.
+  const named = await clients.plain.chat.completions.create({
+    ...params, tool_choice: { type: 'function', function: { name: 'get_weather' } }, parallel_tool_calls: false,
+  });
+  const one = named.choices[0].message.tool_calls;
+  assert.equal(one.length, 1);
+  checkCalls(one, ['get_weather']);
+  const followUp = await clients.plain.chat.completions.create({
+    model: MODEL_NAME, temperature: 0, max_tokens: 8, tools: [WEATHER],
+    messages: [...messages, named.choices[0].message, { role: 'tool', tool_call_id: one[0].id, content: 'Sunny, 21 C' }],
+  });
+  assert.equal(typeof followUp.choices[0].message.content, 'string');
+});
