@@ -69,6 +69,16 @@ TEST(GrammarBuild, BoundedRepeatCountsItems) {
   EXPECT_FALSE(matches(g, "xxxxx"));
 }
 
+// Many large bounds in one grammar are refused as a whole, however small each is.
+TEST(GrammarBuild, BoundedRepeatsHaveABudgetInAll) {
+  GrammarBuilder b;
+  const GrammarElement a = b.literal("a")[0];
+  b.repeat("first", {a}, 0, 90000);
+  b.repeat("second", {a}, 0, 90000);
+  EXPECT_THROW(b.repeat("third", {a}, 0, 90000), Error);
+  b.repeat("small", {a}, 0, 100);
+}
+
 TEST(GrammarBuild, RefusesLeftRecursionNamingTheCycle) {
   GrammarBuilder b;
   const int32_t expr = b.declare("expr");

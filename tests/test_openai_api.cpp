@@ -156,6 +156,17 @@ TEST(OpenAiApi, BadResponseFormatIs400NamingTheSchemaPath) {
                true);
   EXPECT_EQ(e.status, 400);
   EXPECT_NE(std::string(e.what()).find("#/pattern"), std::string::npos) << e.what();
+  // A short schema whose bounds (distinct, so that no rule is shared) would build a huge grammar.
+  std::string wide = R"({"type":"json_schema","json_schema":{"schema":{"type":"object","properties":{)";
+  for (int i = 0; i < 40; ++i) {
+    if (i > 0) wide += ',';
+    wide += "\"p" + std::to_string(i);
+    wide += R"(":{"type":"string","maxLength":)" + std::to_string(90000 + i) + "}";
+  }
+  e = error_of(head + wide + "}}}}}", true);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, param);
+  EXPECT_NE(std::string(e.what()).find("lower the bounds"), std::string::npos) << e.what();
   struct Case {
     std::string body, param;
   };
