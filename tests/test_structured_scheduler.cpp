@@ -112,8 +112,8 @@ Result run(model::Graph& graph, const model::Config& config, engine::Request req
 // the right tokens again.
 class RefusedSecondDraft final : public speculative::DraftSource {
  public:
-  RefusedSecondDraft(std::vector<int32_t> full, int32_t refused)
-      : full_(std::move(full)), refused_(refused) {}
+  RefusedSecondDraft(std::vector<int32_t> full, int32_t refused, bool sampled = false)
+      : full_(std::move(full)), refused_(refused), sampled_(sampled) {}
   std::string_view kind() const override { return "refused-second"; }
   void begin(std::span<const int32_t>, const speculative::DraftSettings&) override {}
   void propose(std::span<const int32_t> committed, int max_depth, speculative::Draft& out) override {
@@ -121,12 +121,20 @@ class RefusedSecondDraft final : public speculative::DraftSource {
     for (size_t at = committed.size(); at < full_.size() && static_cast<int>(out.tokens.size()) < max_depth;
          ++at)
       out.tokens.push_back(out.tokens.size() == 1 ? refused_ : full_[at]);
+    // Sampled: each token as drawn from a point mass on it.
+    out.sampled = sampled_;
+    for (size_t i = 0; sampled_ && i < out.tokens.size(); ++i) {
+      sampling::Distribution& q = out.q_slot(i);
+      q.ids.assign(1, out.tokens[i]);
+      q.probs.assign(1, 1.0f);
+    }
   }
   void accept(std::span<const int32_t>, int) override {}
 
  private:
   std::vector<int32_t> full_;
   int32_t refused_;
+  bool sampled_;
 };
 
 const char* const kPrompts[] = {"Once upon a time", "The cat sat on the mat. The cat sat on the", "Lily"};
@@ -187,8 +195,8 @@ TEST(StructuredScheduler, SpeculativeGreedyEqualsPlainUnderAGrammar) {
   }
 }
 
-// Drafts are cut at their first token the grammar refuses, before verification: every draft the target
-// verifies is then the right one, and the output is the constrained one.
+// Deterministic drafts are cut at their first token the grammar refuses, before verification: every draft
+// the target verifies is then the right one, and the output is the constrained one.
 TEST(StructuredScheduler, DraftsAreCutAtTheFirstTokenTheGrammarRefuses) {
   Fixture f;
   model::Graph graph(*f.model, f.pool, model::GraphOptions{32, 16});
@@ -209,6 +217,17 @@ TEST(StructuredScheduler, DraftsAreCutAtTheFirstTokenTheGrammarRefuses) {
   EXPECT_EQ(spec.tokens, plain.tokens);
   EXPECT_GT(stats.drafted, 0u);
   EXPECT_EQ(stats.accepted, stats.drafted);  // the refused token never reached verification
+
+  // A sampled draft keeps its refused token for verification (its rejection is what keeps the output's
+  // distribution the target's), and loses only what follows it.
+  const Result sampled = run(
+      graph, config, req, {1, 4, 32, 6},
+      [&] { return std::make_unique<RefusedSecondDraft>(full, refused, true); }, &stats);
+  EXPECT_EQ(sampled.tokens, plain.tokens);
+  EXPECT_GT(stats.accepted, 0u);
+  // Each window: the right token, then (when the gate drafted two or more) the refused one, rejected.
+  EXPECT_GT(stats.drafted, stats.accepted);
+  EXPECT_LE(stats.drafted - stats.accepted, stats.accepted);
 }
 
 }  // namespace

@@ -251,11 +251,15 @@ void Scheduler::plan() {
       s.draft->propose(s.tokens, depth, s.proposal);
       if (s.proposal.tokens.size() > static_cast<size_t>(depth)) s.proposal.tokens.resize(depth);
       if (s.req.grammar) {
-        // Verifying a draft past a token the grammar refuses is wasted rows: cut it there.
+        // Verifying drafts past a token the grammar refuses is wasted rows: cut them. A deterministic draft
+        // is cut before that token (its rejection would draw from the masked p, as a plain step does); a
+        // sampled one keeps it, as its rejection draws from the residual max(0, p - q), which keeps the
+        // output's distribution the target's only if every drafted token goes through verification.
         sampling::GrammarMatcher& g = *s.req.grammar;
         const size_t at = g.position();
-        s.proposal.tokens.resize(g.accept_prefix(s.proposal.tokens));
+        const size_t valid = g.accept_prefix(s.proposal.tokens);
         g.rollback_to(at);
+        s.proposal.tokens.resize(std::min(s.proposal.tokens.size(), valid + (s.proposal.sampled ? 1 : 0)));
       }
     } else if (s.draft) {
       s.proposal.clear();
