@@ -69,6 +69,16 @@ TEST(GrammarBuild, BoundedRepeatCountsItems) {
   EXPECT_FALSE(matches(g, "xxxxx"));
 }
 
+// Many large bounds in one grammar are refused as a whole, however small each is.
+TEST(GrammarBuild, BoundedRepeatsHaveABudgetInAll) {
+  GrammarBuilder b;
+  const GrammarElement a = b.literal("a")[0];
+  b.repeat("first", {a}, 0, 90000);
+  b.repeat("second", {a}, 0, 90000);
+  EXPECT_THROW(b.repeat("third", {a}, 0, 90000), Error);
+  b.repeat("small", {a}, 0, 100);
+}
+
 TEST(GrammarBuild, RefusesLeftRecursionNamingTheCycle) {
   GrammarBuilder b;
   const int32_t expr = b.declare("expr");
@@ -172,6 +182,27 @@ TEST(TokenMask, ToyVocabulary) {
   EXPECT_TRUE(m.terminated());
   m.fill_mask(mask);
   EXPECT_EQ(mask.count(), 0);
+}
+
+// must_end: complete with nothing that could follow. A closed list must end; a complete number may grow.
+TEST(GrammarMatcher, MustEndOnlyWhenNoByteCanFollow) {
+  auto grammar = std::make_shared<const Grammar>(list_grammar());
+  GrammarMatcher m(grammar, toy_trie());
+  EXPECT_FALSE(m.must_end());
+  ASSERT_TRUE(m.accept_token(9));  // "[a"
+  EXPECT_FALSE(m.must_end());
+  ASSERT_TRUE(m.accept_token(1));  // "]"
+  EXPECT_TRUE(m.complete());
+  EXPECT_TRUE(m.must_end());
+  ASSERT_TRUE(m.accept_token(10));
+  EXPECT_FALSE(m.must_end());  // already ended
+
+  GrammarBuilder b;
+  const int32_t root = b.repeat("as", {b.literal("a")[0]}, 1, -1);
+  GrammarMatcher as(std::make_shared<const Grammar>(std::move(b).build(root)), toy_trie());
+  ASSERT_TRUE(as.accept_text("a"));
+  EXPECT_TRUE(as.complete());
+  EXPECT_FALSE(as.must_end());
 }
 
 TEST(TokenMask, ApplyToLogits) {

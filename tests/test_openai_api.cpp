@@ -115,6 +115,75 @@ TEST(OpenAiApi, RejectsBadInput) {
 
 // Numbers past the double range are refused with 400 naming the field (nlohmann's parser reports them as
 // out_of_range, which once escaped as a 500 "number overflow"), wherever in the body they sit.
+bool grammar_matches(const tandem::sampling::Grammar& g, std::string_view text) {
+  tandem::sampling::GrammarStates states(g);
+  const int32_t s = states.advance(states.initial(), text);
+  return s != tandem::sampling::GrammarStates::kDead && states.accepting(s);
+}
+
+TEST(OpenAiApi, ResponseFormatCompilesTheSchemaInDeclaredOrder) {
+  for (bool chat : {false, true}) {
+    const std::string head = chat ? R"({"model":"m","messages":[{"role":"user","content":"hi"}],)"
+                                  : R"({"model":"m","prompt":"hi",)";
+    // "zeta" is declared before "alpha": the output follows the schema's order, not the keys' sorted order.
+    const auto r = parse_request(head + R"("response_format":{"type":"json_schema","json_schema":{"name":"p",
+        "strict":true,"schema":{"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"boolean"}},
+        "required":["zeta","alpha"]}}}})",
+                                 chat, kLimits);
+    ASSERT_NE(r.grammar, nullptr);
+    EXPECT_TRUE(grammar_matches(*r.grammar, R"({"zeta":1,"alpha":true})"));
+    EXPECT_FALSE(grammar_matches(*r.grammar, R"({"alpha":true,"zeta":1})"));
+    EXPECT_FALSE(grammar_matches(*r.grammar, R"({"zeta":1})"));
+
+    const auto object = parse_request(head + R"("response_format":{"type":"json_object"}})", chat, kLimits);
+    ASSERT_NE(object.grammar, nullptr);
+    EXPECT_TRUE(grammar_matches(*object.grammar, R"({"any":[1,"x"]})"));
+    EXPECT_FALSE(grammar_matches(*object.grammar, "[1]"));
+    EXPECT_EQ(parse_request(head + R"("response_format":{"type":"text"}})", chat, kLimits).grammar, nullptr);
+  }
+}
+
+TEST(OpenAiApi, BadResponseFormatIs400NamingTheSchemaPath) {
+  const std::string head = R"({"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":)";
+  const std::string param = "response_format.json_schema.schema";
+  ApiError e = error_of(head + R"({"type":"json_schema","json_schema":{"name":"p","schema":
+      {"type":"object","properties":{"age":{"type":"intger"}}}}}})",
+                        true);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, param);
+  EXPECT_NE(std::string(e.what()).find("#/properties/age/type"), std::string::npos) << e.what();
+  e = error_of(head + R"({"type":"json_schema","json_schema":{"schema":{"type":"string","pattern":"a+"}}}})",
+               true);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_NE(std::string(e.what()).find("#/pattern"), std::string::npos) << e.what();
+  // A short schema whose bounds (distinct, so that no rule is shared) would build a huge grammar.
+  std::string wide = R"({"type":"json_schema","json_schema":{"schema":{"type":"object","properties":{)";
+  for (int i = 0; i < 40; ++i) {
+    if (i > 0) wide += ',';
+    wide += "\"p" + std::to_string(i);
+    wide += R"(":{"type":"string","maxLength":)" + std::to_string(90000 + i) + "}";
+  }
+  e = error_of(head + wide + "}}}}}", true);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, param);
+  EXPECT_NE(std::string(e.what()).find("lower the bounds"), std::string::npos) << e.what();
+  struct Case {
+    std::string body, param;
+  };
+  for (const Case& c :
+       {Case{head + "\"json\"}", "response_format"}, Case{head + "{}}", "response_format.type"},
+        Case{head + R"({"type":"xml"}})", "response_format.type"},
+        Case{head + R"({"type":"json_schema"}})", "response_format.json_schema"},
+        Case{head + R"({"type":"json_schema","json_schema":{"name":"p"}}})", param},
+        Case{head + R"({"type":"json_schema","json_schema":{"schema":"x"}}})", param},
+        Case{head + R"({"type":"json_schema","json_schema":{"strict":1,"schema":{}}}})",
+             "response_format.json_schema.strict"}}) {
+    e = error_of(c.body, true);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << ": " << e.what();
+  }
+}
+
 TEST(OpenAiApi, NumberOverflowNamesTheField) {
   struct Case {
     const char* body;

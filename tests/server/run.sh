@@ -13,10 +13,10 @@ fail() {
 command -v node >/dev/null 2>&1 || fail "node is not installed (run scripts/install-deps.sh, or apt-get install nodejs npm)"
 [ -x "$bin" ] || fail "the tandem binary '$bin' is missing: build it first"
 [ -f "$shared/models/stories260K.gguf" ] || fail "test model missing: $shared/models/stories260K.gguf"
-if [ ! -f "$here/node_modules/openai/package.json" ]; then
+if [ ! -f "$here/node_modules/openai/package.json" ] || [ ! -f "$here/node_modules/ajv/package.json" ]; then
   command -v npm >/dev/null 2>&1 || fail "npm is not installed and tests/server/node_modules is missing (apt-get install npm)"
   (cd "$here" && npm ci --no-audit --no-fund --loglevel=error) ||
-    fail "npm ci failed: the openai package pinned in tests/server/package-lock.json could not be installed"
+    fail "npm ci failed: the packages pinned in tests/server/package-lock.json could not be installed"
 fi
 cd "$here"
 TANDEM_BIN="$bin" TANDEM_SHARED="$shared" exec node --test --test-concurrency=1 ./*.test.mjs

@@ -250,6 +250,17 @@ void Scheduler::plan() {
     if (depth > 0) {
       s.draft->propose(s.tokens, depth, s.proposal);
       if (s.proposal.tokens.size() > static_cast<size_t>(depth)) s.proposal.tokens.resize(depth);
+      if (s.req.grammar) {
+        // Verifying drafts past a token the grammar refuses is wasted rows: cut them. A deterministic draft
+        // is cut before that token (its rejection would draw from the masked p, as a plain step does); a
+        // sampled one keeps it, as its rejection draws from the residual max(0, p - q), which keeps the
+        // output's distribution the target's only if every drafted token goes through verification.
+        sampling::GrammarMatcher& g = *s.req.grammar;
+        const size_t at = g.position();
+        const size_t valid = g.accept_prefix(s.proposal.tokens);
+        g.rollback_to(at);
+        s.proposal.tokens.resize(std::min(s.proposal.tokens.size(), valid + (s.proposal.sampled ? 1 : 0)));
+      }
     } else if (s.draft) {
       s.proposal.clear();
     }
@@ -369,7 +380,9 @@ bool Scheduler::settle(Sequence& s, std::span<const int32_t> drafts, bool specul
   speculative::DraftSource* source = speculating ? s.draft.get() : nullptr;
   try {
     const speculative::SettleOutcome out =
-        s.settler.settle(window, {s.tokens, s.sampler, s.req.sequence_id, *s.cache, gate, source},
+        s.settler.settle(window,
+                         {s.tokens, s.sampler, s.req.sequence_id, *s.cache, gate, source,
+                          s.req.grammar ? &*s.req.grammar : nullptr},
                          [&](int32_t token, int row) {
                            return commit(s, token, window.logits.data() + static_cast<size_t>(row) * V);
                          });
@@ -402,11 +415,18 @@ bool Scheduler::commit(Sequence& s, int32_t token, const float* logits) {
     std::lock_guard lock(mutex_);
     ++stats_.generated_tokens;
   }
+  // The settle step drew `token` from the grammar's mask, so the grammar takes it.
+  if (s.req.grammar && !s.req.grammar->accept_token(token))
+    throw Error("internal: token " + std::to_string(token) + " was committed against the output's grammar");
   if (s.req.stop_at_eog && is_eog_ && is_eog_(token)) {
     s.ending = Finish::kStop;
     return false;
   }
   emit_token(s, token, logits);
+  if (s.req.grammar && (s.req.grammar->terminated() || s.req.grammar->must_end())) {
+    s.ending = Finish::kStop;
+    return false;
+  }
   // The next row would sit at position tokens.size() - 1, which must be inside the context.
   if (s.generated >= s.req.max_tokens || static_cast<int64_t>(s.tokens.size()) > caches_.capacity()) {
     s.ending = Finish::kLength;

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <thread>
 #include <vector>
@@ -31,6 +32,7 @@
 #include "tandem/engine/stream.h"
 #include "tandem/model/graph.h"
 #include "tandem/sampling/sampler.h"
+#include "tandem/sampling/token_mask.h"
 #include "tandem/speculative/draft_source.h"
 #include "tandem/speculative/gate.h"
 
@@ -53,6 +55,11 @@ struct Request {
   uint64_t sequence_id = 0;  // keys the sampler's randomness together with seed and position
   int top_logprobs = -1;     // < 0: no logprobs; 0: the chosen token's; k > 0: also the k most likely
   bool stop_at_eog = true;
+  // Constrained output: the matcher at the start of the output, used by the scheduler's thread only from
+  // submit() on. Every step's logits are masked by it (verify windows row by row, drafts cut at the first
+  // token it refuses), it advances with each committed token, and the sequence ends with kStop once the
+  // grammar is complete and nothing can extend it (or an end-of-generation token it allowed was chosen).
+  std::optional<sampling::GrammarMatcher> grammar;
 };
 
 // Counters since construction; gauges as of the last iteration.

@@ -11,6 +11,9 @@ namespace tandem::sampling {
 namespace {
 
 constexpr int64_t kMaxRepeatRules = 100000;
+// All bounded repetitions of one grammar together: each counted item costs rules, so a small schema with many
+// large bounds (maxLength, maxItems) must not build a grammar of gigabytes.
+constexpr int64_t kMaxRepeatTotal = 2 * kMaxRepeatRules;
 
 void append_byte(std::string& out, int byte, bool in_class) {
   static const char* kHex = "0123456789ABCDEF";
@@ -148,6 +151,13 @@ int32_t GrammarBuilder::repeat(std::string name, const Sequence& item, int64_t m
     throw Error("a repetition of " + name + " needs at least " + std::to_string(min_count) +
                 " items; constrained output supports at most " + std::to_string(kMaxRepeatRules));
   }
+  const int64_t items = std::max<int64_t>(min_count, max_count);
+  if (repeated_items_ + items > kMaxRepeatTotal)
+    throw Error("the repetitions of this grammar add up to more than " + std::to_string(kMaxRepeatTotal) +
+                " counted items (" + name + " brings " + std::to_string(items) +
+                "); constrained output supports at most that in all: lower the bounds (maxLength, maxItems, "
+                "minItems)");
+  repeated_items_ += items;
   // The optional tail: unbounded as tail = item tail | empty; bounded as a chain of max - min nested
   // optional items, so that the count is kept in the grammar state.
   int32_t tail;

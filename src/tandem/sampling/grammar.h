@@ -78,7 +78,8 @@ class GrammarBuilder {
   // A rule matching `item` repeated between min_count and max_count times (max_count < 0: unbounded).
   // `item` must not match the empty string (build() refuses the left recursion that would make). A bounded
   // repetition builds one rule per optional item, keeping the count in the parse state; throws tandem::Error
-  // when min_count or max_count - min_count is above 100000.
+  // when min_count or max_count - min_count is above 100000, or when the counts (max_count, or min_count
+  // when unbounded) of every repetition of this builder add up to more than 200000.
   int32_t repeat(std::string name, const Sequence& item, int64_t min_count, int64_t max_count);
 
   // Throws tandem::Error when a declared rule has no alternative, a reference names no rule, `root` is not
@@ -90,6 +91,7 @@ class GrammarBuilder {
   std::vector<std::vector<Sequence>> alternatives_;
   std::vector<ByteClass> classes_;
   std::unordered_map<std::string, int32_t> class_ids_;  // ByteClass::to_string() -> class index
+  int64_t repeated_items_ = 0;                          // summed over repeat() calls
 };
 
 // The lazily built DFA over parse-stack sets of one grammar (see the file comment). States are numbered

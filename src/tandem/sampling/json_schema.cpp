@@ -75,23 +75,11 @@ constexpr int64_t kMaxExponentDigits = 2;
 
 class SchemaCompiler {
  public:
-  explicit SchemaCompiler(const ordered_json& root) : root_(root) {}
+  SchemaCompiler(const ordered_json& root, GrammarBuilder& builder) : root_(root), b_(builder) {}
 
-  Grammar compile() {
-    const int32_t value = schema(root_, "#");
-    const int32_t root = b_.rule("root", {{GrammarBuilder::ref(value)}});
-    try {
-      return std::move(b_).build(root);
-    } catch (const Error& e) {
-      // The only way a schema yields left recursion: a $ref cycle that writes nothing in between.
-      throw Error(std::string("JSON schema refers to itself without any JSON text in between: ") + e.what());
-    }
-  }
-
-  Grammar compile_any_object() {
-    const int32_t root = b_.rule("root", {{GrammarBuilder::ref(any_object())}});
-    return std::move(b_).build(root);
-  }
+  // The rule of one value of the root schema.
+  int32_t value() { return schema(root_, "#"); }
+  int32_t any_object_value() { return any_object(); }
 
  private:
   [[noreturn]] static void fail(const std::string& path, const std::string& problem) {
@@ -750,7 +738,7 @@ class SchemaCompiler {
   }
 
   const ordered_json& root_;
-  GrammarBuilder b_;
+  GrammarBuilder& b_;
   std::map<std::string, int32_t> refs_;
   std::map<std::pair<int64_t, int64_t>, int32_t> strings_;
   int depth_ = 0;
@@ -777,12 +765,29 @@ Grammar grammar_from_json_schema(std::string_view schema_text) {
 }
 
 Grammar grammar_from_parsed_json_schema(const ordered_json& schema) {
-  return SchemaCompiler(schema).compile();
+  GrammarBuilder b;
+  const int32_t root = b.rule("root", {{GrammarBuilder::ref(add_json_schema_rules(b, schema))}});
+  return build_json_grammar(std::move(b), root);
+}
+
+int32_t add_json_schema_rules(GrammarBuilder& builder, const ordered_json& schema) {
+  return SchemaCompiler(schema, builder).value();
+}
+
+Grammar build_json_grammar(GrammarBuilder&& builder, int32_t root) {
+  try {
+    return std::move(builder).build(root);
+  } catch (const Error& e) {
+    // The only way a schema yields left recursion: a $ref cycle that writes nothing in between.
+    throw Error(std::string("JSON schema refers to itself without any JSON text in between: ") + e.what());
+  }
 }
 
 Grammar json_object_grammar() {
   const ordered_json empty = ordered_json::object();
-  return SchemaCompiler(empty).compile_any_object();
+  GrammarBuilder b;
+  const int32_t root = b.rule("root", {{GrammarBuilder::ref(SchemaCompiler(empty, b).any_object_value())}});
+  return std::move(b).build(root);
 }
 
 }  // namespace tandem::sampling

@@ -35,4 +35,10 @@ Grammar grammar_from_parsed_json_schema(const nlohmann::ordered_json& schema);
 // JSON mode: any JSON object.
 Grammar json_object_grammar();
 
+// For grammars that hold JSON values among other text (tool calls): adds to `builder` the rules of one value
+// of `schema` and returns that value's rule. Errors throw as grammar_from_parsed_json_schema's. Finish with
+// build_json_grammar(), which names a $ref cycle that writes no text as such.
+int32_t add_json_schema_rules(GrammarBuilder& builder, const nlohmann::ordered_json& schema);
+Grammar build_json_grammar(GrammarBuilder&& builder, int32_t root);
+
 }  // namespace tandem::sampling

@@ -226,4 +226,12 @@ bool GrammarMatcher::complete() const {
   return state != kTerminated && shared_->states.accepting(state);
 }
 
+bool GrammarMatcher::must_end() {
+  if (!complete()) return false;
+  const int32_t state = history_.back();
+  for (int byte = 0; byte < 256; ++byte)
+    if (shared_->states.next(state, static_cast<uint8_t>(byte)) != GrammarStates::kDead) return false;
+  return true;
+}
+
 }  // namespace tandem::sampling

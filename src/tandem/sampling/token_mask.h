@@ -121,6 +121,9 @@ class GrammarMatcher {
   bool complete() const;
   // Whether an end-of-generation token has been accepted.
   bool terminated() const { return history_.back() == kTerminated; }
+  // Whether the text so far is complete and no byte can extend it: only end of generation may follow, so a
+  // driver can end the output here without asking the model.
+  bool must_end();
 
   // Size of the shared DFA: states reached so far, and how many have a cached mask.
   size_t n_states() const { return shared_->states.n_states(); }

@@ -89,6 +89,7 @@ ChatTemplate ChatTemplate::interpret(std::string_view source, std::string bos, s
   auto parsed = std::make_shared<const jinja::Template>(jinja::Template::parse(source));
   ChatTemplate t = detect(source, std::move(bos), std::move(eos));
   t.jinja_ = std::move(parsed);
+  t.renders_tools_ = contains(source, "tools");
   return t;
 }
 
@@ -135,10 +136,28 @@ std::vector<std::string> ChatTemplate::stop_sequences() const {
   return {};
 }
 
-std::string ChatTemplate::render_interpreted(std::span<const ChatMessage> messages) const {
+std::string ChatTemplate::render_interpreted(std::span<const ChatMessage> messages,
+                                             std::string_view tools_json) const {
   jinja::Json vars = jinja::Json::object();
   jinja::Json& list = vars["messages"] = jinja::Json::array();
-  for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
+  for (const ChatMessage& m : messages) {
+    jinja::Json msg = {{"role", m.role}, {"content", m.content}};
+    if (!m.tool_calls.empty()) {
+      jinja::Json calls = jinja::Json::array();
+      for (const ChatToolCall& c : m.tool_calls) {
+        jinja::Json arguments = jinja::Json::parse(c.arguments, nullptr, /*allow_exceptions=*/false);
+        if (arguments.is_discarded()) arguments = c.arguments;
+        calls.push_back({{"id", c.id},
+                         {"type", "function"},
+                         {"function", {{"name", c.name}, {"arguments", std::move(arguments)}}}});
+      }
+      msg["tool_calls"] = std::move(calls);
+    }
+    if (!m.tool_call_id.empty()) msg["tool_call_id"] = m.tool_call_id;
+    if (!m.name.empty()) msg["name"] = m.name;
+    list.push_back(std::move(msg));
+  }
+  if (!tools_json.empty()) vars["tools"] = jinja::Json::parse(tools_json);
   vars["bos_token"] = bos_;
   vars["eos_token"] = eos_;
   vars["add_generation_prompt"] = true;
@@ -153,9 +172,9 @@ std::string ChatTemplate::render_interpreted(std::span<const ChatMessage> messag
   return out;
 }
 
-std::string ChatTemplate::render(std::span<const ChatMessage> messages) const {
+std::string ChatTemplate::render(std::span<const ChatMessage> messages, std::string_view tools_json) const {
   if (messages.empty()) throw Error("a chat needs at least one message");
-  if (jinja_) return render_interpreted(messages);
+  if (jinja_) return render_interpreted(messages, tools_json);
   std::string out;
   switch (family_) {
     case ChatFamily::kChatML: {

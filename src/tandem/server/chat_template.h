@@ -38,9 +38,19 @@ namespace jinja {
 class Template;
 }
 
+// A call an assistant message made (OpenAI's tool_calls[i]).
+struct ChatToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON text, as OpenAI sends it
+};
+
 struct ChatMessage {
   std::string role;  // system | user | assistant | tool
   std::string content;
+  std::vector<ChatToolCall> tool_calls;  // assistant
+  std::string tool_call_id;              // tool: the call this message answers
+  std::string name;                      // tool: the function's name, when given
 };
 
 enum class ChatFamily { kPlain, kChatML, kLlama2, kLlama3, kMistral, kGemma, kPhi3 };
@@ -69,16 +79,23 @@ class ChatTemplate {
   // The prompt for `messages`, ending where the assistant's reply starts. Throws tandem::Error when there is
   // no message, and an ApiError (400) when an interpreted template refuses the conversation (it raised, or
   // used a message in a way it cannot).
-  std::string render(std::span<const ChatMessage> messages) const;
+  // tools_json: the request's OpenAI `tools` array as JSON text (empty: none). An interpreted template gets
+  // it as `tools`, and each assistant tool call with its arguments as an object when they parse (the form
+  // templates index into), else as the string.
+  std::string render(std::span<const ChatMessage> messages, std::string_view tools_json = {}) const;
+  // Whether the template renders tools, tool calls and tool results itself (an interpreted template that
+  // reads `tools`); for others the caller writes them into the messages' text.
+  bool renders_tools() const { return renders_tools_; }
   // Stop sequences the format implies beyond the model's end-of-generation tokens.
   std::vector<std::string> stop_sequences() const;
 
  private:
-  std::string render_interpreted(std::span<const ChatMessage> messages) const;
+  std::string render_interpreted(std::span<const ChatMessage> messages, std::string_view tools_json) const;
 
   ChatFamily family_;
   std::string bos_, eos_, default_system_;
   std::shared_ptr<const jinja::Template> jinja_;  // set when interpreted
+  bool renders_tools_ = false;
 };
 
 }  // namespace tandem::server

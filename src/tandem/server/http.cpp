@@ -8,14 +8,17 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <mutex>
 #include <optional>
 #include <random>
 
+#include "tandem/sampling/token_mask.h"
 #include "tandem/server/chat_page.h"
 #include "tandem/server/openai_api.h"
 #include "tandem/server/peer_watch.h"
 #include "tandem/server/sse.h"
 #include "tandem/server/text_assembler.h"
+#include "tandem/server/tool_calls.h"
 #include "tandem/util/error.h"
 
 namespace tandem::server {
@@ -60,6 +63,15 @@ const char* finish_reason(engine::Finish f) {
   return "cancelled";
 }
 
+std::string new_call_id() {
+  return "call_" + random_hex(24);
+}
+
+// Whether the reply is parsed for tool calls: a chat with tools it may call.
+bool parses_tool_calls(const CompletionRequest& r) {
+  return r.chat && !r.tools.empty() && r.tool_choice != ToolChoice::kNone;
+}
+
 // How often a non-streamed request looks at its client while it waits for tokens.
 constexpr std::chrono::milliseconds kPeerInterval(20);
 
@@ -85,6 +97,13 @@ struct HttpServer::Impl {
   std::atomic<bool> draining{false};
   std::atomic<bool> is_ready{false};
   int port = -1;
+  std::once_flag trie_once;
+  std::shared_ptr<const sampling::TokenTrie> trie;  // the vocabulary for grammar masks, built on first use
+
+  const std::shared_ptr<const sampling::TokenTrie>& token_trie() {
+    std::call_once(trie_once, [&] { trie = sampling::TokenTrie::build(tok); });
+    return trie;
+  }
 
   void log(const httplib::Request& req, int status, const std::string& detail) const {
     std::fprintf(stderr, "serve: %s %s %d%s%s\n", req.method.c_str(), req.path.c_str(), status,
@@ -133,7 +152,14 @@ engine::Request HttpServer::Impl::engine_request(const CompletionRequest& r,
   engine::Request er;
   std::string param = r.chat ? "messages" : "prompt";
   if (r.chat) {
-    const std::string text = chat.render(r.messages);
+    const bool offer_tools = !r.tools.empty() && r.tool_choice != ToolChoice::kNone;
+    const bool has_calls = std::any_of(r.messages.begin(), r.messages.end(),
+                                       [](const ChatMessage& m) { return !m.tool_calls.empty(); });
+    const std::string text =
+        chat.renders_tools() ? chat.render(r.messages, offer_tools ? r.tools_json : std::string())
+        : offer_tools || has_calls
+            ? chat.render(tool_messages(r.messages, offer_tools ? r.tools : std::vector<ToolSpec>()))
+            : chat.render(r.messages);
     // Most templates write the BOS themselves; the encoder must not add a second one then. A tokenizer that
     // adds no BOS keeps the template's.
     const bool has_bos = tok.bos_id() >= 0 && text.starts_with(tok.token_text(tok.bos_id()));
@@ -179,6 +205,13 @@ engine::Request HttpServer::Impl::engine_request(const CompletionRequest& r,
   p.seed = r.seed ? *r.seed : random_seed();
   er.top_logprobs = r.top_logprobs;
   er.stop_at_eog = !r.ignore_eos;
+  if (r.grammar) {
+    er.grammar.emplace(r.grammar, token_trie());
+    // The first mask of a new grammar is its most expensive: computed here, it keeps the scheduler's
+    // thread (and every other running request) from waiting on it.
+    sampling::TokenMask first;
+    er.grammar->fill_mask(first);
+  }
   return er;
 }
 
@@ -264,6 +297,12 @@ void HttpServer::Impl::respond_whole(const CompletionRequest& r,
   }
   choice.text += text.finish();
   choice.finish_reason = text.stopped() ? "stop" : finish_reason(ev.finish);
+  if (parses_tool_calls(r)) {
+    ToolReply reply = parse_tool_calls(choice.text, new_call_id);
+    choice.text = std::move(reply.content);
+    choice.tool_calls = std::move(reply.calls);
+    if (!choice.tool_calls.empty()) choice.finish_reason = "tool_calls";
+  }
   const json body = response_json(r, (r.chat ? "chatcmpl-" : "cmpl-") + random_hex(24),
                                   static_cast<int64_t>(std::time(nullptr)), choice, ev.usage);
   res.status = 200;
@@ -292,6 +331,10 @@ struct SseState {
   int64_t created = 0;
   bool first_chunk = true, first_token = true, finish_sent = false;
   std::vector<Choice::Logprob> logprobs;
+  // With tools, the reply so far and how much of it went out as content: text that may be a call is held
+  // back until it is parsed at the end.
+  std::string reply;
+  size_t sent = 0;
 };
 
 }  // namespace
@@ -324,6 +367,32 @@ void HttpServer::Impl::respond_stream(const CompletionRequest& r, std::shared_pt
       st->first_chunk = false;
       st->logprobs.clear();
     };
+    const bool tools = parses_tool_calls(st->r);
+    // With tools: what of `delta` may go out as content now.
+    auto content = [&](const std::string& delta) -> std::string {
+      if (!tools) return delta;
+      st->reply += delta;
+      const size_t settled = std::max(settled_content(st->reply), st->sent);
+      std::string now = st->reply.substr(st->sent, settled - st->sent);
+      st->sent = settled;
+      return now;
+    };
+    // The last chunks: held-back content, the calls, and the finish reason.
+    auto close = [&](std::string rest, std::string finish) {
+      if (tools) {
+        st->reply += rest;
+        ToolReply reply = parse_tool_calls(st->reply, new_call_id);
+        rest = reply.content.size() > st->sent ? reply.content.substr(st->sent) : std::string();
+        if (!rest.empty()) chunk(rest, "");
+        if (!reply.calls.empty()) {
+          out += sse_event(dump(tool_calls_chunk_json(st->r, st->id, st->created, reply.calls)));
+          finish = "tool_calls";
+        }
+      } else if (!rest.empty()) {
+        chunk(rest, "");
+      }
+      chunk("", finish);
+    };
     if (st->first_chunk && st->r.chat) chunk("", "");  // the role comes first, as OpenAI sends it
     bool done = false;
     do {
@@ -331,11 +400,11 @@ void HttpServer::Impl::respond_stream(const CompletionRequest& r, std::shared_pt
         if (st->first_token) metrics.first_token(seconds_since(t0));
         st->first_token = false;
         if (st->finish_sent) continue;
-        std::string delta = st->text.push(ev.token, st->logprobs);
+        std::string delta = content(st->text.push(ev.token, st->logprobs));
         if (!delta.empty() || !st->logprobs.empty()) chunk(delta, "");
         if (st->text.stopped()) {
           st->stream->cancel();
-          chunk("", "stop");
+          close("", "stop");
           st->finish_sent = true;
         }
         continue;
@@ -354,9 +423,7 @@ void HttpServer::Impl::respond_stream(const CompletionRequest& r, std::shared_pt
         out += "retry: " + std::to_string(options.retry_after_seconds * 1000) + "\n" +
                sse_event(dump(e.to_json()));
       } else if (!st->finish_sent) {
-        std::string rest = st->text.finish();
-        if (!rest.empty()) chunk(rest, "");
-        chunk("", finish_reason(ev.finish));
+        close(st->text.finish(), finish_reason(ev.finish));
       }
       if (st->r.include_usage) out += sse_event(dump(usage_chunk_json(st->r, st->id, st->created, ev.usage)));
       out += sse_done();

@@ -3,6 +3,9 @@
 #include <cmath>
 #include <limits>
 
+#include "tandem/sampling/json_schema.h"
+#include "tandem/util/error.h"
+
 namespace tandem::server {
 
 using nlohmann::json;
@@ -97,6 +100,39 @@ std::string message_content(const json& m, size_t i) {
   return text;
 }
 
+std::string string_field(const json& obj, const char* name, const std::string& where, bool required) {
+  const json* v = field(obj, name);
+  if (!v) {
+    if (required) throw bad_request("'" + where + "." + name + "' is required", where + "." + name);
+    return {};
+  }
+  if (!v->is_string()) wrong_type(where + "." + name, "a string", *v);
+  return v->get<std::string>();
+}
+
+// An assistant message's tool_calls, a tool message's tool_call_id and name.
+void parse_message_tools(const json& m, const std::string& where, ChatMessage& msg) {
+  msg.tool_call_id = string_field(m, "tool_call_id", where, false);
+  msg.name = string_field(m, "name", where, false);
+  const json* calls = field(m, "tool_calls");
+  if (!calls) return;
+  if (!calls->is_array()) wrong_type(where + ".tool_calls", "an array", *calls);
+  for (size_t k = 0; k < calls->size(); ++k) {
+    const json& c = (*calls)[k];
+    const std::string at = where + ".tool_calls[" + std::to_string(k) + "]";
+    if (!c.is_object()) wrong_type(at, "an object", c);
+    const json* fn = field(c, "function");
+    if (!fn) throw bad_request("'" + at + ".function' is required", at + ".function");
+    if (!fn->is_object()) wrong_type(at + ".function", "an object", *fn);
+    ChatToolCall call;
+    call.id = string_field(c, "id", at, false);
+    call.name = string_field(*fn, "name", at + ".function", true);
+    call.arguments = string_field(*fn, "arguments", at + ".function", false);
+    if (call.arguments.empty()) call.arguments = "{}";
+    msg.tool_calls.push_back(std::move(call));
+  }
+}
+
 void parse_messages(const json& body, CompletionRequest& r) {
   auto it = body.find("messages");
   if (it == body.end()) throw bad_request("'messages' is required", "messages");
@@ -109,7 +145,8 @@ void parse_messages(const json& body, CompletionRequest& r) {
     auto role = m.find("role");
     if (role == m.end()) throw bad_request("'" + where + ".role' is required", where + ".role");
     if (!role->is_string()) wrong_type(where + ".role", "a string", *role);
-    ChatMessage msg{role->get<std::string>(), message_content(m, i)};
+    ChatMessage msg{role->get<std::string>(), message_content(m, i), {}, {}, {}};
+    parse_message_tools(m, where, msg);
     if (msg.role == "developer") msg.role = "system";
     if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool")
       throw bad_request(
@@ -187,6 +224,117 @@ void parse_logprobs(const json& body, CompletionRequest& r) {
     throw bad_request("'top_logprobs' must be between 0 and 20", "top_logprobs");
   if (top && !on) throw bad_request("'top_logprobs' requires 'logprobs': true", "top_logprobs");
   if (on) r.top_logprobs = top ? static_cast<int>(*top) : 0;
+}
+
+// response_format: {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema":
+// {"name": ..., "schema": {...}, "strict": ...}}. The schema is read again from the body as ordered JSON, as
+// its properties are written in their declared order.
+void parse_response_format(const json& body, const nlohmann::ordered_json& ordered_body,
+                           CompletionRequest& r) {
+  const json* rf = field(body, "response_format");
+  if (!rf) return;
+  if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
+  const json* type = field(*rf, "type");
+  if (!type) throw bad_request("'response_format.type' is required", "response_format.type");
+  if (!type->is_string()) wrong_type("response_format.type", "a string", *type);
+  const std::string kind = type->get<std::string>();
+  if (kind == "text") return;
+  if (kind == "json_object") {
+    r.grammar = std::make_shared<const sampling::Grammar>(sampling::json_object_grammar());
+    return;
+  }
+  if (kind != "json_schema")
+    throw bad_request("'response_format.type' must be text, json_object or json_schema, got '" + kind + "'",
+                      "response_format.type");
+  const json* js = field(*rf, "json_schema");
+  if (!js) throw bad_request("'response_format.json_schema' is required", "response_format.json_schema");
+  if (!js->is_object()) wrong_type("response_format.json_schema", "an object", *js);
+  if (const json* name = field(*js, "name"); name && !name->is_string())
+    wrong_type("response_format.json_schema.name", "a string", *name);
+  // Output that matches the schema is what strict mode promises; it is enforced either way.
+  if (const json* strict = field(*js, "strict"); strict && !strict->is_boolean())
+    wrong_type("response_format.json_schema.strict", "a boolean", *strict);
+  const json* schema = field(*js, "schema");
+  const std::string param = "response_format.json_schema.schema";
+  if (!schema) throw bad_request("'" + param + "' is required", param);
+  if (!schema->is_object() && !schema->is_boolean()) wrong_type(param, "an object", *schema);
+  const nlohmann::ordered_json& ordered = ordered_body.at("response_format").at("json_schema").at("schema");
+  try {
+    r.grammar = std::make_shared<const sampling::Grammar>(sampling::grammar_from_parsed_json_schema(ordered));
+  } catch (const tandem::Error& e) {
+    throw bad_request("'" + param + "' cannot be enforced: " + e.what(), param);
+  }
+}
+
+// tools, tool_choice and parallel_tool_calls (chat). Parameters are read from the ordered body, as a schema's
+// properties are written in their declared order.
+void parse_tools(const json& body, const nlohmann::ordered_json& ordered_body, CompletionRequest& r) {
+  if (const json* tools = field(body, "tools")) {
+    if (!tools->is_array()) wrong_type("tools", "an array", *tools);
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& t = (*tools)[i];
+      const std::string where = "tools[" + std::to_string(i) + "]";
+      if (!t.is_object()) wrong_type(where, "an object", t);
+      const std::string type = string_field(t, "type", where, false);
+      if (!type.empty() && type != "function")
+        throw bad_request("'" + where + ".type' must be function, got '" + type + "'", where + ".type");
+      const json* fn = field(t, "function");
+      if (!fn) throw bad_request("'" + where + ".function' is required", where + ".function");
+      if (!fn->is_object()) wrong_type(where + ".function", "an object", *fn);
+      ToolSpec spec;
+      spec.name = string_field(*fn, "name", where + ".function", true);
+      if (spec.name.empty())
+        throw bad_request("'" + where + ".function.name' must not be empty", where + ".function.name");
+      for (const ToolSpec& other : r.tools)
+        if (other.name == spec.name)
+          throw bad_request("'" + where + ".function.name' repeats the function '" + spec.name + "'",
+                            where + ".function.name");
+      spec.description = string_field(*fn, "description", where + ".function", false);
+      if (const json* params = field(*fn, "parameters")) {
+        if (!params->is_object()) wrong_type(where + ".function.parameters", "an object", *params);
+        spec.parameters = ordered_body.at("tools").at(i).at("function").at("parameters");
+      }
+      r.tools.push_back(std::move(spec));
+    }
+    if (!r.tools.empty()) {
+      r.tools_json = ordered_body.at("tools").dump();
+      r.tool_choice = ToolChoice::kAuto;
+    }
+  }
+  r.parallel_tool_calls = boolean(body, "parallel_tool_calls", true);
+  const json* choice = field(body, "tool_choice");
+  if (!choice) return;
+  if (choice->is_string()) {
+    const std::string c = choice->get<std::string>();
+    if (c == "none")
+      r.tool_choice = ToolChoice::kNone;
+    else if (c == "auto" || c == "required")
+      r.tool_choice = c == "auto" ? ToolChoice::kAuto : ToolChoice::kRequired;
+    else
+      throw bad_request(
+          "'tool_choice' must be none, auto, required or {\"type\": \"function\", \"function\": "
+          "{\"name\": ...}}, got '" +
+              c + "'",
+          "tool_choice");
+  } else if (choice->is_object()) {
+    const json* fn = field(*choice, "function");
+    if (!fn || !fn->is_object())
+      throw bad_request("'tool_choice.function' must be an object naming the function",
+                        "tool_choice.function");
+    r.tool_name = string_field(*fn, "name", "tool_choice.function", true);
+    r.tool_choice = ToolChoice::kNamed;
+  } else {
+    wrong_type("tool_choice", "a string or an object", *choice);
+  }
+  if (r.tool_choice != ToolChoice::kNone && r.tools.empty())
+    throw bad_request("'tool_choice' needs 'tools' to choose from", "tool_choice");
+  if (r.tool_choice == ToolChoice::kRequired || r.tool_choice == ToolChoice::kNamed) {
+    if (r.grammar)
+      throw bad_request("'response_format' cannot be combined with a required or named 'tool_choice'",
+                        "response_format");
+    r.grammar = std::make_shared<const sampling::Grammar>(tool_call_grammar(
+        r.tools, r.tool_choice == ToolChoice::kNamed ? r.tool_name : std::string(), r.parallel_tool_calls));
+  }
 }
 
 // Where the value being read sits, as the error messages name it: "messages[2].content", "logit_bias.42".
@@ -326,6 +474,10 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ApiLim
     if (!u->is_string()) wrong_type("user", "a string", *u);
     r.user = u->get<std::string>();
   }
+  const bool ordered = field(j, "response_format") || (chat && field(j, "tools"));
+  const nlohmann::ordered_json ordered_body = ordered ? nlohmann::ordered_json::parse(body) : nullptr;
+  parse_response_format(j, ordered_body, r);
+  if (chat) parse_tools(j, ordered_body, r);
   r.stream = boolean(j, "stream", false);
   r.ignore_eos = boolean(j, "ignore_eos", false);
   if (const json* so = field(j, "stream_options")) {
@@ -380,6 +532,18 @@ json logprobs_json(const CompletionRequest& req, const std::vector<Choice::Logpr
           {"text_offset", offsets}};
 }
 
+json tool_calls_json(const std::vector<ChatToolCall>& calls, bool indexed) {
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {{"id", calls[i].id},
+              {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (indexed) c["index"] = i;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 json base_json(const CompletionRequest& req, const std::string& id, int64_t created, const char* object) {
   return {{"id", id},
           {"object", object},
@@ -395,9 +559,13 @@ json response_json(const CompletionRequest& req, const std::string& id, int64_t 
   json j = base_json(req, id, created, req.chat ? "chat.completion" : "text_completion");
   json choice = {{"index", 0}, {"finish_reason", c.finish_reason}};
   choice["logprobs"] = c.want_logprobs ? logprobs_json(req, c.logprobs) : json(nullptr);
-  if (req.chat)
+  if (req.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", c.text}};
-  else
+    if (!c.tool_calls.empty()) {
+      if (c.text.empty()) choice["message"]["content"] = nullptr;
+      choice["message"]["tool_calls"] = tool_calls_json(c.tool_calls, false);
+    }
+  } else
     choice["text"] = c.text;
   j["choices"] = json::array({choice});
   j["usage"] = usage_json(usage);
@@ -419,6 +587,16 @@ json chunk_json(const CompletionRequest& req, const std::string& id, int64_t cre
   } else {
     choice["text"] = delta;
   }
+  j["choices"] = json::array({choice});
+  if (req.include_usage) j["usage"] = nullptr;
+  return j;
+}
+
+json tool_calls_chunk_json(const CompletionRequest& req, const std::string& id, int64_t created,
+                           const std::vector<ChatToolCall>& calls) {
+  json j = base_json(req, id, created, "chat.completion.chunk");
+  json choice = {{"index", 0}, {"finish_reason", nullptr}, {"logprobs", nullptr}};
+  choice["delta"] = {{"tool_calls", tool_calls_json(calls, true)}};
   j["choices"] = json::array({choice});
   if (req.include_usage) j["usage"] = nullptr;
   return j;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -16,7 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "tandem/engine/stream.h"
+#include "tandem/sampling/grammar.h"
 #include "tandem/server/chat_template.h"
+#include "tandem/server/tool_calls.h"
 
 namespace tandem::server {
 
@@ -58,6 +61,15 @@ struct CompletionRequest {
   // OpenAI's end-user id. Generation ignores it; a balancer in front of several servers may route on it
   // (docs/cluster.md), so it must be a string when present.
   std::string user;
+  // response_format json_object or json_schema, or tool_choice required or named: the grammar the output
+  // must match (null: free text).
+  std::shared_ptr<const sampling::Grammar> grammar;
+  // Chat: the functions the model may call, the same as the JSON text of `tools`, and how it may call them.
+  std::vector<ToolSpec> tools;
+  std::string tools_json;
+  ToolChoice tool_choice = ToolChoice::kNone;  // kAuto when tools are given and tool_choice is not
+  std::string tool_name;                       // kNamed: the function
+  bool parallel_tool_calls = true;
 };
 
 // Limits a request is checked against.
@@ -74,13 +86,15 @@ struct ApiLimits {
 // Parses and validates a request body for /v1/completions (chat = false) or /v1/chat/completions. Throws
 // ApiError: 400 for malformed JSON, invalid UTF-8, a body past the JSON limits, numbers too large for a
 // double (1e400: the error names the field, as "temperature" or "logit_bias.42"), wrong types, missing fields
-// and out-of-range values; 404 for a model name other than the one served.
+// and out-of-range values, and a response_format JSON schema that does not compile (the message names the
+// place in the schema); 404 for a model name other than the one served.
 CompletionRequest parse_request(const std::string& body, bool chat, const ApiLimits& limits);
 
 // Response assembly for one choice.
 struct Choice {
   std::string text;
-  std::string finish_reason;  // "stop" | "length"
+  std::vector<ChatToolCall> tool_calls;  // chat: the calls parsed from the reply (finish_reason "tool_calls")
+  std::string finish_reason;             // "stop" | "length"
   struct Logprob {
     std::string token;  // the token's bytes (may be an incomplete UTF-8 sequence)
     double logprob = 0;
@@ -100,6 +114,9 @@ nlohmann::json response_json(const CompletionRequest& req, const std::string& id
 nlohmann::json chunk_json(const CompletionRequest& req, const std::string& id, int64_t created,
                           const std::string& delta, const std::vector<Choice::Logprob>& logprobs,
                           bool want_logprobs, const std::string& finish_reason, bool first);
+// A chat chunk carrying whole tool calls as deltas (index, id, type, name and all the arguments).
+nlohmann::json tool_calls_chunk_json(const CompletionRequest& req, const std::string& id, int64_t created,
+                                     const std::vector<ChatToolCall>& calls);
 // The closing chunk of a stream with stream_options.include_usage: no choices, the usage.
 nlohmann::json usage_chunk_json(const CompletionRequest& req, const std::string& id, int64_t created,
                                 const engine::Usage& usage);

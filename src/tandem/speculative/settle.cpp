@@ -1,5 +1,7 @@
 #include "tandem/speculative/settle.h"
 
+#include <limits>
+
 #include "tandem/util/error.h"
 
 namespace tandem::speculative {
@@ -16,11 +18,32 @@ SettleOutcome Settler::judge(const Window& window, const SettleTarget& target) {
   // Row i conditions on the committed text and drafts [0, i): append the drafts one by one, then restore.
   std::vector<int32_t>& text = target.committed;
   const size_t n = text.size();
+  sampling::GrammarMatcher* grammar = target.grammar;
+  const size_t grammar_at = grammar ? grammar->position() : 0;
+  bool refused = false;  // a draft the grammar refused: later rows keep its state's mask, and go unused
   for (size_t i = 0; i <= d; ++i) {
-    target.sampler.distribution(window.logits.subspan(i * V, V), text, p_[i]);
-    if (i < d) text.push_back(window.drafts[i]);
+    std::span<const float> row = window.logits.subspan(i * V, V);
+    if (grammar) {
+      masked_.assign(row.begin(), row.end());
+      grammar->fill_mask(mask_);
+      if (static_cast<size_t>(mask_.n_vocab()) == V) {
+        sampling::apply_token_mask(masked_, mask_);
+      } else {
+        // Output rows past the tokenizer's vocabulary (padding) have no text, so no grammar allows them.
+        for (size_t id = 0; id < V; ++id)
+          if (id >= static_cast<size_t>(mask_.n_vocab()) || !mask_.test(static_cast<int32_t>(id)))
+            masked_[id] = -std::numeric_limits<float>::infinity();
+      }
+      row = masked_;
+    }
+    target.sampler.distribution(row, text, p_[i]);
+    if (i < d) {
+      text.push_back(window.drafts[i]);
+      if (grammar && !refused) refused = !grammar->accept_token(window.drafts[i]);
+    }
   }
   text.resize(n);
+  if (grammar) grammar->rollback_to(grammar_at);
 
   const VerifyOutcome verdict =
       verify(window.drafts, std::span<const sampling::Distribution>(p_.data(), d + 1), window.q,

@@ -8,7 +8,9 @@
 // n - 1 .. n - 1 + d and produced d + 1 logit rows, row i predicting position n + i; d == 0 is a plain step.
 // settle():
 //   1. target distributions: p[i] is the sampler's transform of row i over the committed text followed by
-//      drafts[0, i);
+//      drafts[0, i); under a grammar, row i is first masked by the grammar's state after drafts[0, i) (a
+//      draft the grammar refuses gets probability 0, so verification rejects it), and the matcher is left
+//      where it was: the driver advances it with each committed token;
 //   2. verification (verify.h): the accepted prefix of the drafts and the target's token after it;
 //   3. the gate learns the round: record_round(d, accepted), or record_idle() for a plain step;
 //   4. commits the accepted drafts and then the target's token, in order: each is appended to the committed
@@ -32,6 +34,7 @@
 
 #include "tandem/cache/kv_cache.h"
 #include "tandem/sampling/sampler.h"
+#include "tandem/sampling/token_mask.h"
 #include "tandem/speculative/draft_source.h"
 #include "tandem/speculative/gate.h"
 #include "tandem/speculative/verify.h"
@@ -54,6 +57,8 @@ struct SettleTarget {
   cache::KvCache& cache;  // the target's cache of this sequence, committed.size() - 1 + d + 1 positions
   Gate* gate = nullptr;   // null: no gate learns from this sequence
   DraftSource* source = nullptr;  // null: no drafter follows this sequence
+  // null: unconstrained. Otherwise at the committed text's state; settle() leaves it there.
+  sampling::GrammarMatcher* grammar = nullptr;
 };
 
 struct SettleOutcome {
@@ -93,6 +98,8 @@ class Settler {
   static void keep(const SettleTarget& target, int accepted);
 
   std::vector<sampling::Distribution> p_;  // [deepest window + 1], grown on demand
+  std::vector<float> masked_;              // [n_vocab] a row of logits under the grammar's mask
+  sampling::TokenMask mask_;
   VerifyScratch scratch_;
   int32_t token_ = -1;
 };
