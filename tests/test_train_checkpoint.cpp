@@ -94,8 +94,12 @@ struct Trained {
   }
   void step() {
     m.zero_grad();
-    const EagleBatch b{kRows,      taps.data(), ids.data(),
-                       pos.data(), &mask,       SoftTargets{kRows, 1, targets.data(), probs.data()}};
+    const EagleBatch b{.rows = kRows,
+                       .taps = taps.data(),
+                       .next_ids = ids.data(),
+                       .pos = pos.data(),
+                       .mask = &mask,
+                       .targets = SoftTargets{kRows, 1, targets.data(), probs.data()}};
     m.forward_backward(b, c);
     opt.step(1e-2);
   }
