@@ -14,7 +14,8 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
     : model_(model), pool_(pool), max_rows_(max_rows) {
   const Config& c = model.config();
   TANDEM_CHECK(max_rows > 0, "max_rows must be positive");
-  int64_t widest = std::max({c.n_embd, c.n_ff, c.n_head * c.head_dim_v});
+  int64_t widest =
+      std::max({c.n_embd, c.n_ff, c.n_head * c.head_dim_v, c.moe.n_ff_expert, c.moe.n_ff_shared});
   scratch_ = kernels::MatmulScratch(pool.size(), widest, max_rows);
   inv_freq_.resize(static_cast<size_t>(c.n_rot / 2));
   for (int64_t i = 0; i < c.n_rot / 2; ++i) {
@@ -36,6 +37,7 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
   alloc(ffn_up_, c.n_ff);
   alloc(rope_cs_, std::max<int64_t>(c.n_rot, 2));
   runs_.reserve(static_cast<size_t>(max_rows));
+  if (c.moe.n_expert > 0) moe_ = MoeFfn(c, max_rows);
 }
 
 void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
@@ -152,19 +154,11 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
       kernels::rms_norm(x_.data() + r * c.n_embd, l.ffn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
                         c.norm_eps);
     });
-    const kernels::MatmulOut gate_up[] = {{&l.w_gate, ffn_gate_.data()}, {&l.w_up, ffn_up_.data()}};
-    timed(&PhaseTimes::matmul_s, [&] { kernels::matmul_group(gate_up, xb_.data(), R, pool_, scratch_); });
-    for_rows(R, [&](int64_t r) {
-      float* g = ffn_gate_.data() + r * c.n_ff;
-      const float* u = ffn_up_.data() + r * c.n_ff;
-      if (c.activation == FfnActivation::kSiLU) {
-        kernels::swiglu(g, u, g, c.n_ff);
-      } else {
-        kernels::geglu(g, u, g, c.n_ff);
-      }
-    });
-    timed(&PhaseTimes::matmul_s,
-          [&] { kernels::matmul(l.w_down, ffn_gate_.data(), R, xb_.data(), pool_, scratch_); });
+    if (!l.moe.empty()) {
+      timed(&PhaseTimes::matmul_s, [&] { moe_.run(l.moe, xb_.data(), R, pool_, scratch_); });
+    } else {
+      dense_ffn(l, R);
+    }
     for_rows(R, [&](int64_t r) {
       float* out = xb_.data() + r * c.n_embd;
       if (!l.post_ffn_norm.empty()) kernels::rms_norm(out, l.post_ffn_norm.data, out, c.n_embd, c.norm_eps);
@@ -196,6 +190,23 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
     TANDEM_CHECK(logits != nullptr, "rows want logits but no output buffer was given");
     head(xb_.data(), n_out, logits);
   }
+}
+
+void Forward::dense_ffn(const LayerWeights& l, int64_t R) {
+  const Config& c = model_.config();
+  const kernels::MatmulOut gate_up[] = {{&l.w_gate, ffn_gate_.data()}, {&l.w_up, ffn_up_.data()}};
+  timed(&PhaseTimes::matmul_s, [&] { kernels::matmul_group(gate_up, xb_.data(), R, pool_, scratch_); });
+  for_rows(R, [&](int64_t r) {
+    float* g = ffn_gate_.data() + r * c.n_ff;
+    const float* u = ffn_up_.data() + r * c.n_ff;
+    if (c.activation == FfnActivation::kSiLU) {
+      kernels::swiglu(g, u, g, c.n_ff);
+    } else {
+      kernels::geglu(g, u, g, c.n_ff);
+    }
+  });
+  timed(&PhaseTimes::matmul_s,
+        [&] { kernels::matmul(l.w_down, ffn_gate_.data(), R, xb_.data(), pool_, scratch_); });
 }
 
 void Forward::head(const float* hidden, int64_t n, float* logits) {

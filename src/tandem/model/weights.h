@@ -8,6 +8,21 @@
 
 namespace tandem::model {
 
+// A mixture-of-experts FFN (config MoeConfig). Each routed expert is its own view into the file's stacked
+// [n_expert][rows][cols] tensor, in the file's block type.
+struct MoeWeights {
+  MatrixView router;             // [n_expert, n_embd] (ffn_gate_inp)
+  VectorView selection_bias;     // [n_expert] (exp_probs_b, V3), else empty
+  std::vector<MatrixView> gate;  // n_expert x [n_ff_expert, n_embd]
+  std::vector<MatrixView> up;    // n_expert x [n_ff_expert, n_embd]
+  std::vector<MatrixView> down;  // n_expert x [n_embd, n_ff_expert]
+  VectorView shared_gate_inp;    // [n_embd] (qwen2moe), else empty
+  MatrixView shared_gate;        // [n_ff_shared, n_embd], empty without a shared expert
+  MatrixView shared_up;          // [n_ff_shared, n_embd]
+  MatrixView shared_down;        // [n_embd, n_ff_shared]
+  bool empty() const { return router.empty(); }
+};
+
 struct LayerWeights {
   VectorView attn_norm;       // [n_embd]
   MatrixView wq;              // [q_dim, n_embd]
@@ -22,6 +37,7 @@ struct LayerWeights {
   MatrixView w_up;            // [n_ff, n_embd]
   MatrixView w_down;          // [n_embd, n_ff]
   VectorView post_ffn_norm;   // [n_embd] (gemma2), else empty
+  MoeWeights moe;             // MoE layers (Config::moe_layer), else empty
 };
 
 struct Weights {
