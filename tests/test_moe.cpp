@@ -120,12 +120,49 @@ TEST(MoeModel, Qwen2MoeConfigurationFromTheFile) {
   EXPECT_EQ(model->weight_bytes_per_token(), want);
 }
 
+std::string deepseek2(const char* variant, const char* type) {
+  return tandem::testing::shared_path(std::string("models/synth/synth-") + variant + "-d128-" + type +
+                                      ".gguf");
+}
+
+TEST(MoeModel, DeepSeek2VariantsFromTheFile) {
+  auto v2 = tandem::model::Model::load(deepseek2("deepseek2", "f32"));
+  const auto& c2 = v2->config();
+  EXPECT_EQ(c2.mla.q_lora_rank, 64);  // from the attn_q_a tensors present
+  EXPECT_EQ(c2.mla.kv_lora_rank, 32);
+  EXPECT_EQ(c2.moe.n_leading_dense, 1);
+  EXPECT_EQ(c2.moe.n_ff_shared, 2 * 64);
+  EXPECT_EQ(c2.moe.gating, ExpertGating::kSoftmax);
+  EXPECT_FALSE(c2.moe.selection_bias);
+  EXPECT_FALSE(c2.moe_layer(0));
+  EXPECT_TRUE(c2.moe_layer(1));
+  EXPECT_FALSE(v2->weights().layers[0].w_gate.empty());
+  EXPECT_TRUE(v2->weights().layers[0].moe.empty());
+  EXPECT_TRUE(c2.rope_freq_factors.empty());
+  EXPECT_FLOAT_EQ(c2.attn_scale, 1.0f / std::sqrt(48.0f));
+
+  auto v3 = tandem::model::Model::load(deepseek2("deepseek2v3", "f32"));
+  const auto& c3 = v3->config();
+  EXPECT_EQ(c3.moe.gating, ExpertGating::kSigmoid);
+  EXPECT_TRUE(c3.moe.selection_bias);
+  EXPECT_TRUE(c3.moe.norm_top_k);
+  EXPECT_FLOAT_EQ(c3.moe.weights_scale, 2.5f);
+  // YaRN, factor 4 over an original context of 1024: the fastest pairs keep their frequency, the slowest are
+  // interpolated by the factor; the log multiplier 0.1 enters the attention scale squared.
+  ASSERT_EQ(c3.rope_freq_factors.size(), 8u);
+  EXPECT_FLOAT_EQ(c3.rope_freq_factors[0], 1.0f);
+  EXPECT_FLOAT_EQ(c3.rope_freq_factors[7], 4.0f);
+  const float mscale = 1.0f + 0.1f * std::log(4.0f);
+  EXPECT_NEAR(c3.attn_scale, mscale * mscale / std::sqrt(48.0f), 1e-6);
+}
+
 // A prompt evaluated as one batch (rows grouped by expert: one matrix product per expert over its rows)
 // gives every row the bits it gets decoded one token at a time.
 TEST(MoeModel, BatchedRowsEqualOneByOneBitForBit) {
-  for (const char* type : {"f32", "Q8_0"}) {
-    SCOPED_TRACE(type);
-    auto model = tandem::model::Model::load(qwen2moe(type));
+  for (const std::string& path : {qwen2moe("f32"), qwen2moe("Q8_0"), deepseek2("deepseek2", "Q8_0"),
+                                  deepseek2("deepseek2v3", "Q8_0")}) {
+    SCOPED_TRACE(path);
+    auto model = tandem::model::Model::load(path);
     tandem::ThreadPool pool(2);
     const int64_t V = model->config().n_vocab;
     std::vector<int32_t> ids;

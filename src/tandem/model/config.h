@@ -34,6 +34,14 @@ struct MoeConfig {
   int64_t n_group = 1, n_group_used = 1;
 };
 
+// Multi-head latent attention (deepseek2, model/mla.h): queries through an optional low-rank bottleneck,
+// keys and values up-projected from a per-token latent of kv_lora_rank plus one rotary key part of n_rot
+// shared by all heads. Each head's key is [nope part (head_dim - n_rot), rotary part (n_rot)].
+struct MlaConfig {
+  int64_t q_lora_rank = 0;   // 0: queries straight from the residual (attn_q), else attn_q_a / attn_q_b
+  int64_t kv_lora_rank = 0;  // 0: not MLA
+};
+
 struct Config {
   std::string arch;    // general.architecture
   int64_t n_embd = 0;  // residual width
@@ -66,6 +74,7 @@ struct Config {
   bool qk_norm = false;      // qwen3: RMSNorm over each q and k head before RoPE
   FfnActivation activation = FfnActivation::kSiLU;
   MoeConfig moe;
+  MlaConfig mla;
 
   // Layers whose FFN is a mixture of experts (the others use w_gate / w_up / w_down).
   bool moe_layer(int64_t layer) const { return moe.n_expert > 0 && layer >= moe.n_leading_dense; }

@@ -38,6 +38,7 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
   alloc(rope_cs_, std::max<int64_t>(c.n_rot, 2));
   runs_.reserve(static_cast<size_t>(max_rows));
   if (c.moe.n_expert > 0) moe_ = MoeFfn(c, max_rows);
+  if (c.mla.kv_lora_rank > 0) mla_ = MlaProjection(c, max_rows);
 }
 
 void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
@@ -121,29 +122,15 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
       kernels::rms_norm(x_.data() + r * c.n_embd, l.attn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
                         c.norm_eps);
     });
-    const kernels::MatmulOut qkv[] = {{&l.wq, q_.data()}, {&l.wk, k_.data()}, {&l.wv, v_.data()}};
-    timed(&PhaseTimes::matmul_s, [&] { kernels::matmul_group(qkv, xb_.data(), R, pool_, scratch_); });
-    for (int64_t r = 0; r < R; ++r) {
-      float* q = q_.data() + r * c.q_dim();
-      float* k = k_.data() + r * c.kv_dim();
-      float* v = v_.data() + r * c.v_dim();
-      if (!l.bq.empty()) kernels::add_in_place(q, l.bq.data, c.q_dim());
-      if (!l.bk.empty()) kernels::add_in_place(k, l.bk.data, c.kv_dim());
-      if (!l.bv.empty()) kernels::add_in_place(v, l.bv.data, c.v_dim());
-      const int64_t pos = rows[static_cast<size_t>(r)].pos;
-      const bool neox = c.rope_layout == RopeLayout::kNeoX;
-      const float* cs = rope_cs_.data() + r * c.n_rot;
-      for (int64_t h = 0; h < c.n_head; ++h) {
-        float* qh = q + h * c.head_dim;
-        if (!l.q_norm.empty()) kernels::rms_norm(qh, l.q_norm.data, qh, c.head_dim, c.norm_eps);
-        kernels::rope_apply(qh, c.n_rot, cs, neox);
-      }
-      for (int64_t h = 0; h < c.n_head_kv; ++h) {
-        float* kh = k + h * c.head_dim;
-        if (!l.k_norm.empty()) kernels::rms_norm(kh, l.k_norm.data, kh, c.head_dim, c.norm_eps);
-        kernels::rope_apply(kh, c.n_rot, cs, neox);
-      }
-      caches[static_cast<size_t>(rows[static_cast<size_t>(r)].seq)]->store(il, pos, k, v);
+    if (!l.mla.empty()) {
+      timed(&PhaseTimes::matmul_s, [&] {
+        mla_.run(l.mla, xb_.data(), R, rope_cs_.data(), q_.data(), k_.data(), v_.data(), pool_, scratch_);
+      });
+      for (int64_t r = 0; r < R; ++r)
+        caches[static_cast<size_t>(rows[static_cast<size_t>(r)].seq)]->store(
+            il, rows[static_cast<size_t>(r)].pos, k_.data() + r * c.kv_dim(), v_.data() + r * c.v_dim());
+    } else {
+      project_qkv(l, rows, caches, il);
     }
     timed(&PhaseTimes::attention_s, [&] { attention(rows, caches, il); });
     timed(&PhaseTimes::matmul_s, [&] { kernels::matmul(l.wo, att_.data(), R, xb_.data(), pool_, scratch_); });
@@ -189,6 +176,36 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
   if (n_out > 0) {
     TANDEM_CHECK(logits != nullptr, "rows want logits but no output buffer was given");
     head(xb_.data(), n_out, logits);
+  }
+}
+
+void Forward::project_qkv(const LayerWeights& l, std::span<const Row> rows,
+                          std::span<cache::KvCache* const> caches, int64_t il) {
+  const Config& c = model_.config();
+  const int64_t R = static_cast<int64_t>(rows.size());
+  const kernels::MatmulOut qkv[] = {{&l.wq, q_.data()}, {&l.wk, k_.data()}, {&l.wv, v_.data()}};
+  timed(&PhaseTimes::matmul_s, [&] { kernels::matmul_group(qkv, xb_.data(), R, pool_, scratch_); });
+  for (int64_t r = 0; r < R; ++r) {
+    float* q = q_.data() + r * c.q_dim();
+    float* k = k_.data() + r * c.kv_dim();
+    float* v = v_.data() + r * c.v_dim();
+    if (!l.bq.empty()) kernels::add_in_place(q, l.bq.data, c.q_dim());
+    if (!l.bk.empty()) kernels::add_in_place(k, l.bk.data, c.kv_dim());
+    if (!l.bv.empty()) kernels::add_in_place(v, l.bv.data, c.v_dim());
+    const int64_t pos = rows[static_cast<size_t>(r)].pos;
+    const bool neox = c.rope_layout == RopeLayout::kNeoX;
+    const float* cs = rope_cs_.data() + r * c.n_rot;
+    for (int64_t h = 0; h < c.n_head; ++h) {
+      float* qh = q + h * c.head_dim;
+      if (!l.q_norm.empty()) kernels::rms_norm(qh, l.q_norm.data, qh, c.head_dim, c.norm_eps);
+      kernels::rope_apply(qh, c.n_rot, cs, neox);
+    }
+    for (int64_t h = 0; h < c.n_head_kv; ++h) {
+      float* kh = k + h * c.head_dim;
+      if (!l.k_norm.empty()) kernels::rms_norm(kh, l.k_norm.data, kh, c.head_dim, c.norm_eps);
+      kernels::rope_apply(kh, c.n_rot, cs, neox);
+    }
+    caches[static_cast<size_t>(rows[static_cast<size_t>(r)].seq)]->store(il, pos, k, v);
   }
 }
 

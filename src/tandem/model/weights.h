@@ -23,6 +23,19 @@ struct MoeWeights {
   bool empty() const { return router.empty(); }
 };
 
+// Multi-head latent attention (config MlaConfig); the output projection is LayerWeights::wo.
+struct MlaWeights {
+  MatrixView wq;         // [n_head * head_dim, n_embd] without a q LoRA, else empty
+  MatrixView wq_a;       // [q_lora_rank, n_embd] (attn_q_a)
+  VectorView q_a_norm;   // [q_lora_rank]
+  MatrixView wq_b;       // [n_head * head_dim, q_lora_rank]
+  MatrixView wkv_a;      // [kv_lora_rank + n_rot, n_embd] (attn_kv_a_mqa): the latent, then the rotary key
+  VectorView kv_a_norm;  // [kv_lora_rank]
+  MatrixView wkv_b;      // [n_head * (head_dim - n_rot + head_dim_v), kv_lora_rank]: per head, key nope part
+                         // then value
+  bool empty() const { return wkv_a.empty(); }
+};
+
 struct LayerWeights {
   VectorView attn_norm;       // [n_embd]
   MatrixView wq;              // [q_dim, n_embd]
@@ -38,6 +51,7 @@ struct LayerWeights {
   MatrixView w_down;          // [n_embd, n_ff]
   VectorView post_ffn_norm;   // [n_embd] (gemma2), else empty
   MoeWeights moe;             // MoE layers (Config::moe_layer), else empty
+  MlaWeights mla;             // latent attention (deepseek2; wq, wk, wv empty), else empty
 };
 
 struct Weights {
