@@ -16,6 +16,35 @@ enum class FfnActivation { kSiLU, kGeluTanh };
 // 3 last): the mean over all positions, the first position ([CLS]) or the last one.
 enum class Pooling { kNone, kMean, kCls, kLast };
 
+// How a mixture-of-experts layer turns router logits into expert scores.
+enum class ExpertGating { kSoftmax, kSigmoid };
+
+// The feed-forward of mixture-of-experts layers (model/moe.h): a router picks `n_expert_used` of `n_expert`
+// SwiGLU experts per token; shared experts (one SwiGLU of width `n_ff_shared`) run for every token.
+struct MoeConfig {
+  int64_t n_expert = 0;         // routed experts per MoE layer; 0: the model has no MoE layers
+  int64_t n_expert_used = 0;    // experts chosen per token (top-k)
+  int64_t n_ff_expert = 0;      // width of one routed expert
+  int64_t n_ff_shared = 0;      // width of the shared expert (all shared experts together); 0: none
+  int64_t n_leading_dense = 0;  // layers [0, n_leading_dense) keep the dense FFN
+  ExpertGating gating = ExpertGating::kSoftmax;
+  bool norm_top_k = false;      // the chosen weights are divided by their sum
+  float weights_scale = 1.0f;   // multiplies the chosen weights (after norm_top_k)
+  bool shared_gate = false;     // qwen2moe: the shared expert's output times sigmoid(x · ffn_gate_inp_shexp)
+  bool selection_bias = false;  // V3: a per-expert bias added to the scores for selection only
+  // Group-limited selection: experts in n_group equal groups; only the n_group_used groups with the highest
+  // sums of their top-2 scores are eligible. 1 / 1: no limit.
+  int64_t n_group = 1, n_group_used = 1;
+};
+
+// Multi-head latent attention (deepseek2, model/mla.h): queries through an optional low-rank bottleneck,
+// keys and values up-projected from a per-token latent of kv_lora_rank plus one rotary key part of n_rot
+// shared by all heads. Each head's key is [nope part (head_dim - n_rot), rotary part (n_rot)].
+struct MlaConfig {
+  int64_t q_lora_rank = 0;   // 0: queries straight from the residual (attn_q), else attn_q_a / attn_q_b
+  int64_t kv_lora_rank = 0;  // 0: not MLA
+};
+
 struct Config {
   std::string arch;    // general.architecture
   int64_t n_embd = 0;  // residual width
@@ -47,6 +76,11 @@ struct Config {
   bool post_norms = false;   // gemma2: RMSNorm after attention and after the FFN, before the residual add
   bool qk_norm = false;      // qwen3: RMSNorm over each q and k head before RoPE
   FfnActivation activation = FfnActivation::kSiLU;
+  MoeConfig moe;
+  MlaConfig mla;
+
+  // Layers whose FFN is a mixture of experts (the others use w_gate / w_up / w_down).
+  bool moe_layer(int64_t layer) const { return moe.n_expert > 0 && layer >= moe.n_leading_dense; }
 
   // Encoders (bert): learned absolute positions and token types, every position attends to every position of
   // its sequence, LayerNorm (with bias) after each residual add, an FFN of GELU(x W_up + b) W_down + b, and

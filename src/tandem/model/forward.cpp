@@ -15,9 +15,9 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
   const Config& c = model.config();
   TANDEM_CHECK(max_rows > 0, "max_rows must be positive");
   if (c.encoder)
-    throw Error("model '" + c.arch +
-                "' is an encoder: it computes embeddings (tandem embed, POST /v1/embeddings), not text");
-  int64_t widest = std::max({c.n_embd, c.n_ff, c.n_head * c.head_dim_v});
+    throw Error("model '" + c.arch + "' is an encoder: it computes embeddings (tandem embed), not text");
+  int64_t widest =
+      std::max({c.n_embd, c.n_ff, c.n_head * c.head_dim_v, c.moe.n_ff_expert, c.moe.n_ff_shared});
   scratch_ = kernels::MatmulScratch(pool.size(), widest, max_rows);
   inv_freq_.resize(static_cast<size_t>(c.n_rot / 2));
   for (int64_t i = 0; i < c.n_rot / 2; ++i) {
@@ -39,6 +39,8 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
   alloc(ffn_up_, c.n_ff);
   alloc(rope_cs_, std::max<int64_t>(c.n_rot, 2));
   runs_.reserve(static_cast<size_t>(max_rows));
+  if (c.moe.n_expert > 0) moe_ = MoeFfn(c, max_rows);
+  if (c.mla.kv_lora_rank > 0) mla_ = MlaProjection(c, max_rows);
 }
 
 void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
@@ -122,29 +124,15 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
       kernels::rms_norm(x_.data() + r * c.n_embd, l.attn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
                         c.norm_eps);
     });
-    const kernels::MatmulOut qkv[] = {{&l.wq, q_.data()}, {&l.wk, k_.data()}, {&l.wv, v_.data()}};
-    timed(&PhaseTimes::matmul_s, [&] { kernels::matmul_group(qkv, xb_.data(), R, pool_, scratch_); });
-    for (int64_t r = 0; r < R; ++r) {
-      float* q = q_.data() + r * c.q_dim();
-      float* k = k_.data() + r * c.kv_dim();
-      float* v = v_.data() + r * c.v_dim();
-      if (!l.bq.empty()) kernels::add_in_place(q, l.bq.data, c.q_dim());
-      if (!l.bk.empty()) kernels::add_in_place(k, l.bk.data, c.kv_dim());
-      if (!l.bv.empty()) kernels::add_in_place(v, l.bv.data, c.v_dim());
-      const int64_t pos = rows[static_cast<size_t>(r)].pos;
-      const bool neox = c.rope_layout == RopeLayout::kNeoX;
-      const float* cs = rope_cs_.data() + r * c.n_rot;
-      for (int64_t h = 0; h < c.n_head; ++h) {
-        float* qh = q + h * c.head_dim;
-        if (!l.q_norm.empty()) kernels::rms_norm(qh, l.q_norm.data, qh, c.head_dim, c.norm_eps);
-        kernels::rope_apply(qh, c.n_rot, cs, neox);
-      }
-      for (int64_t h = 0; h < c.n_head_kv; ++h) {
-        float* kh = k + h * c.head_dim;
-        if (!l.k_norm.empty()) kernels::rms_norm(kh, l.k_norm.data, kh, c.head_dim, c.norm_eps);
-        kernels::rope_apply(kh, c.n_rot, cs, neox);
-      }
-      caches[static_cast<size_t>(rows[static_cast<size_t>(r)].seq)]->store(il, pos, k, v);
+    if (!l.mla.empty()) {
+      timed(&PhaseTimes::matmul_s, [&] {
+        mla_.run(l.mla, xb_.data(), R, rope_cs_.data(), q_.data(), k_.data(), v_.data(), pool_, scratch_);
+      });
+      for (int64_t r = 0; r < R; ++r)
+        caches[static_cast<size_t>(rows[static_cast<size_t>(r)].seq)]->store(
+            il, rows[static_cast<size_t>(r)].pos, k_.data() + r * c.kv_dim(), v_.data() + r * c.v_dim());
+    } else {
+      project_qkv(l, rows, caches, il);
     }
     timed(&PhaseTimes::attention_s, [&] { attention(rows, caches, il); });
     timed(&PhaseTimes::matmul_s, [&] { kernels::matmul(l.wo, att_.data(), R, xb_.data(), pool_, scratch_); });
@@ -155,19 +143,11 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
       kernels::rms_norm(x_.data() + r * c.n_embd, l.ffn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
                         c.norm_eps);
     });
-    const kernels::MatmulOut gate_up[] = {{&l.w_gate, ffn_gate_.data()}, {&l.w_up, ffn_up_.data()}};
-    timed(&PhaseTimes::matmul_s, [&] { kernels::matmul_group(gate_up, xb_.data(), R, pool_, scratch_); });
-    for_rows(R, [&](int64_t r) {
-      float* g = ffn_gate_.data() + r * c.n_ff;
-      const float* u = ffn_up_.data() + r * c.n_ff;
-      if (c.activation == FfnActivation::kSiLU) {
-        kernels::swiglu(g, u, g, c.n_ff);
-      } else {
-        kernels::geglu(g, u, g, c.n_ff);
-      }
-    });
-    timed(&PhaseTimes::matmul_s,
-          [&] { kernels::matmul(l.w_down, ffn_gate_.data(), R, xb_.data(), pool_, scratch_); });
+    if (!l.moe.empty()) {
+      timed(&PhaseTimes::matmul_s, [&] { moe_.run(l.moe, xb_.data(), R, pool_, scratch_); });
+    } else {
+      dense_ffn(l, R);
+    }
     for_rows(R, [&](int64_t r) {
       float* out = xb_.data() + r * c.n_embd;
       if (!l.post_ffn_norm.empty()) kernels::rms_norm(out, l.post_ffn_norm.data, out, c.n_embd, c.norm_eps);
@@ -199,6 +179,53 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
     TANDEM_CHECK(logits != nullptr, "rows want logits but no output buffer was given");
     head(xb_.data(), n_out, logits);
   }
+}
+
+void Forward::project_qkv(const LayerWeights& l, std::span<const Row> rows,
+                          std::span<cache::KvCache* const> caches, int64_t il) {
+  const Config& c = model_.config();
+  const int64_t R = static_cast<int64_t>(rows.size());
+  const kernels::MatmulOut qkv[] = {{&l.wq, q_.data()}, {&l.wk, k_.data()}, {&l.wv, v_.data()}};
+  timed(&PhaseTimes::matmul_s, [&] { kernels::matmul_group(qkv, xb_.data(), R, pool_, scratch_); });
+  for (int64_t r = 0; r < R; ++r) {
+    float* q = q_.data() + r * c.q_dim();
+    float* k = k_.data() + r * c.kv_dim();
+    float* v = v_.data() + r * c.v_dim();
+    if (!l.bq.empty()) kernels::add_in_place(q, l.bq.data, c.q_dim());
+    if (!l.bk.empty()) kernels::add_in_place(k, l.bk.data, c.kv_dim());
+    if (!l.bv.empty()) kernels::add_in_place(v, l.bv.data, c.v_dim());
+    const int64_t pos = rows[static_cast<size_t>(r)].pos;
+    const bool neox = c.rope_layout == RopeLayout::kNeoX;
+    const float* cs = rope_cs_.data() + r * c.n_rot;
+    for (int64_t h = 0; h < c.n_head; ++h) {
+      float* qh = q + h * c.head_dim;
+      if (!l.q_norm.empty()) kernels::rms_norm(qh, l.q_norm.data, qh, c.head_dim, c.norm_eps);
+      kernels::rope_apply(qh, c.n_rot, cs, neox);
+    }
+    for (int64_t h = 0; h < c.n_head_kv; ++h) {
+      float* kh = k + h * c.head_dim;
+      if (!l.k_norm.empty()) kernels::rms_norm(kh, l.k_norm.data, kh, c.head_dim, c.norm_eps);
+      kernels::rope_apply(kh, c.n_rot, cs, neox);
+    }
+    caches[static_cast<size_t>(rows[static_cast<size_t>(r)].seq)]->store(il, pos, k, v);
+  }
+}
+
+void Forward::dense_ffn(const LayerWeights& l, int64_t R) {
+  const Config& c = model_.config();
+  const kernels::MatmulOut gate_up[] = {{&l.w_gate, ffn_gate_.data()}, {&l.w_up, ffn_up_.data()}};
+  timed(&PhaseTimes::matmul_s, [&] { kernels::matmul_group(gate_up, xb_.data(), R, pool_, scratch_); });
+  for_rows(R, [&](int64_t r) {
+    float* g = ffn_gate_.data() + r * c.n_ff;
+    const float* u = ffn_up_.data() + r * c.n_ff;
+    if (c.activation == FfnActivation::kSiLU) {
+      kernels::swiglu(g, u, g, c.n_ff);
+    } else {
+      kernels::geglu(g, u, g, c.n_ff);
+    }
+  });
+  timed(&PhaseTimes::matmul_s,
+        [&] { kernels::matmul(l.w_down, ffn_gate_.data(), R, xb_.data(), pool_, scratch_); });
 }
 
 void Forward::head(const float* hidden, int64_t n, float* logits) {

@@ -12,7 +12,9 @@
 #include "tandem/cache/kv_cache.h"
 #include "tandem/kernels/matmul.h"
 #include "tandem/kernels/prefetch_tuner.h"
+#include "tandem/model/mla.h"
 #include "tandem/model/model.h"
+#include "tandem/model/moe.h"
 #include "tandem/util/thread_pool.h"
 
 namespace tandem::model {
@@ -42,6 +44,9 @@ class Forward {
   Forward(const Model& model, ThreadPool& pool, int64_t max_rows);
 
   const Model& model() const { return model_; }
+  // The MoE workspace: after each MoE layer (seen from a CaptureFn), the experts that layer's rows chose and
+  // their routing gaps.
+  const MoeFfn& moe() const { return moe_; }
   int64_t max_rows() const { return max_rows_; }
 
   // Runs the rows. For each sequence, its rows must continue its cache: a row's position is at most the cache
@@ -79,6 +84,11 @@ class Forward {
   }
 
   void attention(std::span<const Row> rows, std::span<cache::KvCache* const> caches, int64_t layer);
+  // q_ = rope(xb_ Wq), and each row's k and v (from xb_) stored in its cache at layer il.
+  void project_qkv(const LayerWeights& l, std::span<const Row> rows, std::span<cache::KvCache* const> caches,
+                   int64_t il);
+  // xb_ = FFN(xb_) for R rows of a dense layer.
+  void dense_ffn(const LayerWeights& l, int64_t R);
 
   // fn(r) for every row r < n: row-wise work (norms, activations, residuals), across the team when there are
   // enough rows to pay for a barrier. Each row's work is independent, so the split never changes results.
@@ -104,6 +114,8 @@ class Forward {
   std::vector<float> rope_cs_;   // [max_rows, n_rot]: cos/sin of each row's position (kernels::rope_angles)
   // Activations, [max_rows, width] each.
   std::vector<float> x_, xb_, q_, k_, v_, att_, ffn_gate_, ffn_up_;
+  MoeFfn moe_;         // the workspace of mixture-of-experts layers (models with them)
+  MlaProjection mla_;  // the projections of latent attention layers (models with them)
   // Attention scratch: per thread, window_queries_ rows of scores_stride_ (the longest context so far)
   // floats.
   std::vector<float> scores_;

@@ -156,6 +156,26 @@ MatrixView ArchReader::matrix(const std::string& name, int64_t ne0, int64_t ne1,
   return m;
 }
 
+std::vector<MatrixView> ArchReader::matrices(const std::string& name, int64_t ne0, int64_t ne1, int64_t count,
+                                             bool required) const {
+  const gguf::TensorInfo* t = bind(name, required);
+  if (!t) return {};
+  if (t->n_dims > 3 || t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != count)
+    throw Error("tensor '" + name + "' has shape " + t->shape_string() + ", expected [" +
+                std::to_string(ne0) + ", " + std::to_string(ne1) + ", " + std::to_string(count) + "]");
+  check_computable(*t);
+  std::vector<MatrixView> out(static_cast<size_t>(count));
+  for (int64_t e = 0; e < count; ++e) {
+    MatrixView& m = out[static_cast<size_t>(e)];
+    m.type = t->type;
+    m.cols = ne0;
+    m.rows = ne1;
+    m.row_bytes = row_bytes(t->type, ne0);
+    m.data = t->data + static_cast<size_t>(e) * m.bytes();
+  }
+  return out;
+}
+
 VectorView ArchReader::vector(const std::string& name, int64_t n, bool required) const {
   const gguf::TensorInfo* t = bind(name, required);
   if (!t) return {};
@@ -272,9 +292,11 @@ void bind_standard_layers(const ArchReader& r, const Config& c, Weights& w) {
     l.k_norm = r.vector(p + "attn_k_norm.weight", c.head_dim, c.qk_norm);
     l.post_attn_norm = r.vector(p + "post_attention_norm.weight", c.n_embd, c.post_norms);
     l.ffn_norm = r.vector(p + "ffn_norm.weight", c.n_embd);
-    l.w_gate = r.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
-    l.w_up = r.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
-    l.w_down = r.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
+    if (!c.moe_layer(i)) {  // MoE layers' experts are bound by their family (model/moe.h)
+      l.w_gate = r.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
+      l.w_up = r.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
+      l.w_down = r.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
+    }
     l.post_ffn_norm = r.vector(p + "post_ffw_norm.weight", c.n_embd, c.post_norms);
   }
 }

@@ -24,8 +24,14 @@ void repack(const gguf::File& file, MatrixView& m) {
 }
 
 void repack_layer_weights(const gguf::File& file, Weights& w) {
-  for (LayerWeights& l : w.layers)
+  for (LayerWeights& l : w.layers) {
     for (MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) repack(file, *m);
+    for (MatrixView* m : {&l.mla.wq, &l.mla.wq_a, &l.mla.wq_b, &l.mla.wkv_a, &l.mla.wkv_b}) repack(file, *m);
+    for (MatrixView* m : {&l.moe.router, &l.moe.shared_gate, &l.moe.shared_up, &l.moe.shared_down})
+      repack(file, *m);
+    for (auto* experts : {&l.moe.gate, &l.moe.up, &l.moe.down})
+      for (MatrixView& m : *experts) repack(file, m);
+  }
   if (w.output.data != w.tok_embd.data) repack(file, w.output);  // a head of its own (not tied)
 }
 
@@ -44,18 +50,32 @@ std::unique_ptr<Model> Model::from_file(gguf::File file) {
 
 size_t Model::weight_bytes_per_token() const {
   size_t total = weights_.output.bytes() + weights_.tok_embd.row_bytes;
-  for (const LayerWeights& l : weights_.layers)
+  for (const LayerWeights& l : weights_.layers) {
     total += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.w_gate.bytes() + l.w_up.bytes() +
              l.w_down.bytes();
+    total += l.mla.wq.bytes() + l.mla.wq_a.bytes() + l.mla.wq_b.bytes() + l.mla.wkv_a.bytes() +
+             l.mla.wkv_b.bytes();
+    if (l.moe.empty()) continue;
+    // The router, the shared expert and the n_expert_used routed experts a token reads.
+    total += l.moe.router.bytes() + l.moe.shared_gate.bytes() + l.moe.shared_up.bytes() +
+             l.moe.shared_down.bytes();
+    total += static_cast<size_t>(config_.moe.n_expert_used) *
+             (l.moe.gate[0].bytes() + l.moe.up[0].bytes() + l.moe.down[0].bytes());
+  }
   return total;
 }
 
 int64_t Model::quantized_macs_per_token() const {
   auto macs = [](const MatrixView& m) { return kernels::is_quantized_weight(m.type) ? m.rows * m.cols : 0; };
   int64_t total = macs(weights_.output);
-  for (const LayerWeights& l : weights_.layers)
+  for (const LayerWeights& l : weights_.layers) {
     total +=
         macs(l.wq) + macs(l.wk) + macs(l.wv) + macs(l.wo) + macs(l.w_gate) + macs(l.w_up) + macs(l.w_down);
+    total += macs(l.mla.wq) + macs(l.mla.wq_a) + macs(l.mla.wq_b) + macs(l.mla.wkv_a) + macs(l.mla.wkv_b);
+    if (l.moe.empty()) continue;
+    total += macs(l.moe.router) + macs(l.moe.shared_gate) + macs(l.moe.shared_up) + macs(l.moe.shared_down);
+    total += config_.moe.n_expert_used * (macs(l.moe.gate[0]) + macs(l.moe.up[0]) + macs(l.moe.down[0]));
+  }
   return total;
 }
 

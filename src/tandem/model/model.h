@@ -24,7 +24,8 @@ class Model {
   const Config& config() const { return config_; }
   const Weights& weights() const { return weights_; }
   const gguf::File& file() const { return file_; }
-  // Bytes of weights read by one decode step (every matrix once, plus one embedding row).
+  // Bytes of weights read by one decode step (every matrix once, plus one embedding row; of a layer's routed
+  // experts, the n_expert_used a token chooses).
   size_t weight_bytes_per_token() const;
   // Multiply-adds of one token's matrix products with quantized weights (rows times columns of each), the
   // work kernels::measure_dot_peak bounds.
@@ -61,6 +62,9 @@ class ArchReader {
   // views. Each tensor bound is recorded, so that the loader can refuse files holding tensors nothing uses.
   MatrixView matrix(const std::string& name, int64_t ne0, int64_t ne1, bool required = true) const;
   VectorView vector(const std::string& name, int64_t n, bool required = true) const;
+  // A stacked 3-D tensor {ne0, ne1, count} (a layer's experts) as `count` matrices {ne0, ne1}.
+  std::vector<MatrixView> matrices(const std::string& name, int64_t ne0, int64_t ne1, int64_t count,
+                                   bool required = true) const;
   bool has_tensor(const std::string& name) const { return file_.tensor(name) != nullptr; }
   // The first tensor of the file no matrix() or vector() call has bound; nullptr when all are.
   const gguf::TensorInfo* first_unbound() const;

@@ -8,6 +8,34 @@
 
 namespace tandem::model {
 
+// A mixture-of-experts FFN (config MoeConfig). Each routed expert is its own view into the file's stacked
+// [n_expert][rows][cols] tensor, in the file's block type.
+struct MoeWeights {
+  MatrixView router;             // [n_expert, n_embd] (ffn_gate_inp)
+  VectorView selection_bias;     // [n_expert] (exp_probs_b, V3), else empty
+  std::vector<MatrixView> gate;  // n_expert x [n_ff_expert, n_embd]
+  std::vector<MatrixView> up;    // n_expert x [n_ff_expert, n_embd]
+  std::vector<MatrixView> down;  // n_expert x [n_embd, n_ff_expert]
+  VectorView shared_gate_inp;    // [n_embd] (qwen2moe), else empty
+  MatrixView shared_gate;        // [n_ff_shared, n_embd], empty without a shared expert
+  MatrixView shared_up;          // [n_ff_shared, n_embd]
+  MatrixView shared_down;        // [n_embd, n_ff_shared]
+  bool empty() const { return router.empty(); }
+};
+
+// Multi-head latent attention (config MlaConfig); the output projection is LayerWeights::wo.
+struct MlaWeights {
+  MatrixView wq;         // [n_head * head_dim, n_embd] without a q LoRA, else empty
+  MatrixView wq_a;       // [q_lora_rank, n_embd] (attn_q_a)
+  VectorView q_a_norm;   // [q_lora_rank]
+  MatrixView wq_b;       // [n_head * head_dim, q_lora_rank]
+  MatrixView wkv_a;      // [kv_lora_rank + n_rot, n_embd] (attn_kv_a_mqa): the latent, then the rotary key
+  VectorView kv_a_norm;  // [kv_lora_rank]
+  MatrixView wkv_b;      // [n_head * (head_dim - n_rot + head_dim_v), kv_lora_rank]: per head, key nope part
+                         // then value
+  bool empty() const { return wkv_a.empty(); }
+};
+
 struct LayerWeights {
   VectorView attn_norm;       // [n_embd]
   MatrixView wq;              // [q_dim, n_embd]
@@ -22,6 +50,8 @@ struct LayerWeights {
   MatrixView w_up;            // [n_ff, n_embd]
   MatrixView w_down;          // [n_embd, n_ff]
   VectorView post_ffn_norm;   // [n_embd] (gemma2), else empty
+  MoeWeights moe;             // MoE layers (Config::moe_layer), else empty
+  MlaWeights mla;             // latent attention (deepseek2; wq, wk, wv empty), else empty
   // Encoders (bert), else empty: the output projection's and the FFN's biases, and the LayerNorms applied
   // after the attention and FFN residual adds (weight and bias each).
   VectorView bo;                                // [n_embd]

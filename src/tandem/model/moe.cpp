@@ -1,0 +1,214 @@
+#include "tandem/model/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "tandem/kernels/ops.h"
+#include "tandem/util/error.h"
+
+namespace tandem::model {
+namespace {
+
+// Bounds the routed experts of a layer (real models have up to a few hundred), so route() keeps its
+// scratch on the stack.
+constexpr int64_t kMaxExperts = 1024;
+
+// The index of the highest value among v[i] for eligible i (ties: the lower index); -1 when none is left.
+int64_t best_of(const float* v, const uint8_t* taken, int64_t n) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < n; ++i)
+    if (!taken[i] && (best < 0 || v[i] > v[best])) best = i;
+  return best;
+}
+
+}  // namespace
+
+void read_moe_hparams(const ArchReader& r, Config& c) {
+  MoeConfig& m = c.moe;
+  m.n_expert = r.int_in("expert_count", 1, kMaxExperts, std::nullopt);
+  m.n_expert_used = r.int_in("expert_used_count", 1, m.n_expert, std::nullopt);
+  m.n_ff_expert =
+      r.int_in("expert_feed_forward_length", 1, std::numeric_limits<int32_t>::max(), std::nullopt);
+  const int64_t gating = r.int_in("expert_gating_func", 1, 2, 1);
+  m.gating = gating == 2 ? ExpertGating::kSigmoid : ExpertGating::kSoftmax;
+  const std::string norm_key = r.arch() + ".expert_weights_norm";
+  if (r.file().find(norm_key)) {
+    const std::optional<bool> norm = r.file().get_bool(norm_key);
+    if (!norm) throw Error("metadata '" + norm_key + "' must be a bool");
+    m.norm_top_k = *norm;
+  }
+  m.weights_scale = r.positive_float("expert_weights_scale", 1.0f);
+  m.n_group = r.int_in("expert_group_count", 1, m.n_expert, 1);
+  m.n_group_used = r.int_in("expert_group_used_count", 1, m.n_group, m.n_group);
+  if (m.n_expert % m.n_group != 0)
+    throw Error("metadata '" + r.arch() + ".expert_count' (" + std::to_string(m.n_expert) +
+                ") must be a multiple of expert_group_count (" + std::to_string(m.n_group) + ")");
+  if (m.n_group > 1 && m.n_expert_used > m.n_group_used * (m.n_expert / m.n_group))
+    throw Error("metadata '" + r.arch() + ".expert_used_count' (" + std::to_string(m.n_expert_used) +
+                ") exceeds the experts of the expert_group_used_count groups it may choose from");
+}
+
+void bind_moe_layer(const ArchReader& r, const Config& c, int64_t layer, MoeWeights& w) {
+  const MoeConfig& m = c.moe;
+  const std::string p = "blk." + std::to_string(layer) + ".";
+  w.router = r.matrix(p + "ffn_gate_inp.weight", c.n_embd, m.n_expert);
+  w.selection_bias = r.vector(p + "exp_probs_b.bias", m.n_expert, m.selection_bias);
+  w.gate = r.matrices(p + "ffn_gate_exps.weight", c.n_embd, m.n_ff_expert, m.n_expert);
+  w.up = r.matrices(p + "ffn_up_exps.weight", c.n_embd, m.n_ff_expert, m.n_expert);
+  w.down = r.matrices(p + "ffn_down_exps.weight", m.n_ff_expert, c.n_embd, m.n_expert);
+  if (m.n_ff_shared > 0) {
+    w.shared_gate_inp = r.vector(p + "ffn_gate_inp_shexp.weight", c.n_embd, m.shared_gate);
+    w.shared_gate = r.matrix(p + "ffn_gate_shexp.weight", c.n_embd, m.n_ff_shared);
+    w.shared_up = r.matrix(p + "ffn_up_shexp.weight", c.n_embd, m.n_ff_shared);
+    w.shared_down = r.matrix(p + "ffn_down_shexp.weight", m.n_ff_shared, c.n_embd);
+  }
+}
+
+float route(const MoeConfig& m, const float* logits, const float* bias, int32_t* experts, float* weights,
+            float* scores) {
+  const int64_t n = m.n_expert, k = m.n_expert_used;
+  if (m.gating == ExpertGating::kSoftmax) {
+    const float mx = *std::max_element(logits, logits + n);
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      scores[i] = std::exp(logits[i] - mx);
+      sum += scores[i];
+    }
+    const auto inv = static_cast<float>(1.0 / sum);
+    for (int64_t i = 0; i < n; ++i) scores[i] *= inv;
+  } else {
+    for (int64_t i = 0; i < n; ++i) scores[i] = 1.0f / (1.0f + std::exp(-logits[i]));
+  }
+  // Selection scores and the experts ruled out (taken or in a group not chosen), on the stack: n_expert is
+  // bounded by kMaxExperts.
+  float sel[kMaxExperts];
+  uint8_t out[kMaxExperts] = {};
+  for (int64_t i = 0; i < n; ++i) sel[i] = scores[i] + (bias ? bias[i] : 0.0f);
+  if (m.n_group > 1 && m.n_group_used < m.n_group) {
+    const int64_t per = n / m.n_group;
+    float group_score[kMaxExperts];
+    uint8_t group_out[kMaxExperts] = {};
+    for (int64_t g = 0; g < m.n_group; ++g) {
+      // The sum of the group's two best selection scores (its one score when the group has one expert).
+      float first = -std::numeric_limits<float>::infinity(), second = per > 1 ? first : 0.0f;
+      for (int64_t i = g * per; i < (g + 1) * per; ++i) {
+        if (sel[i] > first) {
+          second = first;
+          first = sel[i];
+        } else if (sel[i] > second) {
+          second = sel[i];
+        }
+      }
+      group_score[g] = first + second;
+    }
+    uint8_t kept[kMaxExperts] = {};
+    for (int64_t j = 0; j < m.n_group_used; ++j) {
+      const int64_t g = best_of(group_score, group_out, m.n_group);
+      group_out[g] = 1;
+      kept[g] = 1;
+    }
+    for (int64_t i = 0; i < n; ++i) out[i] = kept[i / per] ? 0 : 1;
+  }
+  double sum = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t e = best_of(sel, out, n);
+    out[e] = 1;
+    experts[j] = static_cast<int32_t>(e);
+    weights[j] = scores[e];
+    sum += scores[e];
+  }
+  const int64_t next = best_of(sel, out, n);
+  const float gap = next < 0 ? std::numeric_limits<float>::infinity() : sel[experts[k - 1]] - sel[next];
+  const float scale = m.norm_top_k ? static_cast<float>(m.weights_scale / sum) : m.weights_scale;
+  for (int64_t j = 0; j < k; ++j) weights[j] *= scale;
+  return gap;
+}
+
+MoeFfn::MoeFfn(const Config& c, int64_t max_rows) : m_(c.moe), n_embd_(c.n_embd) {
+  const MoeConfig& m = c.moe;
+  const auto rows = static_cast<size_t>(max_rows), k = static_cast<size_t>(m.n_expert_used);
+  const auto embd = static_cast<size_t>(c.n_embd);
+  const auto ff = static_cast<size_t>(std::max(m.n_ff_expert, m.n_ff_shared));
+  logits_.resize(rows * static_cast<size_t>(m.n_expert));
+  scores_.resize(static_cast<size_t>(m.n_expert));
+  chosen_.resize(rows * k);
+  weights_.resize(rows * k);
+  gaps_.resize(rows);
+  offsets_.resize(static_cast<size_t>(m.n_expert) + 1);
+  slots_.resize(rows * k);
+  xe_.resize(rows * embd);
+  gate_.resize(rows * ff);
+  up_.resize(rows * ff);
+  ye_.resize(rows * embd);
+  slot_out_.resize(rows * k * embd);
+  shared_out_.resize(rows * embd);
+}
+
+void MoeFfn::run(const MoeWeights& w, float* x, int64_t n, ThreadPool& pool,
+                 kernels::MatmulScratch& scratch) {
+  const int64_t E = m_.n_expert, K = m_.n_expert_used, D = n_embd_, F = m_.n_ff_expert;
+  kernels::matmul(w.router, x, n, logits_.data(), pool, scratch);
+  for (int64_t r = 0; r < n; ++r)
+    gaps_[static_cast<size_t>(r)] = route(m_, logits_.data() + r * E, w.selection_bias.data,
+                                          chosen_.data() + r * K, weights_.data() + r * K, scores_.data());
+
+  // Group the (row, slot) pairs by expert, rows in order within each expert (a counting sort).
+  std::fill(offsets_.begin(), offsets_.end(), 0);
+  for (int64_t s = 0; s < n * K; ++s) ++offsets_[static_cast<size_t>(chosen_[static_cast<size_t>(s)]) + 1];
+  for (int64_t e = 0; e < E; ++e) offsets_[static_cast<size_t>(e) + 1] += offsets_[static_cast<size_t>(e)];
+  for (int64_t s = 0; s < n * K; ++s) {
+    const auto e = static_cast<size_t>(chosen_[static_cast<size_t>(s)]);
+    // offsets_[e] advances to the next free entry; restored below.
+    slots_[static_cast<size_t>(offsets_[e]++)] = s;
+  }
+  for (int64_t e = E; e > 0; --e) offsets_[static_cast<size_t>(e)] = offsets_[static_cast<size_t>(e) - 1];
+  offsets_[0] = 0;
+
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t first = offsets_[static_cast<size_t>(e)],
+                  count = offsets_[static_cast<size_t>(e) + 1] - first;
+    if (count == 0) continue;
+    for (int64_t i = 0; i < count; ++i)
+      std::copy_n(x + (slots_[static_cast<size_t>(first + i)] / K) * D, D, xe_.data() + i * D);
+    const kernels::MatmulOut gate_up[] = {{&w.gate[static_cast<size_t>(e)], gate_.data()},
+                                          {&w.up[static_cast<size_t>(e)], up_.data()}};
+    kernels::matmul_group(gate_up, xe_.data(), count, pool, scratch);
+    for (int64_t i = 0; i < count; ++i)
+      kernels::swiglu(gate_.data() + i * F, up_.data() + i * F, gate_.data() + i * F, F);
+    kernels::matmul(w.down[static_cast<size_t>(e)], gate_.data(), count, ye_.data(), pool, scratch);
+    for (int64_t i = 0; i < count; ++i)
+      std::copy_n(ye_.data() + i * D, D, slot_out_.data() + slots_[static_cast<size_t>(first + i)] * D);
+  }
+
+  if (!w.shared_gate.empty()) {
+    const int64_t S = m_.n_ff_shared;
+    const kernels::MatmulOut gate_up[] = {{&w.shared_gate, gate_.data()}, {&w.shared_up, up_.data()}};
+    kernels::matmul_group(gate_up, x, n, pool, scratch);
+    for (int64_t r = 0; r < n; ++r)
+      kernels::swiglu(gate_.data() + r * S, up_.data() + r * S, gate_.data() + r * S, S);
+    kernels::matmul(w.shared_down, gate_.data(), n, shared_out_.data(), pool, scratch);
+  }
+
+  for (int64_t r = 0; r < n; ++r) {
+    float* o = x + r * D;
+    const bool gated = !w.shared_gate_inp.empty();
+    const float g = gated ? 1.0f / (1.0f + std::exp(-kernels::dot_f32(o, w.shared_gate_inp.data, D))) : 1.0f;
+    std::fill_n(o, D, 0.0f);
+    for (int64_t j = 0; j < K; ++j) {
+      const float wj = weights_[static_cast<size_t>(r * K + j)];
+      const float* y = slot_out_.data() + (r * K + j) * D;
+      for (int64_t i = 0; i < D; ++i) o[i] += wj * y[i];
+    }
+    if (w.shared_gate.empty()) continue;
+    const float* sh = shared_out_.data() + r * D;
+    if (gated) {
+      for (int64_t i = 0; i < D; ++i) o[i] += g * sh[i];
+    } else {
+      kernels::add_in_place(o, sh, D);
+    }
+  }
+}
+
+}  // namespace tandem::model

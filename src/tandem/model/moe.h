@@ -1,0 +1,72 @@
+// Mixture-of-experts feed-forward layers (qwen2moe, qwen3moe, deepseek2): the router, top-k selection, the
+// routed SwiGLU experts and the shared expert.
+//
+// Rows are grouped by expert: each expert that any row of a call chose runs one matrix product over the rows
+// routed to it, reading only its own weights. Every matmul row's result depends only on that row
+// (kernels/matmul.h), and each row sums its experts' outputs in the order of its top-k slots, so a row gets
+// the same bits alone, in a verify window or in a prefill batch.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tandem/kernels/matmul.h"
+#include "tandem/model/model.h"
+#include "tandem/util/thread_pool.h"
+
+namespace tandem::model {
+
+// Reads the MoE hyperparameters common to the families (expert_count, expert_used_count,
+// expert_feed_forward_length, expert_gating_func, expert_weights_norm, expert_weights_scale,
+// expert_group_count, expert_group_used_count) into c.moe, with their ranges checked. The family sets the
+// shared expert's width and the leading dense layers itself.
+void read_moe_hparams(const ArchReader& r, Config& c);
+
+// Binds layer `layer`'s router, experts and shared expert (named as in llama.cpp's GGUF files:
+// ffn_gate_inp, ffn_{gate,up,down}_exps, exp_probs_b, ffn_gate_inp_shexp, ffn_{gate,up,down}_shexp).
+void bind_moe_layer(const ArchReader& r, const Config& c, int64_t layer, MoeWeights& w);
+
+// Picks the experts of one row from its router logits.
+//   logits: [n_expert] router output; bias: [n_expert] selection bias or null (V3)
+//   experts: [n_expert_used] chosen expert ids, best first (ties: the lower id); weights: [n_expert_used]
+//   scores: [n_expert] scratch
+// Scores are softmax or sigmoid of the logits; selection ranks score + bias among the eligible groups;
+// weights are the chosen experts' scores (without the bias), normalised to sum 1 when norm_top_k, times
+// weights_scale. Returns the gap between the last chosen and the best unchosen selection score (a measure of
+// how near the routing is to a tie; +inf when every expert is chosen).
+float route(const MoeConfig& m, const float* logits, const float* bias, int32_t* experts, float* weights,
+            float* scores);
+
+// The workspace of the MoE layers of one forward, allocated once for `max_rows` rows.
+class MoeFfn {
+ public:
+  MoeFfn() = default;
+  MoeFfn(const Config& c, int64_t max_rows);
+
+  // x[r] = sum over row r's chosen experts of weight * expert(x[r]) (in slot order) + the shared expert,
+  // in place. x: [n, n_embd], the normed input. scratch: made for pool and the widest expert.
+  void run(const MoeWeights& w, float* x, int64_t n, ThreadPool& pool, kernels::MatmulScratch& scratch);
+
+  // The experts each row of the last run chose: [n, n_expert_used], and the routing gap of each row
+  // (route()). For tests and diagnostics.
+  const int32_t* chosen() const { return chosen_.data(); }
+  const float* gaps() const { return gaps_.data(); }
+
+ private:
+  MoeConfig m_;
+  int64_t n_embd_ = 0;
+  std::vector<float> logits_;      // [max_rows, n_expert]
+  std::vector<float> scores_;      // [n_expert]
+  std::vector<int32_t> chosen_;    // [max_rows, n_expert_used]
+  std::vector<float> weights_;     // [max_rows, n_expert_used]
+  std::vector<float> gaps_;        // [max_rows]
+  std::vector<int64_t> offsets_;   // [n_expert + 1]: each expert's first entry in slots_
+  std::vector<int64_t> slots_;     // [max_rows * n_expert_used]: row * n_expert_used + slot, by expert
+  std::vector<float> xe_;          // [max_rows, n_embd] the rows routed to one expert
+  std::vector<float> gate_, up_;   // [max_rows, max(n_ff_expert, n_ff_shared)]
+  std::vector<float> ye_;          // [max_rows, n_embd] one expert's output rows
+  std::vector<float> slot_out_;    // [max_rows * n_expert_used, n_embd] each slot's expert output
+  std::vector<float> shared_out_;  // [max_rows, n_embd]
+};
+
+}  // namespace tandem::model
