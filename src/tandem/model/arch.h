@@ -9,5 +9,6 @@ void load_llama(const ArchReader& r, Config& c, Weights& w);
 void load_qwen2(const ArchReader& r, Config& c, Weights& w);
 void load_qwen3(const ArchReader& r, Config& c, Weights& w);
 void load_gemma2(const ArchReader& r, Config& c, Weights& w);
+void load_mamba(const ArchReader& r, Config& c, Weights& w);
 
 }  // namespace tandem::model

@@ -14,7 +14,7 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
     : model_(model), pool_(pool), max_rows_(max_rows) {
   const Config& c = model.config();
   TANDEM_CHECK(max_rows > 0, "max_rows must be positive");
-  int64_t widest = std::max({c.n_embd, c.n_ff, c.n_head * c.head_dim_v});
+  int64_t widest = std::max({c.n_embd, c.n_ff, c.n_head * c.head_dim_v, c.ssm_d_inner});
   scratch_ = kernels::MatmulScratch(pool.size(), widest, max_rows);
   inv_freq_.resize(static_cast<size_t>(c.n_rot / 2));
   for (int64_t i = 0; i < c.n_rot / 2; ++i) {
@@ -36,6 +36,7 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
   alloc(ffn_up_, c.n_ff);
   alloc(rope_cs_, std::max<int64_t>(c.n_rot, 2));
   runs_.reserve(static_cast<size_t>(max_rows));
+  if (!c.layer_recurrent.empty()) ssm_ = std::make_unique<SsmMixer>(c, max_rows);
 }
 
 void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
@@ -85,6 +86,7 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
     len = row.pos + 1;
     max_pos = std::max(max_pos, row.pos);
   }
+  if (ssm_) ssm_->check_rows(rows, caches);
   // Each touched cache makes [its lowest row position, its new length) writable.
   firsts_.assign(caches.size(), INT64_MAX);
   for (const Row& row : rows)
@@ -92,7 +94,7 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
   for (size_t s = 0; s < caches.size(); ++s)
     if (firsts_[s] != INT64_MAX) caches[s]->prepare_append(firsts_[s], lengths_[s]);
   const size_t need_scores = static_cast<size_t>(max_pos + 1);
-  if (static_cast<int64_t>(need_scores) > scores_stride_) {
+  if (static_cast<int64_t>(need_scores) > scores_stride_ && c.n_head_kv > 0) {
     // Grows only when a longer context is first used; steady-state decoding does not allocate.
     scores_stride_ = static_cast<int64_t>(std::max(need_scores, size_t{256}));
     const int64_t heads = std::min(c.n_head / c.n_head_kv, cache::kMaxWindowQueries);
@@ -119,6 +121,12 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
       kernels::rms_norm(x_.data() + r * c.n_embd, l.attn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
                         c.norm_eps);
     });
+    if (c.recurrent(il)) {
+      timed(&PhaseTimes::matmul_s,
+            [&] { ssm_->run(l, il, rows, caches, xb_.data(), x_.data(), pool_, scratch_); });
+      if (capture) (*capture)(il, x_.data(), R);
+      continue;
+    }
     const kernels::MatmulOut qkv[] = {{&l.wq, q_.data()}, {&l.wk, k_.data()}, {&l.wv, v_.data()}};
     timed(&PhaseTimes::matmul_s, [&] { kernels::matmul_group(qkv, xb_.data(), R, pool_, scratch_); });
     for (int64_t r = 0; r < R; ++r) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "tandem/kernels/matmul.h"
 #include "tandem/kernels/prefetch_tuner.h"
 #include "tandem/model/model.h"
+#include "tandem/model/ssm.h"
 #include "tandem/util/thread_pool.h"
 
 namespace tandem::model {
@@ -116,10 +118,11 @@ class Forward {
   struct Run {
     int64_t row, n;
   };
-  std::vector<Run> runs_;         // [max_rows] capacity
-  std::vector<int64_t> lengths_;  // per sequence, while validating a batch
-  std::vector<int64_t> firsts_;   // per sequence, its lowest row position in a batch
-  PhaseTimes* times_ = nullptr;   // borrowed; null: untimed
+  std::vector<Run> runs_;          // [max_rows] capacity
+  std::vector<int64_t> lengths_;   // per sequence, while validating a batch
+  std::vector<int64_t> firsts_;    // per sequence, its lowest row position in a batch
+  PhaseTimes* times_ = nullptr;    // borrowed; null: untimed
+  std::unique_ptr<SsmMixer> ssm_;  // the recurrent layers' mixer; null when the model has none
 };
 
 }  // namespace tandem::model

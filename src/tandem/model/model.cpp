@@ -25,7 +25,9 @@ void repack(const gguf::File& file, MatrixView& m) {
 
 void repack_layer_weights(const gguf::File& file, Weights& w) {
   for (LayerWeights& l : w.layers)
-    for (MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) repack(file, *m);
+    for (MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.ssm_in, &l.ssm_x,
+                          &l.ssm_dt, &l.ssm_out})
+      repack(file, *m);
   if (w.output.data != w.tok_embd.data) repack(file, w.output);  // a head of its own (not tied)
 }
 
@@ -46,7 +48,8 @@ size_t Model::weight_bytes_per_token() const {
   size_t total = weights_.output.bytes() + weights_.tok_embd.row_bytes;
   for (const LayerWeights& l : weights_.layers)
     total += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.w_gate.bytes() + l.w_up.bytes() +
-             l.w_down.bytes();
+             l.w_down.bytes() + l.ssm_in.bytes() + l.ssm_x.bytes() + l.ssm_dt.bytes() + l.ssm_out.bytes() +
+             l.ssm_conv1d.bytes() + l.ssm_a.bytes();
   return total;
 }
 
@@ -54,8 +57,8 @@ int64_t Model::quantized_macs_per_token() const {
   auto macs = [](const MatrixView& m) { return kernels::is_quantized_weight(m.type) ? m.rows * m.cols : 0; };
   int64_t total = macs(weights_.output);
   for (const LayerWeights& l : weights_.layers)
-    total +=
-        macs(l.wq) + macs(l.wk) + macs(l.wv) + macs(l.wo) + macs(l.w_gate) + macs(l.w_up) + macs(l.w_down);
+    total += macs(l.wq) + macs(l.wk) + macs(l.wv) + macs(l.wo) + macs(l.w_gate) + macs(l.w_up) +
+             macs(l.w_down) + macs(l.ssm_in) + macs(l.ssm_x) + macs(l.ssm_dt) + macs(l.ssm_out);
   return total;
 }
 

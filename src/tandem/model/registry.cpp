@@ -6,7 +6,7 @@ namespace tandem::model {
 const std::vector<ArchEntry>& architectures() {
   static const std::vector<ArchEntry> kArchitectures = {
       {"llama", load_llama}, {"mistral", load_llama}, {"qwen2", load_qwen2},
-      {"qwen3", load_qwen3}, {"gemma2", load_gemma2},
+      {"qwen3", load_qwen3}, {"gemma2", load_gemma2}, {"mamba", load_mamba},
   };
   return kArchitectures;
 }

@@ -22,6 +22,17 @@ struct LayerWeights {
   MatrixView w_up;            // [n_ff, n_embd]
   MatrixView w_down;          // [n_embd, n_ff]
   VectorView post_ffn_norm;   // [n_embd] (gemma2), else empty
+
+  // Mamba-1 mixer of a recurrent layer (which has attn_norm and none of the above), else empty.
+  MatrixView ssm_in;        // [2 * d_inner, n_embd]: the mixer input x, then the gate z
+  MatrixView ssm_conv1d;    // F32 [d_inner, d_conv]: per channel, the oldest input's weight first
+  VectorView ssm_conv1d_b;  // [d_inner]
+  MatrixView ssm_x;         // [dt_rank + 2 * d_state, d_inner]: dt, B, C
+  MatrixView ssm_dt;        // [d_inner, dt_rank]
+  VectorView ssm_dt_b;      // [d_inner]
+  MatrixView ssm_a;         // F32 [d_inner, d_state]: A = -exp(A_log)
+  VectorView ssm_d;         // [d_inner]
+  MatrixView ssm_out;       // [n_embd, d_inner]
 };
 
 struct Weights {
