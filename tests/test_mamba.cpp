@@ -275,6 +275,14 @@ TEST(SsmKernels, MatchScalarReference) {
       r.y = y_b.data();
       kernels::ssm_scan_step(a, 0, N);
       kernels::ssm_scan_step_ref(r, 0, N);
+      // Any split of the channels (threads take ranges of them) gives the same bits.
+      std::vector<float> out_c(out_a.size()), y_c(y_a.size());
+      kernels::SsmScanArgs split = a;
+      split.state_out = out_c.data();
+      split.y = y_c.data();
+      for (int64_t i = 0; i < N; i += 5) kernels::ssm_scan_step(split, i, std::min<int64_t>(N, i + 5));
+      EXPECT_EQ(out_c, out_a) << N << " " << S;
+      EXPECT_EQ(y_c, y_a) << N << " " << S;
       for (size_t i = 0; i < out_a.size(); ++i)
         EXPECT_NEAR(out_a[i], out_b[i], 1e-5f * (1.0f + std::abs(out_b[i]))) << N << " " << S << " " << i;
       for (size_t i = 0; i < y_a.size(); ++i)

@@ -36,7 +36,7 @@ class RecurrentState {
   size_t bytes() const { return bytes_per_state() * static_cast<size_t>(depth_ + 1); }
 
   // The state of a recurrent layer after the first `length` positions: conv [d_conv - 1, d_inner] (oldest
-  // input first) and ssm [d_inner, d_state]. `length` selects a ring slot; whether it is held is the
+  // input first) and ssm [d_state, d_inner]. `length` selects a ring slot; whether it is held is the
   // caller's contract (oldest() <= length <= newest(), or about to be written by a forward).
   float* conv(int64_t layer, int64_t length) { return conv_.data() + offset(layer, length, conv_size()); }
   float* ssm(int64_t layer, int64_t length) { return ssm_.data() + offset(layer, length, ssm_size()); }
@@ -69,7 +69,7 @@ class RecurrentState {
   int64_t n_recurrent_ = 0;
   std::vector<int32_t> index_;  // [n_layer] position among the recurrent layers, -1 for other layers
   std::vector<float> conv_;     // [recurrent layers, depth + 1, d_conv - 1, d_inner]
-  std::vector<float> ssm_;      // [recurrent layers, depth + 1, d_inner, d_state]
+  std::vector<float> ssm_;      // [recurrent layers, depth + 1, d_state, d_inner]
   int64_t oldest_ = 0, newest_ = 0;
 };
 

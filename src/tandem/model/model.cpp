@@ -31,6 +31,30 @@ void repack_layer_weights(const gguf::File& file, Weights& w) {
   if (w.output.data != w.tok_embd.data) repack(file, w.output);  // a head of its own (not tied)
 }
 
+// The recurrent layers' small F32 weights, transposed channel-minor for the kernels (kernels/ssm.h) into
+// `owner`, which must not be resized afterwards.
+void make_channel_minor(const Config& c, Weights& w, std::vector<float>& owner) {
+  const int64_t N = c.ssm_d_inner, K = c.ssm_d_conv, S = c.ssm_d_state;
+  int64_t layers = 0;
+  for (int64_t il = 0; il < c.n_layer; ++il) layers += c.recurrent(il) ? 1 : 0;
+  owner.assign(static_cast<size_t>(layers * (K + S) * N), 0.0f);
+  float* out = owner.data();
+  const auto transpose = [&](const MatrixView& m, int64_t cols) {
+    const auto* src = reinterpret_cast<const float*>(m.data);  // [N, cols]
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = 0; j < cols; ++j) out[j * N + i] = src[i * cols + j];
+    const float* t = out;
+    out += cols * N;
+    return t;
+  };
+  for (int64_t il = 0; il < c.n_layer; ++il) {
+    if (!c.recurrent(il)) continue;
+    LayerWeights& l = w.layers[static_cast<size_t>(il)];
+    l.ssm_conv_t = transpose(l.ssm_conv1d, K);
+    l.ssm_a_t = transpose(l.ssm_a, S);
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<Model> Model::load(const std::string& path, gguf::LoadMode mode) {
@@ -41,6 +65,7 @@ std::unique_ptr<Model> Model::from_file(gguf::File file) {
   std::unique_ptr<Model> m(new Model(std::move(file)));
   bind_model(m->file_, m->config_, m->weights_);
   repack_layer_weights(m->file_, m->weights_);
+  make_channel_minor(m->config_, m->weights_, m->channel_minor_);
   return m;
 }
 

@@ -71,7 +71,7 @@ void SsmMixer::run(const LayerWeights& l, int64_t layer, std::span<const Row> ro
       a.state_in = st.conv(layer, pos);
       a.state_out = st.conv(layer, pos + 1);
       a.x = xz_.data() + r * 2 * N;
-      a.w = reinterpret_cast<const float*>(l.ssm_conv1d.data);
+      a.w = l.ssm_conv_t;
       a.b = l.ssm_conv1d_b.data;
       a.y = xc_.data() + r * N;
       kernels::ssm_conv_step(a, i0, i1);
@@ -92,7 +92,7 @@ void SsmMixer::run(const LayerWeights& l, int64_t layer, std::span<const Row> ro
       a.state_out = st.ssm(layer, pos + 1);
       a.x = xc_.data() + r * N;
       a.dt = dt_.data() + r * N;
-      a.a = reinterpret_cast<const float*>(l.ssm_a.data);
+      a.a = l.ssm_a_t;
       a.b = xdb_.data() + r * XDB + DR;
       a.c = xdb_.data() + r * XDB + DR + S;
       a.d = l.ssm_d.data;

@@ -33,6 +33,10 @@ struct LayerWeights {
   MatrixView ssm_a;         // F32 [d_inner, d_state]: A = -exp(A_log)
   VectorView ssm_d;         // [d_inner]
   MatrixView ssm_out;       // [n_embd, d_inner]
+  // Channel-minor copies that the kernels' vectors run over (kernels/ssm.h), owned by the Model; null until
+  // Model::from_file makes them.
+  const float* ssm_conv_t = nullptr;  // [d_conv, d_inner]: ssm_conv1d transposed
+  const float* ssm_a_t = nullptr;     // [d_state, d_inner]: ssm_a transposed
 };
 
 struct Weights {
