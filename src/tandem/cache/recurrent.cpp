@@ -7,6 +7,13 @@
 
 namespace tandem::cache {
 
+size_t recurrent_state_bytes(const Geometry& g) {
+  int64_t layers = 0;
+  for (int64_t l = 0; l < g.n_layer; ++l) layers += g.recurrent(l) ? 1 : 0;
+  return static_cast<size_t>(layers * ((g.ssm_d_conv - 1) * g.ssm_d_inner + g.ssm_d_inner * g.ssm_d_state)) *
+         sizeof(float);
+}
+
 RecurrentState::RecurrentState(const Geometry& g, int64_t depth)
     : depth_(depth), d_inner_(g.ssm_d_inner), d_state_(g.ssm_d_state), d_conv_(g.ssm_d_conv) {
   TANDEM_CHECK(depth >= 1, "recurrent rollback depth must be at least 1");

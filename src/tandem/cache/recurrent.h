@@ -19,6 +19,10 @@
 
 namespace tandem::cache {
 
+// Bytes of one state of every recurrent layer of `geometry` (0 when it has none). A decode step reads one
+// and writes one; a sequence keeps depth + 1 of them.
+size_t recurrent_state_bytes(const Geometry& geometry);
+
 class RecurrentState {
  public:
   // depth >= 1: the deepest rollback kept, in positions.
