@@ -5,17 +5,22 @@
 // and in test_golden.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "tandem/engine/generate.h"
 #include "tandem/engine/generate_speculative.h"
 #include "tandem/kernels/ssm.h"
 #include "tandem/model/model.h"
 #include "tandem/model/session.h"
+#include "tandem/model/synth.h"
 #include "tandem/speculative/draft_model.h"
 #include "tandem/speculative/ngram.h"
 #include "tandem/util/error.h"
@@ -220,6 +225,40 @@ TEST_F(Mamba, SpeculativeGreedyEqualsPlainGreedy) {
   }
   EXPECT_GT(total.accepted, 0);
   EXPECT_LT(total.accepted, total.drafted);
+}
+
+// `tandem synth` writes mamba checkpoints (the mamba-1.4b preset for benchmarks); the small preset loads with
+// the shapes asked for and decodes to finite logits, windows equal to one-by-one decoding.
+TEST(MambaSynth, SmallPresetLoadsAndDecodes) {
+  ThreadPool pool(2);
+  const model::SynthPreset& p = model::find_synth_preset("tiny-mamba-d64");
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("tandem-test-mamba-" + std::to_string(::getpid()) + ".gguf"))
+          .string();
+  model::write_synthetic_model(p, model::find_file_type("Q8_0"), path, pool);
+  auto m = model::Model::load(path);
+  std::filesystem::remove(path);
+  const model::Config& c = m->config();
+  EXPECT_EQ(c.arch, "mamba");
+  EXPECT_EQ(c.ssm_d_inner, 128);
+  EXPECT_EQ(c.ssm_d_state, 16);
+  EXPECT_EQ(c.ssm_d_conv, 4);
+  EXPECT_EQ(c.ssm_dt_rank, 4);
+  std::mt19937 rng(2);
+  const auto tokens = random_tokens(rng, 12, static_cast<int32_t>(c.n_vocab));
+  model::Session one(*m, pool, options()), all(*m, pool, options());
+  std::vector<float> expected;
+  for (int32_t t : tokens) {
+    const auto l = one.eval(std::span<const int32_t>(&t, 1));
+    for (float v : l) ASSERT_TRUE(std::isfinite(v));
+    expected.insert(expected.end(), l.begin(), l.end());
+  }
+  const auto l = all.eval(tokens, true);
+  EXPECT_EQ(std::memcmp(l.data(), expected.data(), expected.size() * sizeof(float)), 0);
+  const auto& big = model::find_synth_preset("mamba-1.4b");
+  EXPECT_EQ(big.n_embd * big.ssm_expand, 4096);
+  EXPECT_EQ(big.n_layer, 48);
+  EXPECT_EQ(big.n_vocab, 50280);
 }
 
 // The kernels the forward calls against their scalar references, over channel ranges of every alignment.
