@@ -118,11 +118,13 @@ class Forward {
   struct Run {
     int64_t row, n;
   };
-  std::vector<Run> runs_;          // [max_rows] capacity
-  std::vector<int64_t> lengths_;   // per sequence, while validating a batch
-  std::vector<int64_t> firsts_;    // per sequence, its lowest row position in a batch
-  PhaseTimes* times_ = nullptr;    // borrowed; null: untimed
-  std::unique_ptr<SsmMixer> ssm_;  // the recurrent layers' mixer; null when the model has none
+  std::vector<Run> runs_;         // [max_rows] capacity
+  std::vector<int64_t> lengths_;  // per sequence, while validating a batch
+  std::vector<int64_t> firsts_;   // per sequence, its lowest row position in a batch
+  PhaseTimes* times_ = nullptr;   // borrowed; null: untimed
+
+  // The recurrent layers' mixer; null when the model has none.
+  std::unique_ptr<SsmMixer> ssm_;
 };
 
 }  // namespace tandem::model
