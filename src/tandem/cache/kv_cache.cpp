@@ -15,7 +15,7 @@ int64_t ceil_div(int64_t a, int64_t b) {
 }  // namespace
 
 KvStore::KvStore(const Geometry& c, const KvStoreOptions& options)
-    : options_(options), n_layer_(c.n_layer), n_head_kv_(c.n_head_kv) {
+    : options_(options), geometry_(c), n_layer_(c.n_layer), n_head_kv_(c.n_head_kv) {
   if (options.block_size <= 0) throw Error("KV block size must be positive");
   if (options.n_blocks <= 0) throw Error("a KV store needs at least one block");
   if (options.rollback < 0) throw Error("KV rollback depth must not be negative");
@@ -25,7 +25,8 @@ KvStore::KvStore(const Geometry& c, const KvStoreOptions& options)
   if (kv_type_anchors_keys(options.type)) key_anchor_ = std::make_unique<KeyAnchor>(c.head_dim);
   const size_t ab = key_anchor_ ? key_anchor_->bytes() : 0;
   std::vector<int64_t> full_layers, sliding_layers;
-  for (int64_t l = 0; l < c.n_layer; ++l) (c.sliding(l) ? sliding_layers : full_layers).push_back(l);
+  for (int64_t l = 0; l < c.n_layer; ++l)
+    if (!c.recurrent(l)) (c.sliding(l) ? sliding_layers : full_layers).push_back(l);
   const size_t kr = key_codec_->row_bytes(), vr = value_codec_->row_bytes();
   full_ = std::make_unique<BlockPool>(full_layers, c.n_layer, c.n_head_kv, kr, vr, options.block_size,
                                       options.n_blocks, ab);
@@ -39,7 +40,9 @@ KvStore::KvStore(const Geometry& c, const KvStoreOptions& options)
 }
 
 size_t KvStore::bytes_per_token() const {
-  const auto heads = static_cast<size_t>(n_layer_ * n_head_kv_);
+  int64_t attention_layers = 0;
+  for (int64_t l = 0; l < n_layer_; ++l) attention_layers += geometry_.recurrent(l) ? 0 : 1;
+  const auto heads = static_cast<size_t>(attention_layers * n_head_kv_);
   const size_t rows = heads * (key_codec_->row_bytes() + value_codec_->row_bytes());
   const size_t anchors = key_anchor_ ? heads * key_anchor_->bytes() : 0;
   const auto B = static_cast<size_t>(options_.block_size);
@@ -66,6 +69,7 @@ KvCache::KvCache(const Geometry& geometry, int64_t capacity, KvType type, int64_
   o.n_sliding_blocks = std::min(o.n_blocks, ceil_div(reach, o.block_size) + 2);
   owned_ = std::make_unique<KvStore>(geometry, o);
   store_ = owned_.get();
+  if (geometry.has_recurrent()) recurrent_ = std::make_unique<RecurrentState>(geometry, o.recurrent_rollback);
   full_table_.assign(static_cast<size_t>(ceil_div(capacity, o.block_size)), -1);
   sliding_table_.assign(full_table_.size(), -1);
   serials_.assign(full_table_.size(), 0);
@@ -73,6 +77,8 @@ KvCache::KvCache(const Geometry& geometry, int64_t capacity, KvType type, int64_
 
 KvCache::KvCache(KvStore& store, int64_t capacity) : store_(&store), capacity_(capacity) {
   if (capacity <= 0) throw Error("context size must be positive");
+  if (store.geometry().has_recurrent())
+    recurrent_ = std::make_unique<RecurrentState>(store.geometry(), store.options().recurrent_rollback);
   const auto blocks = static_cast<size_t>(ceil_div(capacity, store.block_size()));
   full_table_.assign(blocks, -1);
   sliding_table_.assign(blocks, -1);
@@ -105,6 +111,7 @@ void KvCache::truncate(int64_t n) {
                     ": the sliding-window layers keep only the last " +
                     std::to_string(store_->window() + store_->options().rollback) + " positions");
   }
+  if (recurrent_) recurrent_->rollback(n);  // throws, changing nothing, past its rollback depth
   const int64_t keep = ceil_div(n, B);
   release_from(false, keep);
   if (store_->has_sliding()) release_from(true, keep);
@@ -153,6 +160,7 @@ void KvCache::prepare_append(int64_t first, int64_t end) {
     make_writable(false, b);
     if (sliding) make_writable(true, b);
   }
+  if (recurrent_) recurrent_->begin_append(first, end);
   length_ = end;
 }
 
@@ -184,7 +192,8 @@ void KvCache::store(int64_t layer, int64_t pos, const float* k, const float* v) 
 int64_t KvCache::reuse_prefix(std::span<const int32_t> tokens) {
   TANDEM_CHECK(length_ == 0, "prefix reuse needs an empty sequence");
   PrefixIndex* index = store_->index();
-  if (!index || tokens.size() < 2) return 0;
+  // Attention blocks alone do not restore a recurrent layer's state.
+  if (!index || tokens.size() < 2 || recurrent_) return 0;
   index->match(tokens, matches_);
   const int64_t B = store_->block_size();
   const int64_t n = static_cast<int64_t>(tokens.size());

@@ -34,6 +34,7 @@
 #include "tandem/cache/geometry.h"
 #include "tandem/cache/kv_codec.h"
 #include "tandem/cache/prefix_index.h"
+#include "tandem/cache/recurrent.h"
 
 namespace tandem::cache {
 
@@ -43,6 +44,7 @@ struct KvStoreOptions {
   int64_t n_blocks = 0;     // full-attention blocks (> 0): positions of all sequences together / block_size
   int64_t n_sliding_blocks = 0;           // sliding-window blocks; 0: as many as n_blocks
   int64_t rollback = 32;                  // deepest truncate the sliding-window layers support
+  int64_t recurrent_rollback = 16;        // deepest truncate the recurrent layers support (RecurrentState)
   bool prefix_reuse = true;               // keep a PrefixIndex
   uint64_t seed = 0x7A4D3C1B2E5F6A09ull;  // q4r rotations
 };
@@ -72,6 +74,9 @@ class KvStore {
   const BlockPool& pool(bool sliding) const { return sliding ? *sliding_ : *full_; }
   bool has_sliding() const { return sliding_ != nullptr; }
   PrefixIndex* index() { return index_.get(); }
+  // Each sequence of the store keeps a RecurrentState of this shape when the geometry has recurrent layers
+  // (their keys and values take no blocks).
+  const Geometry& geometry() const { return geometry_; }
 
   // A block with one reference, evicting prefix entries that only the index holds when the pool is full.
   // Throws tandem::Error when nothing can be freed.
@@ -79,6 +84,7 @@ class KvStore {
 
  private:
   KvStoreOptions options_;
+  Geometry geometry_;
   int64_t n_layer_, n_head_kv_, window_ = 0;
   std::unique_ptr<KvCodec> key_codec_, value_codec_;
   std::unique_ptr<KeyAnchor> key_anchor_;
@@ -103,6 +109,9 @@ class KvCache {
   size_t bytes_per_token() const { return store_->bytes_per_token(); }
   KvStore& store() { return *store_; }
   const KvStore& store() const { return *store_; }
+  // The recurrent layers' state; nullptr when the model has none. truncate() rolls it back too.
+  RecurrentState* recurrent() { return recurrent_.get(); }
+  const RecurrentState* recurrent() const { return recurrent_.get(); }
 
   // Drops every position >= n (n <= length()), releasing whole blocks no longer used. Throws tandem::Error
   // (changing nothing) when a sliding-window layer no longer holds the window position n would attend to.
@@ -139,6 +148,7 @@ class KvCache {
 
   std::unique_ptr<KvStore> owned_;
   KvStore* store_;
+  std::unique_ptr<RecurrentState> recurrent_;
   int64_t capacity_;
   int64_t length_ = 0;
   std::vector<int32_t> full_table_, sliding_table_;  // [ceil(capacity / block_size)] block ids, -1: none

@@ -155,7 +155,10 @@ void add_bench_command(CLI::App& app) {
     const double decode_median_tps = 1.0 / median(steps);
     const double kv_bytes = static_cast<double>(c.n_layer * c.n_head_kv * (c.head_dim + c.head_dim_v)) *
                             (so.kv_type == cache::KvType::kF32 ? 4.0 : 2.0) * static_cast<double>(ctx);
-    const double bytes_per_token = static_cast<double>(model->weight_bytes_per_token()) + kv_bytes;
+    // A recurrent layer reads its state and writes the next one every token.
+    const auto state_bytes = static_cast<double>(cache::recurrent_state_bytes(c.kv_geometry()));
+    const double bytes_per_token =
+        static_cast<double>(model->weight_bytes_per_token()) + kv_bytes + 2 * state_bytes;
     const double roofline = decode_tps * bytes_per_token / (bandwidth * 1e9);
 
     // Decode beside the bandwidth: where the machine's memory moves between states within seconds, the
@@ -241,6 +244,11 @@ void add_bench_command(CLI::App& app) {
         "%lld of %zu steps prefetching far)\n",
         decode_tps, static_cast<long long>(ctx), decode_median_tps, bytes_per_token / 1e6,
         static_cast<long long>(far_steps), steps.size());
+    if (state_bytes > 0)
+      std::printf("recurrent state  %.1f KiB per state, %.2f MiB per sequence (%lld kept for rollback)\n",
+                  state_bytes / 1024.0,
+                  state_bytes * static_cast<double>(session.cache().recurrent()->depth() + 1) / 1048576.0,
+                  static_cast<long long>(session.cache().recurrent()->depth() + 1));
     std::printf(
         "roofline         %.3f  (against the passes beside each round of steps: median %.3f, %.3f-%.3f)\n",
         roofline, decode_beside, *std::min_element(beside.begin(), beside.end()),
@@ -310,6 +318,8 @@ void add_bench_command(CLI::App& app) {
       j["roofline_beside_rounds"] = beside;
       j["roofline_beside_passes_gbs"] = beside_passes;
       j["bytes_per_token"] = bytes_per_token;
+      if (state_bytes > 0)
+        j["recurrent_state_bytes_per_sequence"] = static_cast<double>(session.cache().recurrent()->bytes());
       j["prefill64_tps"] = p64;
       j["prefill512_tps"] = p512;
       j["verify_cost"] = verify;

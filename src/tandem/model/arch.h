@@ -13,5 +13,6 @@ void load_bert(const ArchReader& r, Config& c, Weights& w);
 void load_qwen2moe(const ArchReader& r, Config& c, Weights& w);
 void load_qwen3moe(const ArchReader& r, Config& c, Weights& w);
 void load_deepseek2(const ArchReader& r, Config& c, Weights& w);
+void load_mamba(const ArchReader& r, Config& c, Weights& w);
 
 }  // namespace tandem::model

@@ -88,13 +88,32 @@ struct Config {
   bool encoder = false;
   Pooling pooling = Pooling::kNone;  // the checkpoint's own pooling; kNone: it names none
 
+  // Recurrent layers (Mamba-1 selective state-space mixers) in place of attention and the FFN.
+  std::vector<uint8_t> layer_recurrent;  // [n_layer], 1 when the layer is recurrent; empty: none is
+  int64_t ssm_d_inner = 0;               // channels of the mixer
+  int64_t ssm_d_state = 0;               // state size per channel
+  int64_t ssm_d_conv = 0;                // causal convolution width
+  int64_t ssm_dt_rank = 0;               // rank of the time-step projection
+
   int64_t q_dim() const { return n_head * head_dim; }
   int64_t kv_dim() const { return n_head_kv * head_dim; }
   int64_t v_dim() const { return n_head_kv * head_dim_v; }
   bool sliding(int64_t layer) const { return !layer_sliding.empty() && layer_sliding[layer] != 0; }
-  // The keys and values a cache of this model holds.
+  bool recurrent(int64_t layer) const { return !layer_recurrent.empty() && layer_recurrent[layer] != 0; }
+  // The keys and values (and recurrent states) a cache of this model holds. A model without attention layers
+  // still names a head shape (one head of 32) that every KV type accepts; no block stores it.
   cache::Geometry kv_geometry() const {
-    return {n_layer, n_head_kv, head_dim, head_dim_v, sliding_window, layer_sliding};
+    const bool attention = n_head_kv > 0;
+    return {n_layer,
+            attention ? n_head_kv : 1,
+            attention ? head_dim : 32,
+            attention ? head_dim_v : 32,
+            sliding_window,
+            layer_sliding,
+            layer_recurrent,
+            ssm_d_inner,
+            ssm_d_state,
+            ssm_d_conv};
   }
 };
 

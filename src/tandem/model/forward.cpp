@@ -16,8 +16,8 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
   TANDEM_CHECK(max_rows > 0, "max_rows must be positive");
   if (c.encoder)
     throw Error("model '" + c.arch + "' is an encoder: it computes embeddings (tandem embed), not text");
-  int64_t widest =
-      std::max({c.n_embd, c.n_ff, c.n_head * c.head_dim_v, c.moe.n_ff_expert, c.moe.n_ff_shared});
+  int64_t widest = std::max(
+      {c.n_embd, c.n_ff, c.n_head * c.head_dim_v, c.moe.n_ff_expert, c.moe.n_ff_shared, c.ssm_d_inner});
   scratch_ = kernels::MatmulScratch(pool.size(), widest, max_rows);
   inv_freq_.resize(static_cast<size_t>(c.n_rot / 2));
   for (int64_t i = 0; i < c.n_rot / 2; ++i) {
@@ -41,6 +41,7 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
   runs_.reserve(static_cast<size_t>(max_rows));
   if (c.moe.n_expert > 0) moe_ = MoeFfn(c, max_rows);
   if (c.mla.kv_lora_rank > 0) mla_ = MlaProjection(c, max_rows);
+  if (!c.layer_recurrent.empty()) ssm_ = std::make_unique<SsmMixer>(c, max_rows);
 }
 
 void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
@@ -90,6 +91,7 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
     len = row.pos + 1;
     max_pos = std::max(max_pos, row.pos);
   }
+  if (ssm_) ssm_->check_rows(rows, caches);
   // Each touched cache makes [its lowest row position, its new length) writable.
   firsts_.assign(caches.size(), INT64_MAX);
   for (const Row& row : rows)
@@ -97,7 +99,7 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
   for (size_t s = 0; s < caches.size(); ++s)
     if (firsts_[s] != INT64_MAX) caches[s]->prepare_append(firsts_[s], lengths_[s]);
   const size_t need_scores = static_cast<size_t>(max_pos + 1);
-  if (static_cast<int64_t>(need_scores) > scores_stride_) {
+  if (static_cast<int64_t>(need_scores) > scores_stride_ && c.n_head_kv > 0) {
     // Grows only when a longer context is first used; steady-state decoding does not allocate.
     scores_stride_ = static_cast<int64_t>(std::max(need_scores, size_t{256}));
     const int64_t heads = std::min(c.n_head / c.n_head_kv, cache::kMaxWindowQueries);
@@ -124,6 +126,12 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
       kernels::rms_norm(x_.data() + r * c.n_embd, l.attn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
                         c.norm_eps);
     });
+    if (c.recurrent(il)) {
+      timed(&PhaseTimes::matmul_s,
+            [&] { ssm_->run(l, il, rows, caches, xb_.data(), x_.data(), pool_, scratch_); });
+      if (capture) (*capture)(il, x_.data(), R);
+      continue;
+    }
     if (!l.mla.empty()) {
       timed(&PhaseTimes::matmul_s, [&] {
         mla_.run(l.mla, xb_.data(), R, rope_cs_.data(), q_.data(), k_.data(), v_.data(), pool_, scratch_);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "tandem/model/mla.h"
 #include "tandem/model/model.h"
 #include "tandem/model/moe.h"
+#include "tandem/model/ssm.h"
 #include "tandem/util/thread_pool.h"
 
 namespace tandem::model {
@@ -132,6 +134,9 @@ class Forward {
   std::vector<int64_t> lengths_;  // per sequence, while validating a batch
   std::vector<int64_t> firsts_;   // per sequence, its lowest row position in a batch
   PhaseTimes* times_ = nullptr;   // borrowed; null: untimed
+
+  // The recurrent layers' mixer; null when the model has none.
+  std::unique_ptr<SsmMixer> ssm_;
 };
 
 }  // namespace tandem::model

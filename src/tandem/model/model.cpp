@@ -25,7 +25,9 @@ void repack(const gguf::File& file, MatrixView& m) {
 
 void repack_layer_weights(const gguf::File& file, Weights& w) {
   for (LayerWeights& l : w.layers) {
-    for (MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) repack(file, *m);
+    for (MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.ssm_in, &l.ssm_x,
+                          &l.ssm_dt, &l.ssm_out})
+      repack(file, *m);
     for (MatrixView* m : {&l.mla.wq, &l.mla.wq_a, &l.mla.wq_b, &l.mla.wkv_a, &l.mla.wkv_b}) repack(file, *m);
     for (MatrixView* m : {&l.moe.router, &l.moe.shared_gate, &l.moe.shared_up, &l.moe.shared_down})
       repack(file, *m);
@@ -33,6 +35,30 @@ void repack_layer_weights(const gguf::File& file, Weights& w) {
       for (MatrixView& m : *experts) repack(file, m);
   }
   if (w.output.data != w.tok_embd.data) repack(file, w.output);  // a head of its own (not tied)
+}
+
+// The recurrent layers' small F32 weights, transposed channel-minor for the kernels (kernels/ssm.h) into
+// `owner`, which must not be resized afterwards.
+void make_channel_minor(const Config& c, Weights& w, std::vector<float>& owner) {
+  const int64_t N = c.ssm_d_inner, K = c.ssm_d_conv, S = c.ssm_d_state;
+  int64_t layers = 0;
+  for (int64_t il = 0; il < c.n_layer; ++il) layers += c.recurrent(il) ? 1 : 0;
+  owner.assign(static_cast<size_t>(layers * (K + S) * N), 0.0f);
+  float* out = owner.data();
+  const auto transpose = [&](const MatrixView& m, int64_t cols) {
+    const auto* src = reinterpret_cast<const float*>(m.data);  // [N, cols]
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = 0; j < cols; ++j) out[j * N + i] = src[i * cols + j];
+    const float* t = out;
+    out += cols * N;
+    return t;
+  };
+  for (int64_t il = 0; il < c.n_layer; ++il) {
+    if (!c.recurrent(il)) continue;
+    LayerWeights& l = w.layers[static_cast<size_t>(il)];
+    l.ssm_conv_t = transpose(l.ssm_conv1d, K);
+    l.ssm_a_t = transpose(l.ssm_a, S);
+  }
 }
 
 }  // namespace
@@ -45,6 +71,7 @@ std::unique_ptr<Model> Model::from_file(gguf::File file) {
   std::unique_ptr<Model> m(new Model(std::move(file)));
   bind_model(m->file_, m->config_, m->weights_);
   repack_layer_weights(m->file_, m->weights_);
+  make_channel_minor(m->config_, m->weights_, m->channel_minor_);
   return m;
 }
 
@@ -52,7 +79,8 @@ size_t Model::weight_bytes_per_token() const {
   size_t total = weights_.output.bytes() + weights_.tok_embd.row_bytes;
   for (const LayerWeights& l : weights_.layers) {
     total += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.w_gate.bytes() + l.w_up.bytes() +
-             l.w_down.bytes();
+             l.w_down.bytes() + l.ssm_in.bytes() + l.ssm_x.bytes() + l.ssm_dt.bytes() + l.ssm_out.bytes() +
+             l.ssm_conv1d.bytes() + l.ssm_a.bytes();
     total += l.mla.wq.bytes() + l.mla.wq_a.bytes() + l.mla.wq_b.bytes() + l.mla.wkv_a.bytes() +
              l.mla.wkv_b.bytes();
     if (l.moe.empty()) continue;
@@ -69,8 +97,8 @@ int64_t Model::quantized_macs_per_token() const {
   auto macs = [](const MatrixView& m) { return kernels::is_quantized_weight(m.type) ? m.rows * m.cols : 0; };
   int64_t total = macs(weights_.output);
   for (const LayerWeights& l : weights_.layers) {
-    total +=
-        macs(l.wq) + macs(l.wk) + macs(l.wv) + macs(l.wo) + macs(l.w_gate) + macs(l.w_up) + macs(l.w_down);
+    total += macs(l.wq) + macs(l.wk) + macs(l.wv) + macs(l.wo) + macs(l.w_gate) + macs(l.w_up) +
+             macs(l.w_down) + macs(l.ssm_in) + macs(l.ssm_x) + macs(l.ssm_dt) + macs(l.ssm_out);
     total += macs(l.mla.wq) + macs(l.mla.wq_a) + macs(l.mla.wq_b) + macs(l.mla.wkv_a) + macs(l.mla.wkv_b);
     if (l.moe.empty()) continue;
     total += macs(l.moe.router) + macs(l.moe.shared_gate) + macs(l.moe.shared_up) + macs(l.moe.shared_down);

@@ -36,6 +36,7 @@ class Model {
   gguf::File file_;
   Config config_;
   Weights weights_;
+  std::vector<float> channel_minor_;  // the recurrent layers' ssm_conv_t and ssm_a_t (weights.h)
 };
 
 // What an architecture file uses to read metadata and bind tensors with checked shapes. Metadata of the

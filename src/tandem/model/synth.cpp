@@ -129,6 +129,8 @@ const std::vector<SynthPreset>& synth_presets() {
       {"tiny-llama-d512", "llama", 512, 1536, 2, 8, 2, 512, 512, 10000.0f, false},
       {"tiny-qwen2-d64", "qwen2", 64, 160, 2, 4, 2, 384, 512, 10000.0f, true},
       {"bge-small", "bert", 384, 1536, 12, 12, 12, 30522, 512, 10000.0f, true},
+      {"mamba-1.4b", "mamba", 2048, 0, 48, 0, 0, 50280, 2048, 0.0f, true, 16, 4, 2},
+      {"tiny-mamba-d64", "mamba", 64, 0, 2, 0, 0, 384, 512, 0.0f, true, 16, 4, 2},
   };
   return presets;
 }
@@ -259,17 +261,26 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
   w.add_u32(a + ".context_length", static_cast<uint32_t>(p.n_ctx_train));
   w.add_u32(a + ".embedding_length", static_cast<uint32_t>(p.n_embd));
   w.add_u32(a + ".block_count", static_cast<uint32_t>(p.n_layer));
-  w.add_u32(a + ".feed_forward_length", static_cast<uint32_t>(p.n_ff));
-  w.add_u32(a + ".attention.head_count", static_cast<uint32_t>(p.n_head));
-  if (p.arch == "bert") return write_bert(w, p, ft, path, pool, seed);
-  w.add_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(p.n_head_kv));
-  w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(p.n_embd / p.n_head));
-  w.add_f32(a + ".rope.freq_base", p.rope_base);
+  const bool mamba = p.arch == "mamba";
+  const int64_t d_inner = p.ssm_expand * p.n_embd, dt_rank = (p.n_embd + 15) / 16;
+  if (mamba) {
+    w.add_u32(a + ".ssm.conv_kernel", static_cast<uint32_t>(p.ssm_d_conv));
+    w.add_u32(a + ".ssm.inner_size", static_cast<uint32_t>(d_inner));
+    w.add_u32(a + ".ssm.state_size", static_cast<uint32_t>(p.ssm_d_state));
+    w.add_u32(a + ".ssm.time_step_rank", static_cast<uint32_t>(dt_rank));
+  } else {
+    w.add_u32(a + ".feed_forward_length", static_cast<uint32_t>(p.n_ff));
+    w.add_u32(a + ".attention.head_count", static_cast<uint32_t>(p.n_head));
+    if (p.arch == "bert") return write_bert(w, p, ft, path, pool, seed);
+    w.add_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(p.n_head_kv));
+    w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(p.n_embd / p.n_head));
+    w.add_f32(a + ".rope.freq_base", p.rope_base);
+  }
   w.add_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
   w.add_u32(a + ".vocab_size", static_cast<uint32_t>(p.n_vocab));
   add_vocabulary(w, p.n_vocab);
 
-  const int64_t head_dim = p.n_embd / p.n_head, kv_dim = p.n_head_kv * head_dim;
+  const int64_t head_dim = mamba ? 0 : p.n_embd / p.n_head, kv_dim = p.n_head_kv * head_dim;
   auto matrix = [&](const std::string& name, int64_t cols, int64_t rows, int64_t layer, float scale) {
     // A tied embedding is also the head, so it takes the head's type.
     const bool tied_head = p.tied_embeddings && name == "token_embd.weight";
@@ -290,7 +301,30 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
   matrix("token_embd.weight", p.n_embd, p.n_vocab, -1, 1.0f);
   vec("output_norm.weight", p.n_embd, 0.1f, 1.0f);
   if (!p.tied_embeddings) matrix("output.weight", p.n_embd, p.n_vocab, -1, fan_in(p.n_embd));
-  for (int64_t i = 0; i < p.n_layer; ++i) {
+  // F32 matrices the mixer keeps in F32 whatever the file type (the convolution's weights, A).
+  auto f32_matrix = [&](const std::string& name, int64_t cols, int64_t rows, float scale, float offset) {
+    RowGen gen = uniform_rows(seed, name, cols, scale, offset);
+    w.add_tensor(name, DType::F32, {cols, rows}, [&pool, rows, cols, gen](const gguf::ByteSink& sink) {
+      emit_rows(pool, DType::F32, rows, cols, gen, sink);
+    });
+  };
+  for (int64_t i = 0; mamba && i < p.n_layer; ++i) {
+    const std::string b = "blk." + std::to_string(i) + ".";
+    vec(b + "attn_norm.weight", p.n_embd, 0.1f, 1.0f);
+    matrix(b + "ssm_in.weight", p.n_embd, 2 * d_inner, i, fan_in(p.n_embd));
+    f32_matrix(b + "ssm_conv1d.weight", p.ssm_d_conv, d_inner, 0.5f, 0.0f);
+    vec(b + "ssm_conv1d.bias", d_inner, 0.1f, 0.0f);
+    matrix(b + "ssm_x.weight", d_inner, dt_rank + 2 * p.ssm_d_state, i, fan_in(d_inner));
+    matrix(b + "ssm_dt.weight", dt_rank, d_inner, i, fan_in(dt_rank));
+    // Time steps near Mamba's initial range (softplus of about -4.6 is 0.01).
+    vec(b + "ssm_dt.bias", d_inner, 2.0f, -4.6f);
+    // A = -exp(A_log) of A_log near log(1..d_state): decay rates from 1 to d_state.
+    f32_matrix(b + "ssm_a", p.ssm_d_state, d_inner, 0.5f * static_cast<float>(p.ssm_d_state - 1),
+               -0.5f * static_cast<float>(p.ssm_d_state + 1));
+    vec(b + "ssm_d", d_inner, 0.5f, 1.0f);
+    matrix(b + "ssm_out.weight", d_inner, p.n_embd, i, fan_in(d_inner));
+  }
+  for (int64_t i = 0; !mamba && i < p.n_layer; ++i) {
     const std::string b = "blk." + std::to_string(i) + ".";
     vec(b + "attn_norm.weight", p.n_embd, 0.1f, 1.0f);
     matrix(b + "attn_q.weight", p.n_embd, p.n_embd, i, fan_in(p.n_embd));

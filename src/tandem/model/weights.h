@@ -58,6 +58,21 @@ struct LayerWeights {
   VectorView b_up, b_down;                      // [n_ff], [n_embd]
   VectorView attn_out_norm, attn_out_norm_b;    // [n_embd]
   VectorView layer_out_norm, layer_out_norm_b;  // [n_embd]
+
+  // Mamba-1 mixer of a recurrent layer (which has attn_norm and none of the above), else empty.
+  MatrixView ssm_in;        // [2 * d_inner, n_embd]: the mixer input x, then the gate z
+  MatrixView ssm_conv1d;    // F32 [d_inner, d_conv]: per channel, the oldest input's weight first
+  VectorView ssm_conv1d_b;  // [d_inner]
+  MatrixView ssm_x;         // [dt_rank + 2 * d_state, d_inner]: dt, B, C
+  MatrixView ssm_dt;        // [d_inner, dt_rank]
+  VectorView ssm_dt_b;      // [d_inner]
+  MatrixView ssm_a;         // F32 [d_inner, d_state]: A = -exp(A_log)
+  VectorView ssm_d;         // [d_inner]
+  MatrixView ssm_out;       // [n_embd, d_inner]
+  // Channel-minor copies that the kernels' vectors run over (kernels/ssm.h), owned by the Model; null until
+  // Model::from_file makes them.
+  const float* ssm_conv_t = nullptr;  // [d_conv, d_inner]: ssm_conv1d transposed
+  const float* ssm_a_t = nullptr;     // [d_state, d_inner]: ssm_a transposed
 };
 
 struct Weights {

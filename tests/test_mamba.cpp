@@ -1,0 +1,334 @@
+// Mamba-1 and its recurrent cache: verify windows compute the bits of one-by-one decoding, rollback after
+// any accept/reject sequence leaves exactly the state of plain decoding, speculative greedy decoding equals
+// plain greedy, and bad batches or rollbacks past the kept depth are refused with a clear error. The kernels
+// against their scalar references, and the model against its goldens, are in test_kernels-style cases below
+// and in test_golden.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "tandem/engine/generate.h"
+#include "tandem/engine/generate_speculative.h"
+#include "tandem/kernels/ssm.h"
+#include "tandem/model/model.h"
+#include "tandem/model/session.h"
+#include "tandem/model/synth.h"
+#include "tandem/speculative/draft_model.h"
+#include "tandem/speculative/ngram.h"
+#include "tandem/util/error.h"
+#include "test_util.h"
+
+namespace tandem {
+namespace {
+
+class Mamba : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    f32_ = model::Model::load(testing::shared_path("models/synth/synth-mamba-d128-f32.gguf")).release();
+    q8_ = model::Model::load(testing::shared_path("models/synth/synth-mamba-d128-Q8_0.gguf")).release();
+  }
+  static void TearDownTestSuite() {
+    delete f32_;
+    delete q8_;
+  }
+  static model::Model* f32_;
+  static model::Model* q8_;
+};
+model::Model* Mamba::f32_ = nullptr;
+model::Model* Mamba::q8_ = nullptr;
+
+model::SessionOptions options() {
+  model::SessionOptions o;
+  o.n_ctx = 512;
+  return o;
+}
+
+std::vector<int32_t> random_tokens(std::mt19937& rng, size_t n, int32_t vocab) {
+  std::uniform_int_distribution<int32_t> d(3, vocab - 1);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+// Every recurrent layer's conv and scan state after the sequence's current length.
+std::vector<float> state_of(const model::Session& s) {
+  const cache::RecurrentState* st = const_cast<model::Session&>(s).cache().recurrent();
+  std::vector<float> out;
+  const int64_t n = s.length();
+  const auto conv = static_cast<size_t>((st->d_conv() - 1) * st->d_inner());
+  const auto ssm = static_cast<size_t>(st->d_inner() * st->d_state());
+  for (int64_t l = 0; l < s.model().config().n_layer; ++l) {
+    out.insert(out.end(), st->conv(l, n), st->conv(l, n) + conv);
+    out.insert(out.end(), st->ssm(l, n), st->ssm(l, n) + ssm);
+  }
+  return out;
+}
+
+TEST_F(Mamba, ConfigAndStateSize) {
+  const model::Config& c = f32_->config();
+  EXPECT_EQ(c.arch, "mamba");
+  EXPECT_EQ(c.ssm_d_inner, 256);
+  EXPECT_EQ(c.ssm_d_state, 16);
+  EXPECT_EQ(c.ssm_d_conv, 4);
+  EXPECT_EQ(c.ssm_dt_rank, 32);
+  ThreadPool pool(1);
+  model::Session s(*f32_, pool, options());
+  ASSERT_NE(s.cache().recurrent(), nullptr);
+  // 4 layers of (3 * 256 conv inputs + 256 * 16 scan state) floats.
+  EXPECT_EQ(s.cache().recurrent()->bytes_per_state(), size_t{4} * (3 * 256 + 256 * 16) * 4);
+  EXPECT_EQ(s.cache().bytes_per_token(), 0u);  // no layer keeps keys and values
+}
+
+// A window of w rows gives, row for row, the bits of the same tokens decoded one at a time, prompt chunks of
+// any size included.
+TEST_F(Mamba, WindowsEqualOneByOneDecodingBitForBit) {
+  ThreadPool pool(2);
+  std::mt19937 rng(7);
+  for (const model::Model* m : {f32_, q8_}) {
+    const auto V = static_cast<size_t>(m->config().n_vocab);
+    const auto tokens = random_tokens(rng, 40, static_cast<int32_t>(V));
+    model::Session plain(*m, pool, options());
+    std::vector<float> expected;
+    for (int32_t t : tokens) {
+      const auto l = plain.eval(std::span<const int32_t>(&t, 1));
+      expected.insert(expected.end(), l.begin(), l.end());
+    }
+    for (size_t w : {size_t{2}, size_t{5}, size_t{8}, size_t{40}}) {
+      model::Session window(*m, pool, options());
+      for (size_t b = 0; b < tokens.size(); b += w) {
+        const size_t n = std::min(w, tokens.size() - b);
+        const auto l = window.eval(std::span<const int32_t>(tokens).subspan(b, n), true);
+        ASSERT_EQ(std::memcmp(l.data(), expected.data() + b * V, n * V * sizeof(float)), 0)
+            << "window of " << w << " at " << b;
+      }
+      EXPECT_EQ(state_of(window), state_of(plain)) << "window of " << w;
+    }
+  }
+}
+
+// Rounds of a drafted window of w tokens of which k are accepted (a rollback to the first k), in every mix:
+// after each round the state equals, bit for bit, the state of plain decoding of the accepted tokens, and the
+// next logits are the same.
+TEST_F(Mamba, StateAfterAnyAcceptRejectSequenceEqualsPlainDecoding) {
+  ThreadPool pool(2);
+  std::mt19937 rng(11);
+  const model::Model& m = *q8_;
+  const auto V = static_cast<int32_t>(m.config().n_vocab);
+  model::Session spec(m, pool, options()), plain(m, pool, options());
+  const auto prompt = random_tokens(rng, 9, V);
+  spec.eval(prompt);
+  plain.eval(prompt);
+  std::uniform_int_distribution<int> width(1, 9);
+  for (int round = 0; round < 30; ++round) {
+    const int w = width(rng);
+    const int k = std::uniform_int_distribution<int>(0, w)(rng);
+    const auto draft = random_tokens(rng, static_cast<size_t>(w), V);
+    const int64_t base = spec.length();
+    spec.eval(draft, true);
+    spec.truncate(base + k);
+    if (k > 0) plain.eval(std::span<const int32_t>(draft).first(static_cast<size_t>(k)), true);
+    ASSERT_EQ(spec.length(), plain.length());
+    ASSERT_EQ(state_of(spec), state_of(plain)) << "round " << round << ": " << k << " of " << w;
+  }
+  const auto probe = random_tokens(rng, 3, V);
+  const auto a = spec.eval(probe, true);
+  const std::vector<float> from_spec(a.begin(), a.end());
+  const auto b = plain.eval(probe, true);
+  EXPECT_EQ(std::memcmp(from_spec.data(), b.data(), b.size() * sizeof(float)), 0);
+}
+
+TEST_F(Mamba, RollbackPastTheKeptDepthIsRefused) {
+  ThreadPool pool(1);
+  std::mt19937 rng(3);
+  model::Session s(*f32_, pool, options());
+  s.eval(random_tokens(rng, 60, 512));
+  const int64_t depth = s.cache().recurrent()->depth();
+  s.truncate(60 - depth);  // the deepest rollback kept
+  try {
+    s.truncate(60 - depth - 1);
+    FAIL() << "a rollback past the kept depth was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot roll back the recurrent state"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(s.length(), 60 - depth);  // unchanged by the refusal
+  s.truncate(0);                      // a fresh start is always possible
+  EXPECT_EQ(s.length(), 0);
+}
+
+TEST_F(Mamba, RowsOutOfOrderAreRefused) {
+  ThreadPool pool(1);
+  model::Forward fwd(*f32_, pool, 4);
+  cache::KvCache kv(f32_->config().kv_geometry(), 64, cache::KvType::kF16, 4);
+  cache::KvCache* caches[] = {&kv};
+  std::vector<float> logits(512 * 4);
+  const model::Row first[] = {{5, 0, 0, true}, {6, 1, 0, true}};
+  fwd.run(first, caches, logits.data());
+  const model::Row swapped[] = {{7, 2, 0, true}, {8, 1, 0, true}};  // each within the attention rule
+  try {
+    fwd.run(swapped, caches, logits.data());
+    FAIL() << "rows out of order were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("consecutive positions"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(kv.length(), 2);
+}
+
+std::vector<int32_t> plain_greedy(const model::Model& m, ThreadPool& pool, std::span<const int32_t> prompt,
+                                  int64_t n) {
+  model::Session s(m, pool, options());
+  engine::GenerateOptions g;
+  g.max_tokens = n;
+  g.sampling.temperature = 0.0f;
+  std::vector<int32_t> out;
+  engine::generate(
+      s, prompt, g, [&](int32_t t) { return out.push_back(t), true; }, nullptr);
+  return out;
+}
+
+// Speculative greedy decoding over a recurrent target (drafting with the other mamba file, or by n-gram
+// lookup) equals plain greedy decoding at every depth the cache keeps.
+TEST_F(Mamba, SpeculativeGreedyEqualsPlainGreedy) {
+  ThreadPool pool(1);
+  std::mt19937 rng(5);
+  constexpr int64_t kTokens = 24;
+  speculative::DraftModelSource draft(*f32_, *q8_, pool, options());
+  speculative::NgramSource ngram({1, 4});
+  speculative::DraftSource* sources[] = {&draft, &ngram};
+  engine::SpecStats total;
+  for (int p = 0; p < 3; ++p) {
+    auto prompt = random_tokens(rng, 6, 512);
+    prompt.insert(prompt.end(), prompt.begin(), prompt.end());  // repeats for the n-gram drafter to find
+    const auto plain = plain_greedy(*q8_, pool, prompt, kTokens);
+    for (speculative::DraftSource* source : sources) {
+      for (int depth : {1, 3, 8}) {
+        model::Session s(*q8_, pool, options());
+        engine::SpecOptions o;
+        o.generate.max_tokens = kTokens;
+        o.generate.sampling.temperature = 0.0f;
+        o.draft_max = depth;
+        o.use_gate = false;
+        std::vector<int32_t> out;
+        total.add(engine::generate_speculative(
+            s, *source, prompt, o, [&](int32_t t) { return out.push_back(t), true; }, nullptr));
+        ASSERT_EQ(out, plain) << source->kind() << " depth " << depth;
+      }
+    }
+  }
+  EXPECT_GT(total.accepted, 0);
+  EXPECT_LT(total.accepted, total.drafted);
+}
+
+// `tandem synth` writes mamba checkpoints (the mamba-1.4b preset for benchmarks); the small preset loads with
+// the shapes asked for and decodes to finite logits, windows equal to one-by-one decoding.
+TEST(MambaSynth, SmallPresetLoadsAndDecodes) {
+  ThreadPool pool(2);
+  const model::SynthPreset& p = model::find_synth_preset("tiny-mamba-d64");
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("tandem-test-mamba-" + std::to_string(::getpid()) + ".gguf"))
+          .string();
+  model::write_synthetic_model(p, model::find_file_type("Q8_0"), path, pool);
+  auto m = model::Model::load(path);
+  std::filesystem::remove(path);
+  const model::Config& c = m->config();
+  EXPECT_EQ(c.arch, "mamba");
+  EXPECT_EQ(c.ssm_d_inner, 128);
+  EXPECT_EQ(c.ssm_d_state, 16);
+  EXPECT_EQ(c.ssm_d_conv, 4);
+  EXPECT_EQ(c.ssm_dt_rank, 4);
+  std::mt19937 rng(2);
+  const auto tokens = random_tokens(rng, 12, static_cast<int32_t>(c.n_vocab));
+  model::Session one(*m, pool, options()), all(*m, pool, options());
+  std::vector<float> expected;
+  for (int32_t t : tokens) {
+    const auto l = one.eval(std::span<const int32_t>(&t, 1));
+    for (float v : l) ASSERT_TRUE(std::isfinite(v));
+    expected.insert(expected.end(), l.begin(), l.end());
+  }
+  const auto l = all.eval(tokens, true);
+  EXPECT_EQ(std::memcmp(l.data(), expected.data(), expected.size() * sizeof(float)), 0);
+  const auto& big = model::find_synth_preset("mamba-1.4b");
+  EXPECT_EQ(big.n_embd * big.ssm_expand, 4096);
+  EXPECT_EQ(big.n_layer, 48);
+  EXPECT_EQ(big.n_vocab, 50280);
+}
+
+// The kernels the forward calls against their scalar references, over channel ranges of every alignment.
+TEST(SsmKernels, MatchScalarReference) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto fill = [&](std::vector<float>& v, size_t n, float scale) {
+    v.resize(n);
+    for (auto& x : v) x = nd(rng) * scale;
+  };
+  for (int64_t N : {1, 7, 16, 37, 256}) {
+    for (int64_t K : {1, 2, 4}) {
+      std::vector<float> st, x, w, b, out_a, out_b, y_a, y_b;
+      fill(st, static_cast<size_t>((K - 1) * N), 1.0f);
+      fill(x, static_cast<size_t>(N), 1.0f);
+      fill(w, static_cast<size_t>(N * K), 0.5f);
+      fill(b, static_cast<size_t>(N), 0.1f);
+      out_a.assign(st.size(), 0.0f);
+      out_b = out_a;
+      y_a.assign(static_cast<size_t>(N), 0.0f);
+      y_b = y_a;
+      kernels::SsmConvArgs a{N, K, st.data(), out_a.data(), x.data(), w.data(), b.data(), y_a.data()};
+      kernels::SsmConvArgs r = a;
+      r.state_out = out_b.data();
+      r.y = y_b.data();
+      const int64_t i0 = N > 3 ? 3 : 0;
+      kernels::ssm_conv_step(a, i0, N);
+      kernels::ssm_conv_step_ref(r, i0, N);
+      EXPECT_EQ(out_a, out_b) << N << " " << K;
+      for (int64_t i = i0; i < N; ++i)
+        EXPECT_NEAR(y_a[static_cast<size_t>(i)], y_b[static_cast<size_t>(i)], 1e-5f) << N << " " << K;
+    }
+    for (int64_t S : {1, 5, 16}) {
+      std::vector<float> st, x, dt, A, B, C, D, z, out_a, out_b, y_a, y_b;
+      fill(st, static_cast<size_t>(N * S), 1.0f);
+      fill(x, static_cast<size_t>(N), 1.0f);
+      fill(dt, static_cast<size_t>(N), 3.0f);  // both sides of the softplus threshold
+      dt[0] = 25.0f;
+      fill(A, static_cast<size_t>(N * S), 1.0f);
+      for (auto& v : A) v = -std::exp(v);
+      fill(B, static_cast<size_t>(S), 1.0f);
+      fill(C, static_cast<size_t>(S), 1.0f);
+      fill(D, static_cast<size_t>(N), 1.0f);
+      fill(z, static_cast<size_t>(N), 1.0f);
+      out_a.assign(st.size(), 0.0f);
+      out_b = out_a;
+      y_a.assign(static_cast<size_t>(N), 0.0f);
+      y_b = y_a;
+      kernels::SsmScanArgs a{N,        S,        st.data(), out_a.data(), x.data(), dt.data(),
+                             A.data(), B.data(), C.data(),  D.data(),     z.data(), y_a.data()};
+      kernels::SsmScanArgs r = a;
+      r.state_out = out_b.data();
+      r.y = y_b.data();
+      kernels::ssm_scan_step(a, 0, N);
+      kernels::ssm_scan_step_ref(r, 0, N);
+      // Any split of the channels (threads take ranges of them) gives the same bits.
+      std::vector<float> out_c(out_a.size()), y_c(y_a.size());
+      kernels::SsmScanArgs split = a;
+      split.state_out = out_c.data();
+      split.y = y_c.data();
+      for (int64_t i = 0; i < N; i += 5) kernels::ssm_scan_step(split, i, std::min<int64_t>(N, i + 5));
+      EXPECT_EQ(out_c, out_a) << N << " " << S;
+      EXPECT_EQ(y_c, y_a) << N << " " << S;
+      for (size_t i = 0; i < out_a.size(); ++i)
+        EXPECT_NEAR(out_a[i], out_b[i], 1e-5f * (1.0f + std::abs(out_b[i]))) << N << " " << S << " " << i;
+      for (size_t i = 0; i < y_a.size(); ++i)
+        EXPECT_NEAR(y_a[i], y_b[i], 1e-4f * (1.0f + std::abs(y_b[i]))) << N << " " << S << " " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem
