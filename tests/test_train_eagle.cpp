@@ -74,12 +74,13 @@ struct Task {
     }
     const std::vector<int64_t> lengths(static_cast<size_t>(n_seqs), len);
     b.att = AttentionMask::causal_sequences(lengths);
-    b.view = {R,
-              b.taps.data(),
-              b.next_ids.data(),
-              b.pos.data(),
-              &b.att,
-              SoftTargets{R, 1, b.target_ids.data(), b.probs.data(), nullptr, nullptr, b.mask.data()}};
+    b.view = {
+        .rows = R,
+        .taps = b.taps.data(),
+        .next_ids = b.next_ids.data(),
+        .pos = b.pos.data(),
+        .mask = &b.att,
+        .targets = SoftTargets{R, 1, b.target_ids.data(), b.probs.data(), nullptr, nullptr, b.mask.data()}};
   }
 };
 
