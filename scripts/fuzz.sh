@@ -32,7 +32,8 @@ reader_sources=("$root/src/tandem/gguf/reader.cpp" "$root/src/tandem/gguf/mapped
 # Model loading without the kernels (bind_model checks and binds; repacking is Model::from_file's) and every
 # tokenizer source.
 loader_sources=("$root/src/tandem/model/load.cpp" "$root/src/tandem/model/registry.cpp"
-                "$root"/src/tandem/model/arch_*.cpp "$root"/src/tandem/tokenizer/*.cpp)
+                "$root"/src/tandem/model/arch_*.cpp "$root"/src/tandem/model/*_bind.cpp
+                "$root"/src/tandem/tokenizer/*.cpp)
 writer_sources=("$root/src/tandem/gguf/writer.cpp" "${reader_sources[@]}")
 pcre_flags=$(pkg-config --cflags libpcre2-8 2>/dev/null || true)
 pcre_libs=$(pkg-config --libs libpcre2-8 2>/dev/null || echo -lpcre2-8)

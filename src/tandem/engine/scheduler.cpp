@@ -334,9 +334,9 @@ void Scheduler::settle() {
   delta.rows = static_cast<uint64_t>(plan_.rows);
   ended_.clear();
   for (Sequence* s : plan_.decoders)
-    if (!settle(*s, {}, true, delta)) ended_.push_back(s);
+    if (!settle(*s, {}, true)) ended_.push_back(s);
   for (Sequence* s : plan_.verifiers)
-    if (!settle(*s, std::span<const int32_t>(s->window).subspan(1), true, delta)) ended_.push_back(s);
+    if (!settle(*s, std::span<const int32_t>(s->window).subspan(1), true)) ended_.push_back(s);
   for (Sequence* s : plan_.prefills) {
     s->evaluated += static_cast<int64_t>(s->window.size());
     delta.evaluated_prompt_tokens += s->window.size();
@@ -350,7 +350,7 @@ void Scheduler::settle() {
     }
     // The prompt's last row gives the first token: a round without a window, nothing to teach the gate or
     // the drafter (which has just begun on the prompt).
-    if (!alive || !settle(*s, {}, false, delta)) ended_.push_back(s);
+    if (!alive || !settle(*s, {}, false)) ended_.push_back(s);
   }
   if (!ended_.empty())
     std::erase_if(running_, [&](const std::unique_ptr<Sequence>& s) {
@@ -363,12 +363,9 @@ void Scheduler::settle() {
   for (int b = 0; b < SchedulerStats::kBuckets; ++b)
     stats_.rows_le[b] += plan_.rows <= SchedulerStats::kRowBuckets[b] ? 1 : 0;
   stats_.evaluated_prompt_tokens += delta.evaluated_prompt_tokens;
-  stats_.drafted += delta.drafted;
-  stats_.accepted += delta.accepted;
 }
 
-bool Scheduler::settle(Sequence& s, std::span<const int32_t> drafts, bool speculating,
-                       SchedulerStats& delta) {
+bool Scheduler::settle(Sequence& s, std::span<const int32_t> drafts, bool speculating) {
   const auto V = static_cast<size_t>(graph_.n_vocab());
   speculative::Window window;
   window.logits =
@@ -388,8 +385,13 @@ bool Scheduler::settle(Sequence& s, std::span<const int32_t> drafts, bool specul
                          });
     s.drafted += static_cast<uint64_t>(out.drafted);
     s.accepted += static_cast<uint64_t>(out.accepted);
-    delta.drafted += static_cast<uint64_t>(out.drafted);
-    delta.accepted += static_cast<uint64_t>(out.accepted);
+    if (out.drafted > 0) {
+      // Counted before the sequence's final event goes out, so a client that reads the metrics after its
+      // last token sees its own rounds (the chat page computes a reply's acceptance that way).
+      std::lock_guard lock(mutex_);
+      stats_.drafted += static_cast<uint64_t>(out.drafted);
+      stats_.accepted += static_cast<uint64_t>(out.accepted);
+    }
     if (!out.stopped) return true;
     finish(s, s.ending);
   } catch (const std::exception& e) {

@@ -130,7 +130,7 @@ class Scheduler {
   // Settles s's window (its logits from s.logit_row; drafts empty: a plain step) through its
   // speculative::Settler; with `speculating`, its gate and drafter learn the round. Returns false when s
   // finished (its final event pushed).
-  bool settle(Sequence& s, std::span<const int32_t> drafts, bool speculating, SchedulerStats& delta);
+  bool settle(Sequence& s, std::span<const int32_t> drafts, bool speculating);
   void finish(Sequence& s, Finish why, const std::string& error = {});
   void emit_token(Sequence& s, int32_t token, const float* logits);
   // Counts and emits `token`, which the settle step has just appended to s.tokens; returns false when s ends

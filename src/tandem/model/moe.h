@@ -16,6 +16,10 @@
 
 namespace tandem::model {
 
+// Bounds the routed experts of a layer (real models have up to a few hundred), so route() keeps its
+// scratch on the stack.
+inline constexpr int64_t kMaxExperts = 1024;
+
 // Reads the MoE hyperparameters common to the families (expert_count, expert_used_count,
 // expert_feed_forward_length, expert_gating_func, expert_weights_norm, expert_weights_scale,
 // expert_group_count, expert_group_used_count) into c.moe, with their ranges checked. The family sets the
