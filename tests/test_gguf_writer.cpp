@@ -14,8 +14,11 @@
 #include "tandem/gguf/reader.h"
 #include "tandem/gguf/writer.h"
 #include "tandem/util/error.h"
+#include "test_util.h"
 
 namespace {
+
+using tandem::testing::TempDir;
 
 using tandem::DType;
 using tandem::Error;
@@ -24,26 +27,6 @@ using tandem::gguf::File;
 using tandem::gguf::ValueType;
 using tandem::gguf::Writer;
 namespace fs = std::filesystem;
-
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ =
-        fs::temp_directory_path() / ("tandem-gguf-writer-" + std::to_string(::getpid()) + "-" + info->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
   std::vector<uint8_t> v(n);
@@ -62,7 +45,7 @@ bool same_bytes(const tandem::gguf::TensorInfo& t, const std::vector<uint8_t>& w
 }
 
 TEST(GgufWriter, RoundTripsEveryMetadataTypeAndTensors) {
-  TempDir dir;
+  const TempDir dir("tandem-gguf-writer");
   const std::string path = dir.file("all.gguf");
 
   const std::vector<uint8_t> a_u8 = {0, 1, 255};
@@ -320,7 +303,7 @@ TEST(GgufWriter, RejectsWhatTheReaderWouldReject) {
 }
 
 TEST(GgufWriter, ShortOrLongProducerFailsAndLeavesNoFile) {
-  TempDir dir;
+  const TempDir dir("tandem-gguf-writer");
   const std::string path = dir.file("bad.gguf");
   const auto data = pattern(64, 1);
   for (size_t produce : {size_t{0}, size_t{63}, size_t{64 + 1}}) {
@@ -338,7 +321,7 @@ TEST(GgufWriter, ShortOrLongProducerFailsAndLeavesNoFile) {
 }
 
 TEST(GgufWriter, FailureKeepsThePreviousFile) {
-  TempDir dir;
+  const TempDir dir("tandem-gguf-writer");
   const std::string path = dir.file("model.gguf");
   {
     Writer good;
@@ -361,14 +344,14 @@ TEST(GgufWriter, FailureKeepsThePreviousFile) {
 }
 
 TEST(GgufWriter, UnwritablePathIsAnError) {
-  TempDir dir;
+  const TempDir dir("tandem-gguf-writer");
   Writer w;
   expect_error([&] { w.write_file(dir.file("no/such/dir/x.gguf")); }, "cannot create");
 }
 
 TEST(GgufWriter, StreamsTensorDataWithoutCopyingIt) {
   // 64 MiB produced from one 64 KiB buffer: the writer never needs the whole tensor at once.
-  TempDir dir;
+  const TempDir dir("tandem-gguf-writer");
   const std::string path = dir.file("stream.gguf");
   const size_t chunk = 64 * 1024;
   const auto piece = pattern(chunk, 9);

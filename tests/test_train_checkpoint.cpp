@@ -15,30 +15,14 @@
 #include "tandem/train/optimizer.h"
 #include "tandem/util/error.h"
 #include "tandem/util/thread_pool.h"
+#include "test_util.h"
 
 namespace {
 
+using tandem::testing::TempDir;
+
 using namespace tandem::train;
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ =
-        fs::temp_directory_path() / ("tandem-train-ckpt-" + std::to_string(::getpid()) + "-" + info->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 EagleConfig small() {
   EagleConfig cfg;
@@ -106,7 +90,7 @@ struct Trained {
 };
 
 TEST(TrainCheckpoint, RoundTripResumesExactly) {
-  TempDir dir;
+  const TempDir dir("tandem-train-ckpt");
   const std::string path = dir.file("drafter.gguf");
   Trained a(1);
   for (int s = 0; s < 3; ++s) a.step();
@@ -161,7 +145,7 @@ void expect_error(const std::function<void()>& f, const std::string& needle) {
 }
 
 TEST(TrainCheckpoint, RefusesBadInput) {
-  TempDir dir;
+  const TempDir dir("tandem-train-ckpt");
   Trained a(1);
   DrafterInfo info = info_for(small());
   info.kind = "medusa";

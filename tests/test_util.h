@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,19 @@ std::pair<std::string, int> run_command(const std::string& command);
 
 // n floats drawn from the standard normal distribution, the same for the same seed.
 std::vector<float> normal_floats(int64_t n, uint32_t seed);
+
+// A fresh directory per test (named after `prefix`, the process and the running test), removed with it.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix);
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
 
 // Runs fn once per Highway target this machine supports (then restores normal dispatch).
 template <typename Fn>
