@@ -192,7 +192,7 @@ void serve(const ServeOptions& o) {
   const int64_t embed_ctx = encoder ? config.n_ctx_train : n_ctx;
   engine::EmbeddingBatcherOptions eo;
   eo.max_rows = o.embed_rows;
-  eo.max_waiting = o.queue;
+  eo.max_waiting = o.parallel + o.queue;  // as many as generation admits, running and queued
   for (const int64_t d : o.truncatable_dims)
     if (d >= config.n_embd)
       throw Error("--matryoshka-dims " + std::to_string(d) + " is not below the model's embedding width " +
