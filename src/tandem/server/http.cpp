@@ -285,8 +285,11 @@ void HttpServer::Impl::embeddings(const httplib::Request& req, httplib::Response
     for (const std::string& text : r.texts)
       inputs.push_back(tok.encode(text, /*add_special=*/true, /*parse_special=*/false));
     for (size_t i = 0; i < inputs.size(); ++i)
-      if (inputs[i].empty())  // a tokenizer that adds no special tokens, and text that gives none
-        throw bad_request("input " + std::to_string(i) + " encodes to no tokens", "input");
+      if (inputs[i].empty()) {  // a tokenizer that adds no special tokens, and text that gives none
+        const std::string at = inputs.size() == 1 ? "input" : "input[" + std::to_string(i) + "]";
+        throw bad_request("'" + at + "' encodes to no tokens; give it text the model's vocabulary covers",
+                          at);
+      }
     fit_to_context(inputs, embedder->max_tokens(), r.truncate);
     int64_t tokens = 0;
     for (const auto& ids : inputs) tokens += static_cast<int64_t>(ids.size());
