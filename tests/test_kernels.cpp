@@ -621,12 +621,13 @@ TEST(Kernels, FloatMatmulMatchesReferenceOnEveryHighwayTarget) {
 
 // The float tiles (several weight rows by two activation rows, smaller tiles for the last rows) give every
 // output the bits it has alone, one weight row against one activation row, for any range of weight rows a
-// thread takes, and write no output outside it, on every Highway target. Single-threaded, so that the ARM
-// build runs it under emulation.
+// thread takes, and write no output outside it, on every Highway target; so do the many-row class's
+// converted panels over chunks of activation rows (8 rows and more; 70 and 131 span several chunks; k 4100
+// is past the panel's width). Single-threaded, so that the ARM build runs it under emulation.
 TEST(Kernels, FloatTilesKeepEachOutputsBitsOnEveryHighwayTarget) {
   for (DType t : {DType::F32, DType::F16, DType::BF16}) {
-    for (int64_t k : {7, 37, 100, 1031}) {
-      const int64_t n = 11, rows = 9;
+    for (int64_t k : {7, 37, 100, 1031, 4100}) {
+      const int64_t n = 11, rows = 131;
       const TestMatrix m = make_matrix(t, n, k, 31);
       const auto xbuf = make_activations(rows, k, 33);
       const float* x = xbuf.data() + 1;
@@ -637,7 +638,7 @@ TEST(Kernels, FloatTilesKeepEachOutputsBitsOnEveryHighwayTarget) {
             float_matmul_rows(t, m.view.data, m.view.row_bytes, o, o + 1, k, x + r * k, k, 1,
                               alone.data() + r * n, n);
         for (const auto& [o0, o1] : std::vector<std::pair<int64_t, int64_t>>{{0, n}, {1, n}, {2, 7}, {3, 4}})
-          for (int64_t nr : {1, 2, 3, 8, 9}) {
+          for (int64_t nr : {1, 2, 3, 8, 9, 70, 131}) {
             std::vector<float> y(static_cast<size_t>(nr * n), std::nanf(""));
             float_matmul_rows(t, m.view.data, m.view.row_bytes, o0, o1, k, x, k, nr, y.data(), n);
             for (int64_t r = 0; r < nr; ++r)

@@ -1,4 +1,5 @@
-// tandem serve: the OpenAI-compatible HTTP server over the continuous-batching scheduler.
+// tandem serve: the OpenAI-compatible HTTP server over the continuous-batching scheduler and the embedding
+// batcher (an encoder-only model gets the batcher alone).
 #include <pthread.h>
 #include <sys/resource.h>
 
@@ -16,7 +17,9 @@
 #include "tandem/cli/common.h"
 #include "tandem/cli/spec_common.h"
 #include "tandem/engine/cache_pool.h"
+#include "tandem/engine/embed_batcher.h"
 #include "tandem/engine/scheduler.h"
+#include "tandem/model/encoder.h"
 #include "tandem/model/graph.h"
 #include "tandem/model/session.h"
 #include "tandem/server/chat_template.h"
@@ -49,6 +52,9 @@ struct ServeOptions {
   double idle_seconds = 5, request_seconds = 30, write_seconds = 10;
   int max_json_depth = 64;
   size_t max_json_elements = 1u << 18;
+  int64_t embed_rows = 2048;
+  int embed_threads = 1;
+  std::vector<int64_t> truncatable_dims;
 };
 
 std::chrono::milliseconds to_ms(double seconds) {
@@ -141,6 +147,14 @@ bool warm_up(engine::Scheduler& scheduler, const tokenizer::Tokenizer& tok) {
   return ev.finish != engine::Finish::kDrained && ev.finish != engine::Finish::kCancelled;
 }
 
+// One embedding of one token before an encoder-only server calls itself ready (see warm_up). Returns false
+// when a drain refused it.
+bool warm_up_embeddings(engine::EmbeddingBatcher& embeddings, const tokenizer::Tokenizer& tok) {
+  std::vector<float> out;
+  return embeddings.embed({{std::max<int32_t>(tok.bos_id(), 0)}}, out) ==
+         engine::EmbeddingBatcher::Admit::kOk;
+}
+
 void serve(const ServeOptions& o) {
   if (!o.draft.empty() && o.draft != "ngram")
     throw Error("--draft takes 'ngram' (or use --draft-model FILE)");
@@ -168,13 +182,38 @@ void serve(const ServeOptions& o) {
                  problem.c_str(), std::string(chat.name()).c_str());
 
   ThreadPool pool(o.model.resolved_threads());
-  model::Graph graph(*model, pool, model::GraphOptions{std::max<int64_t>(o.rows, 16), 16});
-  engine::SlotCachePool caches(model->config(), n_ctx, o.model.resolved_kv_type(), o.parallel);
+  const model::Config& config = model->config();
+  // An encoder-only model has no generation: no graph, caches or scheduler, and the batcher has the pool.
+  // A decoder's embeddings run beside generation on a pool of their own, so neither waits for the other.
+  const bool encoder = config.encoder;
+  std::unique_ptr<ThreadPool> embed_pool;
+  if (!encoder) embed_pool = std::make_unique<ThreadPool>(o.embed_threads);
+  ThreadPool& embed_threads = encoder ? pool : *embed_pool;
+  const int64_t embed_ctx = encoder ? config.n_ctx_train : n_ctx;
+  engine::EmbeddingBatcherOptions eo;
+  eo.max_rows = o.embed_rows;
+  eo.max_waiting = o.parallel + o.queue;  // as many as generation admits, running and queued
+  for (const int64_t d : o.truncatable_dims)
+    if (d >= config.n_embd)
+      throw Error("--matryoshka-dims " + std::to_string(d) + " is not below the model's embedding width " +
+                  std::to_string(config.n_embd));
+  engine::EmbeddingBatcher embeddings(
+      [&] {
+        return std::make_unique<model::Embedder>(*model, embed_threads, o.embed_rows, encoder ? 0 : n_ctx);
+      },
+      config.n_embd, embed_ctx, eo);
+
+  std::unique_ptr<model::Graph> graph;
+  std::unique_ptr<engine::SlotCachePool> caches;
+  std::unique_ptr<engine::Scheduler> scheduler;
   engine::SchedulerOptions so;
   so.max_running = o.parallel;
   so.max_waiting = o.queue;
   so.max_rows = o.rows;
   const bool speculate = !o.draft.empty() || !o.draft_model.empty();
+  if (encoder && speculate)
+    throw Error("--draft and --draft-model speed up generation, but '" + o.model.model_path +
+                "' is an encoder (" + config.arch + ") that makes embeddings only; drop them");
   so.max_draft = speculate ? (o.max_draft > 0 ? o.max_draft : 6) : 0;
   so.gate = o.gate;
   std::unique_ptr<model::Model> draft;
@@ -206,8 +245,13 @@ void serve(const ServeOptions& o) {
   }
 
   const tokenizer::Tokenizer& tk = *tok;
-  engine::Scheduler scheduler(
-      graph, caches, [&tk](int32_t id) { return tk.is_eog(id); }, so, drafts);
+  if (!encoder) {
+    graph =
+        std::make_unique<model::Graph>(*model, pool, model::GraphOptions{std::max<int64_t>(o.rows, 16), 16});
+    caches = std::make_unique<engine::SlotCachePool>(config, n_ctx, o.model.resolved_kv_type(), o.parallel);
+    scheduler = std::make_unique<engine::Scheduler>(
+        *graph, *caches, [&tk](int32_t id) { return tk.is_eog(id); }, so, drafts);
+  }
   server::Metrics metrics;
   server::ServerOptions http;
   http.host = o.host;
@@ -221,7 +265,9 @@ void serve(const ServeOptions& o) {
   http.max_json_depth = o.max_json_depth;
   http.max_json_elements = o.max_json_elements;
   http.model_name = !o.alias.empty() ? o.alias : std::filesystem::path(o.model.model_path).stem().string();
-  server::HttpServer srv(scheduler, tk, chat, metrics, http);
+  http.truncatable_dims = o.truncatable_dims;
+  http.model_kind = "an encoder (" + config.arch + ")";
+  server::HttpServer srv(scheduler.get(), &embeddings, tk, chat, metrics, http);
   const int port = srv.bind();
 
   // Draining: new and queued requests get 503 with Retry-After at once (they never started, so a client can
@@ -231,26 +277,35 @@ void serve(const ServeOptions& o) {
                  "serve: %s received: draining (new and queued requests get 503; running ones get %.0f s)\n",
                  sig == SIGINT ? "SIGINT" : "SIGTERM", o.drain_seconds);
     srv.begin_drain();
-    scheduler.drain();
+    if (scheduler) scheduler->drain();
+    embeddings.drain();
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.drain_seconds);
-    while (!scheduler.idle() && std::chrono::steady_clock::now() < deadline)
+    while ((!embeddings.idle() || (scheduler && !scheduler->idle())) &&
+           std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    scheduler.stop();  // cuts what still runs; serve() returns once those answers are written
+    if (scheduler) scheduler->stop();  // cuts what still runs; serve() returns once those answers are written
     srv.stop();
   });
-  std::fprintf(
-      stderr,
-      "serve: model '%s' (%s chat template), context %lld, %d parallel, queue %d, %lld rows per forward, "
-      "drafting %s\n"
-      "serve: replica '%s' warming up on %s:%d (/health answers 503 \"starting\")\n",
-      http.model_name.c_str(), std::string(chat.name()).c_str(), static_cast<long long>(n_ctx), o.parallel,
-      o.queue, static_cast<long long>(o.rows),
-      speculate ? (draft ? "with a draft model" : "by n-gram lookup") : "off", srv.replica_name().c_str(),
-      o.host.c_str(), port);
+  if (encoder)
+    std::fprintf(stderr,
+                 "serve: model '%s', an encoder (%s): embeddings only, context %lld, queue %d, %lld rows per "
+                 "embedding batch\n",
+                 http.model_name.c_str(), config.arch.c_str(), static_cast<long long>(embed_ctx), o.queue,
+                 static_cast<long long>(o.embed_rows));
+  else
+    std::fprintf(stderr,
+                 "serve: model '%s' (%s chat template), context %lld, %d parallel, queue %d, %lld rows per "
+                 "forward, drafting %s\n",
+                 http.model_name.c_str(), std::string(chat.name()).c_str(), static_cast<long long>(n_ctx),
+                 o.parallel, o.queue, static_cast<long long>(o.rows),
+                 speculate ? (draft ? "with a draft model" : "by n-gram lookup") : "off");
+  std::fprintf(stderr, "serve: replica '%s' warming up on %s:%d (/health answers 503 \"starting\")\n",
+               srv.replica_name().c_str(), o.host.c_str(), port);
   // A failed warm-up leaves /health at "starting", so a balancer keeps sending elsewhere.
   std::thread warm([&] {
     try {
-      if (!warm_up(scheduler, tk)) return;  // a signal came first: the drain takes over
+      // A signal that came first leaves the rest to the drain.
+      if (!(scheduler ? warm_up(*scheduler, tk) : warm_up_embeddings(embeddings, tk))) return;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "serve: %s; /health stays 503 \"starting\"\n", e.what());
       return;
@@ -261,7 +316,8 @@ void serve(const ServeOptions& o) {
   srv.serve();
   warm.join();
   signals.join();
-  scheduler.stop();
+  if (scheduler) scheduler->stop();
+  embeddings.stop();
   std::fprintf(stderr, "serve: stopped\n");
 }
 
@@ -283,8 +339,8 @@ CLI::Validator replica_name_check() {
 void add_serve_command(CLI::App& app) {
   auto* cmd =
       app.add_subcommand("serve",
-                         "Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /health, "
-                         "/metrics) with continuous batching");
+                         "Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/embeddings, "
+                         "/v1/models, /health, /metrics) with continuous batching");
   auto o = std::make_shared<ServeOptions>();
   add_model_options(*cmd, o->model);
   cmd->add_option("--host", o->host, "Address to listen on (default 127.0.0.1: this machine only)");
@@ -340,6 +396,18 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-draft", o->max_draft, "Deepest drafted window per sequence (default 6 with a draft)")
       ->check(CLI::Range(0, 15));
   add_gate_options(*cmd, o->gate);
+  cmd->add_option("--embed-rows", o->embed_rows,
+                  "/v1/embeddings: tokens of queued requests embedded together in one batch (default 2048)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--embed-threads", o->embed_threads,
+                  "/v1/embeddings from a decoder: threads of its own beside generation's (default 1); an "
+                  "encoder-only model uses -t")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--matryoshka-dims", o->truncatable_dims,
+                  "/v1/embeddings: widths below the model's that 'dimensions' may ask for, for models "
+                  "trained to be cut (comma-separated; default: none)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   cmd->callback([o] {
     if (o->parallel > o->rows)
       throw Error("--rows must be at least --parallel (one decode row per sequence)");

@@ -117,10 +117,68 @@ HWY_INLINE void weight_tile(const uint8_t* w, size_t w_row_bytes, size_t k, cons
     dot_tile<T, NW, 1>(w, w_row_bytes, k, x + r * x_stride, x_stride, y + r * y_stride, y_stride);
 }
 
+// Many rows: activation rows in chunks of kRowChunk (a chunk of the widest rows, 1536 floats, stays in a
+// 1 MB L2 while the range's weight tiles go by; all rows at once streamed the whole activation matrix from
+// L3 or memory once per tile), and F16/BF16 weight tiles converted to f32 once per chunk into a panel that
+// every row of the chunk meets (converting per use cost one conversion per two multiply-adds, which bound
+// the F16 prefill kernel). The conversion is exact and the panel runs the same tiles in the same order, so
+// every output keeps the bits it has one row at a time.
+constexpr int64_t kPanelMinRows = 8;
+constexpr size_t kPanelMaxK = 4096;  // the panel lives on the stack: kFloatTileRows * 4096 floats, 64 KB
+constexpr int64_t kRowChunk = 64;
+
+template <DType T, int NW>
+HWY_INLINE void to_panel(const uint8_t* w, size_t w_row_bytes, size_t k, float* panel) {
+  const DF df;
+  const size_t n = hn::Lanes(df);
+  for (int o = 0; o < NW; ++o) {
+    const uint8_t* row = w + static_cast<size_t>(o) * w_row_bytes;
+    float* dst = panel + static_cast<size_t>(o) * k;
+    size_t i = 0;
+    for (; i + n <= k; i += n) hn::StoreU(load_w<T>(df, row, i), df, dst + i);
+    for (; i < k; ++i) dst[i] = scalar_w<T>(row, i);
+  }
+}
+
+template <DType T>
+void matmul_many_rows(const uint8_t* w, size_t w_row_bytes, int64_t o0, int64_t o1, size_t k, const float* x,
+                      int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
+  constexpr bool kConvert = T != DType::F32;
+  alignas(64) float panel[kConvert ? kFloatTileRows * kPanelMaxK : 1];
+  const size_t panel_bytes = k * sizeof(float);
+  const auto at = [&](int64_t o) { return w + static_cast<size_t>(o) * w_row_bytes; };
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kRowChunk) {
+    const int64_t nr = std::min(kRowChunk, n_rows - r0);
+    const float* xc = x + r0 * x_stride;
+    float* yc = y + r0 * y_stride;
+    int64_t o = o0;
+    for (; o + kFloatTileRows <= o1; o += kFloatTileRows) {
+      if constexpr (kConvert) {
+        to_panel<T, kFloatTileRows>(at(o), w_row_bytes, k, panel);
+        weight_tile<DType::F32, kFloatTileRows>(reinterpret_cast<const uint8_t*>(panel), panel_bytes, k, xc,
+                                                x_stride, nr, yc + o, y_stride);
+      } else {
+        weight_tile<T, kFloatTileRows>(at(o), w_row_bytes, k, xc, x_stride, nr, yc + o, y_stride);
+      }
+    }
+    for (; o < o1; ++o) {
+      if constexpr (kConvert) {
+        to_panel<T, 1>(at(o), w_row_bytes, k, panel);
+        weight_tile<DType::F32, 1>(reinterpret_cast<const uint8_t*>(panel), panel_bytes, k, xc, x_stride, nr,
+                                   yc + o, y_stride);
+      } else {
+        weight_tile<T, 1>(at(o), w_row_bytes, k, xc, x_stride, nr, yc + o, y_stride);
+      }
+    }
+  }
+}
+
 template <DType T>
 void matmul_rows_t(const uint8_t* w, size_t w_row_bytes, int64_t o0, int64_t o1, int64_t k, const float* x,
                    int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
   const size_t kk = static_cast<size_t>(k);
+  if (n_rows >= kPanelMinRows && kk <= kPanelMaxK)
+    return matmul_many_rows<T>(w, w_row_bytes, o0, o1, kk, x, x_stride, n_rows, y, y_stride);
   const auto at = [&](int64_t o) { return w + static_cast<size_t>(o) * w_row_bytes; };
   int64_t o = o0;
   if (n_rows > 1)

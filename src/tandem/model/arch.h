@@ -10,6 +10,7 @@ void load_qwen2(const ArchReader& r, Config& c, Weights& w);
 void load_qwen3(const ArchReader& r, Config& c, Weights& w);
 void load_gemma2(const ArchReader& r, Config& c, Weights& w);
 void load_bert(const ArchReader& r, Config& c, Weights& w);
+void load_nomic_bert(const ArchReader& r, Config& c, Weights& w);
 void load_qwen2moe(const ArchReader& r, Config& c, Weights& w);
 void load_qwen3moe(const ArchReader& r, Config& c, Weights& w);
 void load_deepseek2(const ArchReader& r, Config& c, Weights& w);

@@ -2,6 +2,11 @@
 // embeddings summed and LayerNorm-ed; post-norm layers (LayerNorm with bias after each residual add);
 // biased q/k/v and output projections; non-causal attention; an FFN of GELU(x W_up + b) W_down + b; no
 // output head. The checkpoint names its pooling in bert.pooling_type.
+//
+// nomic-bert (nomic-embed-text): the same encoder with rotary positions in place of learned ones (NeoX
+// pairs, {arch}.rope.freq_base), one fused q/k/v projection (attn_qkv), no biases on the projections, and a
+// SwiGLU FFN, (silu(x W_gate) * x W_up) W_down. model/encoder.cpp reads which of these a checkpoint has from
+// its weights: an empty position table means rotary positions, a gate matrix SwiGLU, empty biases none.
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -30,13 +35,13 @@ Pooling read_pooling(const ArchReader& r) {
   }
 }
 
-}  // namespace
-
-void load_bert(const ArchReader& r, Config& c, Weights& w) {
+// What both variants share: the encoder's hyperparameters and the token and token-type embeddings with their
+// LayerNorm.
+void read_encoder(const ArchReader& r, Config& c, Weights& w, FfnActivation activation) {
   c.encoder = true;
   read_common_hparams(r, c);
   c.norm_eps = r.positive_float("attention.layer_norm_epsilon", 1e-12f);
-  c.activation = FfnActivation::kGeluTanh;
+  c.activation = activation;
   c.pooling = read_pooling(r);
   if (r.file().get_bool(r.arch() + ".attention.causal").value_or(false))
     throw Error("metadata '" + r.arch() +
@@ -48,7 +53,6 @@ void load_bert(const ArchReader& r, Config& c, Weights& w) {
   check_layer_count(r, c);
 
   w.tok_embd = r.matrix("token_embd.weight", c.n_embd, c.n_vocab);
-  w.pos_embd = r.matrix("position_embd.weight", c.n_embd, c.n_ctx_train);
   const gguf::TensorInfo* types = r.file().tensor("token_types.weight");
   if (types == nullptr) throw Error("model file '" + r.file().path() + "' lacks tensor 'token_types.weight'");
   const int64_t n_types = types->ne[1];
@@ -58,6 +62,21 @@ void load_bert(const ArchReader& r, Config& c, Weights& w) {
   w.type_embd = r.matrix("token_types.weight", c.n_embd, n_types);
   w.embd_norm = r.vector("token_embd_norm.weight", c.n_embd);
   w.embd_norm_b = r.vector("token_embd_norm.bias", c.n_embd);
+}
+
+// Rows [first, first + n) of m, as a matrix of their own.
+MatrixView row_range(const MatrixView& m, int64_t first, int64_t n) {
+  MatrixView v = m;
+  v.rows = n;
+  v.data = m.row(first);
+  return v;
+}
+
+}  // namespace
+
+void load_bert(const ArchReader& r, Config& c, Weights& w) {
+  read_encoder(r, c, w, FfnActivation::kGeluTanh);
+  w.pos_embd = r.matrix("position_embd.weight", c.n_embd, c.n_ctx_train);
 
   w.layers.resize(static_cast<size_t>(c.n_layer));
   for (int64_t i = 0; i < c.n_layer; ++i) {
@@ -77,6 +96,33 @@ void load_bert(const ArchReader& r, Config& c, Weights& w) {
     l.b_up = r.vector(p + "ffn_up.bias", c.n_ff);
     l.w_down = r.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
     l.b_down = r.vector(p + "ffn_down.bias", c.n_embd);
+    l.layer_out_norm = r.vector(p + "layer_output_norm.weight", c.n_embd);
+    l.layer_out_norm_b = r.vector(p + "layer_output_norm.bias", c.n_embd);
+  }
+}
+
+void load_nomic_bert(const ArchReader& r, Config& c, Weights& w) {
+  read_encoder(r, c, w, FfnActivation::kSiLU);
+  c.rope_layout = RopeLayout::kNeoX;
+  if (c.n_rot % 2 != 0 || c.n_rot > c.head_dim)
+    throw Error("metadata '" + r.arch() + ".rope.dimension_count' is " + std::to_string(c.n_rot) +
+                ", expected an even number of at most the head size " + std::to_string(c.head_dim));
+
+  w.layers.resize(static_cast<size_t>(c.n_layer));
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    LayerWeights& l = w.layers[static_cast<size_t>(i)];
+    // [n_embd, q_dim + kv_dim + v_dim]: the query rows, then the key rows, then the value rows.
+    const MatrixView qkv = r.matrix(p + "attn_qkv.weight", c.n_embd, c.q_dim() + c.kv_dim() + c.v_dim());
+    l.wq = row_range(qkv, 0, c.q_dim());
+    l.wk = row_range(qkv, c.q_dim(), c.kv_dim());
+    l.wv = row_range(qkv, c.q_dim() + c.kv_dim(), c.v_dim());
+    l.wo = r.matrix(p + "attn_output.weight", c.n_head * c.head_dim_v, c.n_embd);
+    l.attn_out_norm = r.vector(p + "attn_output_norm.weight", c.n_embd);
+    l.attn_out_norm_b = r.vector(p + "attn_output_norm.bias", c.n_embd);
+    l.w_up = r.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
+    l.w_gate = r.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
+    l.w_down = r.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
     l.layer_out_norm = r.vector(p + "layer_output_norm.weight", c.n_embd);
     l.layer_out_norm_b = r.vector(p + "layer_output_norm.bias", c.n_embd);
   }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "tandem/kernels/float_kernels.h"
 #include "tandem/kernels/ops.h"
 #include "tandem/tensor/quant.h"
 #include "tandem/util/error.h"
@@ -57,6 +58,18 @@ Encoder::Encoder(const Model& model, ThreadPool& pool, int64_t max_rows)
   alloc(v_, c.v_dim());
   alloc(att_, c.n_head * c.head_dim_v);
   alloc(ffn_, c.n_ff);
+  const Weights& w = model.weights();
+  if (!w.layers.empty() && !w.layers[0].w_gate.empty()) alloc(ffn_up_, c.n_ff);
+  if (w.pos_embd.empty()) {
+    // Rotary positions: every position's cosines and sines, once.
+    std::vector<float> inv_freq(static_cast<size_t>(c.n_rot / 2));
+    for (int64_t i = 0; i < c.n_rot / 2; ++i)
+      inv_freq[static_cast<size_t>(i)] = static_cast<float>(std::pow(
+          static_cast<double>(c.rope_base), -2.0 * static_cast<double>(i) / static_cast<double>(c.n_rot)));
+    rope_cs_.assign(static_cast<size_t>(max_tokens() * c.n_rot), 0.0f);
+    for (int64_t pos = 0; pos < max_tokens(); ++pos)
+      kernels::rope_angles(c.n_rot, inv_freq.data(), pos, rope_cs_.data() + pos * c.n_rot);
+  }
   att_scratch_.assign(
       static_cast<size_t>(pool.size() * kernels::full_attention_scratch(shape_, max_tokens())), 0.0f);
   seq_first_.reserve(static_cast<size_t>(max_rows_));
@@ -77,7 +90,9 @@ void Encoder::run(std::span<const std::span<const int32_t>> seqs, float* hidden)
   TANDEM_CHECK(R <= max_rows_, "encoder batch exceeds its row capacity");
   if (R == 0) return;
 
-  // Token + position + token-type (type 0: single-segment inputs) embeddings, then their LayerNorm.
+  // Token + learned position (bert; nomic-bert rotates q and k instead) + token-type (type 0: single-segment
+  // inputs) embeddings, then their LayerNorm.
+  const bool rotary = w.pos_embd.empty();
   pool_.parallel_for(static_cast<int64_t>(seqs.size()), 1, [&](int64_t s0, int64_t s1, int) {
     for (int64_t s = s0; s < s1; ++s) {
       const auto& seq = seqs[static_cast<size_t>(s)];
@@ -85,8 +100,10 @@ void Encoder::run(std::span<const std::span<const int32_t>> seqs, float* hidden)
         float* x = x_.data() + (seq_first_[static_cast<size_t>(s)] + pos) * E;
         float* tmp = xb_.data() + (seq_first_[static_cast<size_t>(s)] + pos) * E;
         dequantize_row(w.tok_embd.type, w.tok_embd.row(seq[static_cast<size_t>(pos)]), x, E);
-        dequantize_row(w.pos_embd.type, w.pos_embd.row(pos), tmp, E);
-        kernels::add_in_place(x, tmp, E);
+        if (!rotary) {
+          dequantize_row(w.pos_embd.type, w.pos_embd.row(pos), tmp, E);
+          kernels::add_in_place(x, tmp, E);
+        }
         dequantize_row(w.type_embd.type, w.type_embd.row(0), tmp, E);
         kernels::add_in_place(x, tmp, E);
         kernels::layer_norm(x, w.embd_norm.data, w.embd_norm_b.data, x, E, c.norm_eps);
@@ -98,36 +115,71 @@ void Encoder::run(std::span<const std::span<const int32_t>> seqs, float* hidden)
     const LayerWeights& l = w.layers[static_cast<size_t>(il)];
     const kernels::MatmulOut qkv[] = {{&l.wq, q_.data()}, {&l.wk, k_.data()}, {&l.wv, v_.data()}};
     kernels::matmul_group(qkv, x_.data(), R, pool_, scratch_);
-    for_rows(R, [&](int64_t r) {
-      kernels::add_in_place(q_.data() + r * c.q_dim(), l.bq.data, c.q_dim());
-      kernels::add_in_place(k_.data() + r * c.kv_dim(), l.bk.data, c.kv_dim());
-      kernels::add_in_place(v_.data() + r * c.v_dim(), l.bv.data, c.v_dim());
-    });
+    if (!l.bq.empty())
+      for_rows(R, [&](int64_t r) {
+        kernels::add_in_place(q_.data() + r * c.q_dim(), l.bq.data, c.q_dim());
+        kernels::add_in_place(k_.data() + r * c.kv_dim(), l.bk.data, c.kv_dim());
+        kernels::add_in_place(v_.data() + r * c.v_dim(), l.bv.data, c.v_dim());
+      });
+    if (rotary) rotate(seqs);
     attention(seqs);
     kernels::matmul(l.wo, att_.data(), R, xb_.data(), pool_, scratch_);
     // Post-norm: x = LayerNorm(x + attention(x)).
     for_rows(R, [&](int64_t r) {
       float* x = x_.data() + r * E;
       const float* o = xb_.data() + r * E;
-      for (int64_t i = 0; i < E; ++i) x[i] += o[i] + l.bo.data[i];
+      if (l.bo.empty())
+        for (int64_t i = 0; i < E; ++i) x[i] += o[i];
+      else
+        for (int64_t i = 0; i < E; ++i) x[i] += o[i] + l.bo.data[i];
       kernels::layer_norm(x, l.attn_out_norm.data, l.attn_out_norm_b.data, x, E, c.norm_eps);
     });
-    kernels::matmul(l.w_up, x_.data(), R, ffn_.data(), pool_, scratch_);
-    for_rows(R, [&](int64_t r) {
-      float* f = ffn_.data() + r * c.n_ff;
-      kernels::add_in_place(f, l.b_up.data, c.n_ff);
-      kernels::gelu(f, c.n_ff);
-    });
+    if (!l.w_gate.empty()) {
+      // SwiGLU: silu(x W_gate) * x W_up.
+      const kernels::MatmulOut gate_up[] = {{&l.w_gate, ffn_.data()}, {&l.w_up, ffn_up_.data()}};
+      kernels::matmul_group(gate_up, x_.data(), R, pool_, scratch_);
+      for_rows(R, [&](int64_t r) {
+        float* f = ffn_.data() + r * c.n_ff;
+        kernels::silu_mul(f, ffn_up_.data() + r * c.n_ff, f, c.n_ff);
+      });
+    } else {
+      kernels::matmul(l.w_up, x_.data(), R, ffn_.data(), pool_, scratch_);
+      for_rows(R, [&](int64_t r) {
+        float* f = ffn_.data() + r * c.n_ff;
+        if (!l.b_up.empty()) kernels::add_in_place(f, l.b_up.data, c.n_ff);
+        kernels::gelu(f, c.n_ff);
+      });
+    }
     kernels::matmul(l.w_down, ffn_.data(), R, xb_.data(), pool_, scratch_);
     // x = LayerNorm(x + ffn(x)).
     for_rows(R, [&](int64_t r) {
       float* x = x_.data() + r * E;
       const float* o = xb_.data() + r * E;
-      for (int64_t i = 0; i < E; ++i) x[i] += o[i] + l.b_down.data[i];
+      if (l.b_down.empty())
+        for (int64_t i = 0; i < E; ++i) x[i] += o[i];
+      else
+        for (int64_t i = 0; i < E; ++i) x[i] += o[i] + l.b_down.data[i];
       kernels::layer_norm(x, l.layer_out_norm.data, l.layer_out_norm_b.data, x, E, c.norm_eps);
     });
   }
   std::copy_n(x_.data(), R * E, hidden);
+}
+
+void Encoder::rotate(std::span<const std::span<const int32_t>> seqs) {
+  const Config& c = model_.config();
+  const bool neox = c.rope_layout == RopeLayout::kNeoX;
+  pool_.parallel_for(static_cast<int64_t>(seqs.size()), 1, [&](int64_t s0, int64_t s1, int) {
+    for (int64_t s = s0; s < s1; ++s) {
+      const int64_t first = seq_first_[static_cast<size_t>(s)];
+      for (int64_t pos = 0; pos < static_cast<int64_t>(seqs[static_cast<size_t>(s)].size()); ++pos) {
+        const float* cs = rope_cs_.data() + pos * c.n_rot;
+        float* q = q_.data() + (first + pos) * c.q_dim();
+        float* k = k_.data() + (first + pos) * c.kv_dim();
+        for (int64_t h = 0; h < c.n_head; ++h) kernels::rope_apply(q + h * c.head_dim, c.n_rot, cs, neox);
+        for (int64_t h = 0; h < c.n_head_kv; ++h) kernels::rope_apply(k + h * c.head_dim, c.n_rot, cs, neox);
+      }
+    }
+  });
 }
 
 void Encoder::attention(std::span<const std::span<const int32_t>> seqs) {

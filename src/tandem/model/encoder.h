@@ -44,6 +44,8 @@ class Encoder {
 
  private:
   void attention(std::span<const std::span<const int32_t>> seqs);
+  // Rotary positions (an encoder without a position table): each row's q and k heads by its position.
+  void rotate(std::span<const std::span<const int32_t>> seqs);
 
   // fn(r) for every row r < n, across the team when there are enough rows to pay for a barrier.
   template <typename Fn>
@@ -64,6 +66,8 @@ class Encoder {
   kernels::FullAttentionShape shape_;
   // Activations, [max_rows, width] each.
   std::vector<float> x_, xb_, q_, k_, v_, att_, ffn_;
+  std::vector<float> ffn_up_;   // [max_rows, n_ff] with a gated FFN (SwiGLU), else empty
+  std::vector<float> rope_cs_;  // [max_tokens, n_rot]: rope_angles of each position, with rotary positions
   std::vector<float> att_scratch_;  // [threads, full_attention_scratch(shape_, max_tokens())]
   std::vector<int64_t> seq_first_;  // [sequences of the batch]: first row of each
 };

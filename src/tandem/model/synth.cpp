@@ -129,6 +129,8 @@ const std::vector<SynthPreset>& synth_presets() {
       {"tiny-llama-d512", "llama", 512, 1536, 2, 8, 2, 512, 512, 10000.0f, false},
       {"tiny-qwen2-d64", "qwen2", 64, 160, 2, 4, 2, 384, 512, 10000.0f, true},
       {"bge-small", "bert", 384, 1536, 12, 12, 12, 30522, 512, 10000.0f, true},
+      {"nomic-embed-text", "nomic-bert", 768, 3072, 12, 12, 12, 30522, 2048, 1000.0f, true},
+      {"tiny-nomic-bert-d64", "nomic-bert", 64, 128, 2, 4, 4, 384, 128, 1000.0f, true},
       {"mamba-1.4b", "mamba", 2048, 0, 48, 0, 0, 50280, 2048, 0.0f, true, 16, 4, 2},
       {"tiny-mamba-d64", "mamba", 64, 0, 2, 0, 0, 384, 512, 0.0f, true, 16, 4, 2},
   };
@@ -204,13 +206,16 @@ namespace {
 
 // The rest of a bert encoder after the common metadata: CLS pooling (as bge), LayerNorms with biases,
 // biased projections, learned positions and two token types. Position and type embeddings stay F32, as
-// converters write them.
+// converters write them. nomic-bert: mean pooling, rotary positions, one fused q/k/v projection, SwiGLU, no
+// projection biases (as nomic-embed-text).
 void write_bert(gguf::Writer& w, const SynthPreset& p, const FileType& ft, const std::string& path,
                 ThreadPool& pool, uint64_t seed) {
   const std::string a(p.arch);
+  const bool nomic = p.arch == "nomic-bert";
   w.add_f32(a + ".attention.layer_norm_epsilon", 1e-12f);
   w.add_bool(a + ".attention.causal", false);
-  w.add_u32(a + ".pooling_type", 2);
+  w.add_u32(a + ".pooling_type", nomic ? 1 : 2);
+  if (nomic) w.add_f32(a + ".rope.freq_base", p.rope_base);
   add_vocabulary(w, p.n_vocab);
   auto tensor = [&](const std::string& name, DType t, int64_t cols, int64_t rows, float scale, float offset) {
     RowGen gen = uniform_rows(seed, name, cols, scale, offset);
@@ -230,11 +235,21 @@ void write_bert(gguf::Writer& w, const SynthPreset& p, const FileType& ft, const
   };
   auto bias = [&](const std::string& name, int64_t n) { tensor(name, DType::F32, n, 1, 0.1f, 0.0f); };
   matrix("token_embd.weight", p.n_embd, p.n_vocab, -1);
-  tensor("position_embd.weight", DType::F32, p.n_embd, p.n_ctx_train, 0.1f, 0.0f);
+  if (!nomic) tensor("position_embd.weight", DType::F32, p.n_embd, p.n_ctx_train, 0.1f, 0.0f);
   tensor("token_types.weight", DType::F32, p.n_embd, 2, 0.1f, 0.0f);
   norm("token_embd_norm");
   for (int64_t i = 0; i < p.n_layer; ++i) {
     const std::string b = "blk." + std::to_string(i) + ".";
+    if (nomic) {
+      matrix(b + "attn_qkv.weight", p.n_embd, 3 * p.n_embd, i);
+      matrix(b + "attn_output.weight", p.n_embd, p.n_embd, i);
+      norm(b + "attn_output_norm");
+      matrix(b + "ffn_up.weight", p.n_embd, p.n_ff, i);
+      matrix(b + "ffn_gate.weight", p.n_embd, p.n_ff, i);
+      matrix(b + "ffn_down.weight", p.n_ff, p.n_embd, i);
+      norm(b + "layer_output_norm");
+      continue;
+    }
     for (const char* m : {"attn_q", "attn_k", "attn_v", "attn_output"}) {
       matrix(b + m + ".weight", p.n_embd, p.n_embd, i);
       bias(b + m + ".bias", p.n_embd);
@@ -271,7 +286,7 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
   } else {
     w.add_u32(a + ".feed_forward_length", static_cast<uint32_t>(p.n_ff));
     w.add_u32(a + ".attention.head_count", static_cast<uint32_t>(p.n_head));
-    if (p.arch == "bert") return write_bert(w, p, ft, path, pool, seed);
+    if (p.arch == "bert" || p.arch == "nomic-bert") return write_bert(w, p, ft, path, pool, seed);
     w.add_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(p.n_head_kv));
     w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(p.n_embd / p.n_head));
     w.add_f32(a + ".rope.freq_base", p.rope_base);

@@ -16,7 +16,7 @@ namespace tandem::model {
 
 struct SynthPreset {
   std::string_view name;
-  std::string_view arch;  // "llama", "qwen2", "bert" or "mamba"
+  std::string_view arch;  // "llama", "qwen2", "bert", "nomic-bert" or "mamba"
   int64_t n_embd, n_ff, n_layer, n_head, n_head_kv, n_vocab, n_ctx_train;
   float rope_base;
   bool tied_embeddings;  // no output.weight: the head reuses token_embd
@@ -25,8 +25,8 @@ struct SynthPreset {
   int64_t ssm_d_state = 0, ssm_d_conv = 0, ssm_expand = 0;
 };
 
-// tinyllama-1.1b, llama-3.2-1b, qwen2.5-0.5b, qwen2.5-1.5b, bge-small (a bert encoder), mamba-1.4b, and
-// small test shapes.
+// tinyllama-1.1b, llama-3.2-1b, qwen2.5-0.5b, qwen2.5-1.5b, bge-small (a bert encoder), nomic-embed-text (a
+// nomic-bert encoder), mamba-1.4b, and small test shapes.
 const std::vector<SynthPreset>& synth_presets();
 // Throws tandem::Error listing the known names.
 const SynthPreset& find_synth_preset(std::string_view name);

@@ -14,6 +14,7 @@
 
 #include "tandem/sampling/token_mask.h"
 #include "tandem/server/chat_page.h"
+#include "tandem/server/embeddings_api.h"
 #include "tandem/server/openai_api.h"
 #include "tandem/server/peer_watch.h"
 #include "tandem/server/sse.h"
@@ -78,21 +79,32 @@ constexpr std::chrono::milliseconds kPeerInterval(20);
 }  // namespace
 
 struct HttpServer::Impl {
-  Impl(engine::Scheduler& s, const tokenizer::Tokenizer& t, const ChatTemplate& c, Metrics& m,
-       ServerOptions o)
-      : scheduler(s), tok(t), chat(c), metrics(m), options(std::move(o)), svr(options.connections) {
+  Impl(engine::Scheduler* s, engine::EmbeddingBatcher* e, const tokenizer::Tokenizer& t,
+       const ChatTemplate& c, Metrics& m, ServerOptions o)
+      : scheduler(s),
+        embedder(e),
+        tok(t),
+        chat(c),
+        metrics(m),
+        options(std::move(o)),
+        svr(options.connections) {
     limits.model_name = options.model_name;
     limits.n_vocab = tok.n_vocab();
     limits.max_json_depth = options.max_json_depth;
     limits.max_json_elements = options.max_json_elements;
+    embed_limits.api = limits;
+    embed_limits.dim = embedder ? embedder->dim() : 0;
+    embed_limits.truncatable_dims = options.truncatable_dims;
   }
 
-  engine::Scheduler& scheduler;
+  engine::Scheduler* scheduler;        // null: no generation
+  engine::EmbeddingBatcher* embedder;  // null: no embeddings
   const tokenizer::Tokenizer& tok;
   const ChatTemplate& chat;
   Metrics& metrics;
   ServerOptions options;
   ApiLimits limits;
+  EmbeddingLimits embed_limits;
   LimitedServer svr;
   std::atomic<bool> draining{false};
   std::atomic<bool> is_ready{false};
@@ -137,6 +149,9 @@ struct HttpServer::Impl {
 
   void routes();
   void generation(const httplib::Request& req, httplib::Response& res, bool chat_api);
+  void embeddings(const httplib::Request& req, httplib::Response& res);
+  ApiError shutting_down(httplib::Response& res) const;
+  ApiError busy(httplib::Response& res) const;
   engine::Request engine_request(const CompletionRequest& r, std::vector<std::string>& stops);
   // peer: the connection's watch, when its socket was found; a client that leaves cancels the request.
   void respond_whole(const CompletionRequest& r, const std::shared_ptr<engine::Stream>& stream,
@@ -177,7 +192,7 @@ engine::Request HttpServer::Impl::engine_request(const CompletionRequest& r,
               "non-empty prompt"
             : "the prompt encodes to no tokens",
         param);
-  const int64_t n_ctx = scheduler.context();
+  const int64_t n_ctx = scheduler->context();
   const auto n = static_cast<int64_t>(er.prompt.size());
   if (n >= n_ctx)
     throw ApiError(400, "invalid_request_error",
@@ -220,31 +235,78 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
   const std::string endpoint = chat_api ? "/v1/chat/completions" : "/v1/completions";
   std::optional<PeerWatch> peer;
   if (const socket_t sock = svr.current_socket(); sock != INVALID_SOCKET) peer.emplace(sock);
-  const auto shutting_down = [&] {
-    res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
-    return ApiError(503, "server_error",
-                    "the server is shutting down; retry on another server or after it restarts", {},
-                    "server_shutting_down");
-  };
   guarded(req, res, endpoint, [&] {
+    if (!scheduler)
+      throw ApiError(400, "invalid_request_error",
+                     "the model '" + options.model_name + "' is " + options.model_kind +
+                         ": it makes embeddings only; use POST /v1/embeddings",
+                     {}, "embeddings_only");
     CompletionRequest r = parse_request(req.body, chat_api, limits);
-    if (draining.load()) throw shutting_down();
+    if (draining.load()) throw shutting_down(res);
     std::vector<std::string> stops = r.stop;
     engine::Request er = engine_request(r, stops);
     engine::Scheduler::Admit admit{};
     std::string why;
-    std::shared_ptr<engine::Stream> stream = scheduler.submit(std::move(er), admit, &why);
-    if (admit == engine::Scheduler::Admit::kQueueFull) {
-      res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
-      throw ApiError(503, "server_error", "the server is busy: every running slot and queue place is taken",
-                     {}, "server_overloaded");
-    }
-    if (admit == engine::Scheduler::Admit::kDraining) throw shutting_down();
+    std::shared_ptr<engine::Stream> stream = scheduler->submit(std::move(er), admit, &why);
+    if (admit == engine::Scheduler::Admit::kQueueFull) throw busy(res);
+    if (admit == engine::Scheduler::Admit::kDraining) throw shutting_down(res);
     if (admit == engine::Scheduler::Admit::kInvalid) throw bad_request(why);
     if (r.stream)
       respond_stream(r, std::move(stream), std::move(stops), t0, req, res, endpoint);
     else
       respond_whole(r, stream, std::move(stops), t0, req, res, endpoint, peer ? &*peer : nullptr);
+  });
+}
+
+ApiError HttpServer::Impl::shutting_down(httplib::Response& res) const {
+  res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
+  return ApiError(503, "server_error",
+                  "the server is shutting down; retry on another server or after it restarts", {},
+                  "server_shutting_down");
+}
+
+ApiError HttpServer::Impl::busy(httplib::Response& res) const {
+  res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
+  return ApiError(503, "server_error", "the server is busy: every running slot and queue place is taken", {},
+                  "server_overloaded");
+}
+
+void HttpServer::Impl::embeddings(const httplib::Request& req, httplib::Response& res) {
+  const auto t0 = Clock::now();
+  const std::string endpoint = "/v1/embeddings";
+  guarded(req, res, endpoint, [&] {
+    if (!embedder)
+      throw ApiError(400, "invalid_request_error",
+                     "the model '" + options.model_name + "' does not make embeddings on this server", {},
+                     "embeddings_unsupported");
+    EmbeddingRequest r = parse_embedding_request(req.body, embed_limits);
+    if (draining.load()) throw shutting_down(res);
+    std::vector<std::vector<int32_t>> inputs = std::move(r.token_ids);
+    for (const std::string& text : r.texts)
+      inputs.push_back(tok.encode(text, /*add_special=*/true, /*parse_special=*/false));
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].empty()) {  // a tokenizer that adds no special tokens, and text that gives none
+        const std::string at = inputs.size() == 1 ? "input" : "input[" + std::to_string(i) + "]";
+        throw bad_request("'" + at + "' encodes to no tokens; give it text the model's vocabulary covers",
+                          at);
+      }
+    fit_to_context(inputs, embedder->max_tokens(), r.truncate);
+    int64_t tokens = 0;
+    for (const auto& ids : inputs) tokens += static_cast<int64_t>(ids.size());
+    const auto n = static_cast<int64_t>(inputs.size());
+    std::vector<float> out;
+    const engine::EmbeddingBatcher::Admit admit = embedder->embed(std::move(inputs), out);
+    if (admit == engine::EmbeddingBatcher::Admit::kQueueFull) throw busy(res);
+    if (admit == engine::EmbeddingBatcher::Admit::kDraining) throw shutting_down(res);
+    const int64_t width = r.dimensions.value_or(embedder->dim());
+    truncate_embeddings(out, n, embedder->dim(), width);
+    res.status = 200;
+    res.set_content(embedding_response(r.model, out, n, width, r.base64, tokens), kJson);
+    metrics.request(endpoint, 200);
+    char detail[96];
+    std::snprintf(detail, sizeof detail, "%lld inputs, %lld tokens %.3fs", static_cast<long long>(n),
+                  static_cast<long long>(tokens), seconds_since(t0));
+    log(req, 200, detail);
   });
 }
 
@@ -490,8 +552,8 @@ void HttpServer::Impl::routes() {
   });
 
   // A chunked body is read up to twice the limit (chunk framing is not body); the limit itself holds here.
-  auto bounded = [this](const char* endpoint, bool chat_api) {
-    return [this, endpoint, chat_api](const httplib::Request& req, httplib::Response& res) {
+  auto bounded = [this](const char* endpoint, auto handle) {
+    return [this, endpoint, handle](const httplib::Request& req, httplib::Response& res) {
       if (req.body.size() > options.connections.max_body_bytes)
         return send_error(
             req, res,
@@ -500,11 +562,16 @@ void HttpServer::Impl::routes() {
                          std::to_string(options.connections.max_body_bytes) + " bytes (--max-body)",
                      {}, "request_too_large"),
             endpoint);
-      generation(req, res, chat_api);
+      handle(req, res);
     };
   };
-  svr.Post("/v1/completions", bounded("/v1/completions", false));
-  svr.Post("/v1/chat/completions", bounded("/v1/chat/completions", true));
+  svr.Post("/v1/completions",
+           bounded("/v1/completions", [this](const auto& req, auto& res) { generation(req, res, false); }));
+  svr.Post("/v1/chat/completions", bounded("/v1/chat/completions", [this](const auto& req, auto& res) {
+             generation(req, res, true);
+           }));
+  svr.Post("/v1/embeddings",
+           bounded("/v1/embeddings", [this](const auto& req, auto& res) { embeddings(req, res); }));
   svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     json model = {{"id", options.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tandem"}};
     res.set_content(dump(json{{"object", "list"}, {"data", json::array({model})}}), kJson);
@@ -513,10 +580,10 @@ void HttpServer::Impl::routes() {
   });
   // Draining outranks the rest: a balancer must stop sending for good, not wait for a free slot.
   svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    const char* state = draining.load()         ? "draining"
-                        : !is_ready.load()      ? "starting"
-                        : scheduler.saturated() ? "busy"
-                                                : "ok";
+    const char* state = draining.load()                       ? "draining"
+                        : !is_ready.load()                    ? "starting"
+                        : scheduler && scheduler->saturated() ? "busy"
+                                                              : "ok";
     res.status = std::string_view(state) == "ok" ? 200 : 503;
     if (res.status != 200) res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
     res.set_content(dump(json{{"status", state}, {"replica", options.replica_name}}), kJson);
@@ -524,7 +591,9 @@ void HttpServer::Impl::routes() {
   });
   svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     metrics.request("/metrics", 200);
-    res.set_content(metrics.render(scheduler.stats()), "text/plain; version=0.0.4");
+    res.set_content(metrics.render(scheduler ? scheduler->stats() : engine::SchedulerStats{},
+                                   embedder ? embedder->stats() : engine::EmbeddingStats{}),
+                    "text/plain; version=0.0.4");
   });
   svr.Get("/", [this](const httplib::Request&, httplib::Response& res) {
     metrics.request("/", 200);
@@ -538,9 +607,9 @@ void HttpServer::Impl::routes() {
     const char* path;
     const char* allowed;
   };
-  for (Route route :
-       {Route{"/v1/completions", "POST"}, Route{"/v1/chat/completions", "POST"}, Route{"/v1/models", "GET"},
-        Route{"/health", "GET"}, Route{"/metrics", "GET"}, Route{"/", "GET"}}) {
+  for (Route route : {Route{"/v1/completions", "POST"}, Route{"/v1/chat/completions", "POST"},
+                      Route{"/v1/embeddings", "POST"}, Route{"/v1/models", "GET"}, Route{"/health", "GET"},
+                      Route{"/metrics", "GET"}, Route{"/", "GET"}}) {
     auto wrong = [this, route](const httplib::Request& req, httplib::Response& res) {
       res.set_header("Allow", route.allowed);
       send_error(req, res,
@@ -560,9 +629,11 @@ void HttpServer::Impl::routes() {
   }
 }
 
-HttpServer::HttpServer(engine::Scheduler& scheduler, const tokenizer::Tokenizer& tokenizer,
-                       const ChatTemplate& chat, Metrics& metrics, ServerOptions options)
-    : impl_(std::make_unique<Impl>(scheduler, tokenizer, chat, metrics, std::move(options))) {
+HttpServer::HttpServer(engine::Scheduler* scheduler, engine::EmbeddingBatcher* embeddings,
+                       const tokenizer::Tokenizer& tokenizer, const ChatTemplate& chat, Metrics& metrics,
+                       ServerOptions options)
+    : impl_(std::make_unique<Impl>(scheduler, embeddings, tokenizer, chat, metrics, std::move(options))) {
+  TANDEM_CHECK(scheduler || embeddings, "a server needs a scheduler or an embedding batcher");
   // SO_REUSEADDR only: the library's default, SO_REUSEPORT, let a second server bind a port one was already
   // listening on, and the two then shared its connections without a word.
   impl_->svr.set_socket_options([](socket_t sock) {

@@ -1,7 +1,9 @@
 // The OpenAI-compatible HTTP server: a thin adapter from HTTP (cpp-httplib) to the scheduler.
 //
 // Routes: POST /v1/completions, POST /v1/chat/completions (streamed as server-sent events with
-// "stream": true), GET /v1/models, GET /health, GET /metrics. /health is what a load balancer polls: 200
+// "stream": true), POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics. A server without a
+// scheduler (an encoder-only model) answers the generation routes with 400; one without an embedding batcher
+// answers /v1/embeddings with 400. /health is what a load balancer polls: 200
 // "ok" when ready, else 503 with Retry-After and the reason ("starting" until ready(), "draining" after
 // begin_drain(), "busy" while a new request would get queue-full). Every response names the replica in
 // X-Tandem-Replica. Every error is an OpenAI-style error object
@@ -18,7 +20,9 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "tandem/engine/embed_batcher.h"
 #include "tandem/engine/scheduler.h"
 #include "tandem/server/chat_template.h"
 #include "tandem/server/connection_limits.h"
@@ -39,13 +43,19 @@ struct ServerOptions {
   ConnectionLimits connections;
   int max_json_depth = 64;              // request bodies nested deeper get 400
   size_t max_json_elements = 1u << 18;  // request bodies with more JSON values get 400
+  // /v1/embeddings: widths below the model's that `dimensions` may ask for (Matryoshka-trained models).
+  std::vector<int64_t> truncatable_dims;
+  // Said in the 400 a generation request gets from a server without a scheduler ("an encoder (bert)").
+  std::string model_kind;
 };
 
 class HttpServer {
  public:
-  // scheduler, tokenizer, chat template and metrics must outlive the server.
-  HttpServer(engine::Scheduler& scheduler, const tokenizer::Tokenizer& tokenizer, const ChatTemplate& chat,
-             Metrics& metrics, ServerOptions options);
+  // scheduler (null: no generation), embeddings (null: no /v1/embeddings), tokenizer, chat template and
+  // metrics must outlive the server. At least one of scheduler and embeddings is given.
+  HttpServer(engine::Scheduler* scheduler, engine::EmbeddingBatcher* embeddings,
+             const tokenizer::Tokenizer& tokenizer, const ChatTemplate& chat, Metrics& metrics,
+             ServerOptions options);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

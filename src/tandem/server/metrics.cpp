@@ -16,7 +16,7 @@ void Metrics::first_token(double seconds) {
   ttft_sum_ += seconds;
 }
 
-std::string Metrics::render(const engine::SchedulerStats& s) const {
+std::string Metrics::render(const engine::SchedulerStats& s, const engine::EmbeddingStats& e) const {
   std::ostringstream o;
   auto family = [&](const char* name, const char* type, const char* help) {
     o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
@@ -67,6 +67,13 @@ std::string Metrics::render(const engine::SchedulerStats& s) const {
                  engine::Finish::kError, engine::Finish::kDrained})
     o << "tandem_finished_requests_total{reason=\"" << engine::finish_name(f) << "\"} "
       << s.finished[static_cast<int>(f)] << '\n';
+  counter("tandem_embedding_requests_total", "Embedding requests answered.", e.requests);
+  counter("tandem_embedding_inputs_total", "Inputs embedded (several per request where it sent a list).",
+          e.inputs);
+  counter("tandem_embedding_tokens_total", "Tokens of the inputs embedded.", e.tokens);
+  counter("tandem_embedding_batches_total", "Embedding batches run (each holds one or more requests).",
+          e.rounds);
+  gauge("tandem_embedding_queue_depth", "Embedding requests waiting for the next batch.", e.waiting);
   return o.str();
 }
 

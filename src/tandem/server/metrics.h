@@ -1,5 +1,6 @@
 // Server metrics in the Prometheus text exposition format: requests by endpoint and status (counted here),
-// and the scheduler's counters and gauges (read from SchedulerStats when rendering). Thread safe.
+// and the scheduler's and the embedding batcher's counters and gauges (read from their stats when rendering).
+// Thread safe.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "tandem/engine/embed_batcher.h"
 #include "tandem/engine/scheduler.h"
 
 namespace tandem::server {
@@ -18,7 +20,8 @@ class Metrics {
   void request(const std::string& endpoint, int status);
   // Time from a request's arrival to its first token.
   void first_token(double seconds);
-  std::string render(const engine::SchedulerStats& stats) const;
+  std::string render(const engine::SchedulerStats& stats,
+                     const engine::EmbeddingStats& embeddings = {}) const;
 
  private:
   mutable std::mutex mutex_;

@@ -422,12 +422,12 @@ class ShapeCheck final : public json::json_sax_t {
   size_t elements_ = 0;
 };
 
+}  // namespace
+
 void check_json_shape(const std::string& body, const ApiLimits& limits) {
   ShapeCheck check(limits);
   json::sax_parse(body, &check);
 }
-
-}  // namespace
 
 CompletionRequest parse_request(const std::string& body, bool chat, const ApiLimits& limits) {
   check_json_shape(body, limits);

@@ -83,6 +83,10 @@ struct ApiLimits {
   size_t max_json_elements = 1u << 18;
 };
 
+// Throws ApiError 400 when body is not JSON, is not valid UTF-8, or passes the depth or element limits;
+// every request parser calls it before building the body's tree.
+void check_json_shape(const std::string& body, const ApiLimits& limits);
+
 // Parses and validates a request body for /v1/completions (chat = false) or /v1/chat/completions. Throws
 // ApiError: 400 for malformed JSON, invalid UTF-8, a body past the JSON limits, numbers too large for a
 // double (1e400: the error names the field, as "temperature" or "logit_bias.42"), wrong types, missing fields
