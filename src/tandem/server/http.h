@@ -20,6 +20,7 @@
 #include <string>
 
 #include "tandem/engine/scheduler.h"
+#include "tandem/server/chat_reply.h"
 #include "tandem/server/chat_template.h"
 #include "tandem/server/connection_limits.h"
 #include "tandem/server/metrics.h"
@@ -39,6 +40,8 @@ struct ServerOptions {
   ConnectionLimits connections;
   int max_json_depth = 64;              // request bodies nested deeper get 400
   size_t max_json_elements = 1u << 18;  // request bodies with more JSON values get 400
+  // Whether chat replies' <think> blocks go to reasoning_content (a request's reasoning_format overrides).
+  ReasoningFormat reasoning_format = ReasoningFormat::kDeepSeek;
 };
 
 class HttpServer {
