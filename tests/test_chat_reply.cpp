@@ -23,17 +23,19 @@ ReplyOptions reasoning(bool open = false) {
 
 // The reply streamed in pieces of `step` bytes: the deltas and finish() concatenated.
 ChatReply streamed(std::string_view text, const ReplyOptions& o, size_t step) {
-  ReplyStream s(o);
+  ReplyStream s(o, no_id);
   ChatReply out;
   for (size_t at = 0; at < text.size(); at += step) {
-    const ReplyStream::Delta d = s.push(text.substr(at, step));
+    ReplyStream::Delta d = s.push(text.substr(at, step));
     out.reasoning += d.reasoning;
     out.content += d.content;
+    for (ChatToolCall& c : d.calls) out.calls.push_back(std::move(c));
   }
-  ChatReply end = s.finish(no_id);
+  ChatReply end = s.finish();
   out.reasoning += end.reasoning;
   out.content += end.content;
-  out.calls = std::move(end.calls);
+  for (ChatToolCall& c : end.calls) out.calls.push_back(std::move(c));
+  EXPECT_EQ(s.calls_sent(), out.calls.size());
   return out;
 }
 
@@ -89,13 +91,50 @@ TEST(ChatReply, StreamedEqualsWhole) {
 }
 
 TEST(ChatReply, ReasoningStreamsBeforeTheBlockEnds) {
-  ReplyStream s(reasoning());
+  ReplyStream s(reasoning(), no_id);
   EXPECT_EQ(s.push("<think>").reasoning, "");
   EXPECT_EQ(s.push("Let me see").reasoning, "Let me see");
   EXPECT_EQ(s.push(" more </thi").reasoning, " more");  // a possible end marker waits
   const ReplyStream::Delta d = s.push("nk>Done.");
   EXPECT_EQ(d.reasoning, "");
   EXPECT_EQ(d.content, "Done.");
+}
+
+// Each call goes out as soon as it is complete, with its index order kept; the whole agrees.
+TEST(ChatReply, CallsGoOutWhenComplete) {
+  ReplyOptions o;
+  o.tools = true;
+  int n = 0;
+  ReplyStream s(o, [&] { return "call" + std::to_string(n++); });
+  const std::string first = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+  EXPECT_TRUE(s.push(first.substr(0, 20)).calls.empty());
+  ReplyStream::Delta d = s.push(first.substr(20));
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_EQ(d.calls[0].id, "call0");
+  EXPECT_EQ(d.calls[0].arguments, R"({"a":1})");
+  EXPECT_TRUE(s.push("\n<tool_call>\n{\"name\": \"g\", ").calls.empty());
+  d = s.push("\"arguments\": {}}\n</tool_call>");
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_EQ(d.calls[0].name, "g");
+  EXPECT_EQ(s.calls_sent(), 2u);
+  const ChatReply end = s.finish();
+  EXPECT_TRUE(end.calls.empty());
+  EXPECT_EQ(end.content, "");
+
+  // DeepSeek R1: a block whose second call breaks keeps the first, whole and streamed.
+  o.format = ToolFormat::kDeepSeekR1;
+  const std::string r1 =
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}\n```<"
+      "｜tool▁call▁end｜>"
+      "<｜tool▁call▁begin｜>function<｜tool▁sep｜>g\n```json\n[oops";
+  const ChatReply whole = parse_chat_reply(r1, o, no_id);
+  ASSERT_EQ(whole.calls.size(), 1u);
+  EXPECT_EQ(whole.calls[0].name, "f");
+  for (size_t step : {size_t{1}, size_t{7}}) {
+    const ChatReply parts = streamed(r1, o, step);
+    EXPECT_EQ(parts.content, whole.content) << step;
+    EXPECT_EQ(parts.calls.size(), 1u) << step;
+  }
 }
 
 TEST(ChatReply, PromptOpensReasoning) {

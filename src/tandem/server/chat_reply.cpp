@@ -1,5 +1,7 @@
 #include "tandem/server/chat_reply.h"
 
+#include <cstddef>
+
 namespace tandem::server {
 namespace {
 
@@ -98,15 +100,28 @@ ReplyStream::Delta ReplyStream::push(std::string_view text) {
     d.content = content.substr(content_sent_);
     content_sent_ = content.size();
   }
+  if (options_.tools) d.calls = new_calls(s.rest);
   return d;
 }
 
-ChatReply ReplyStream::finish(const std::function<std::string()>& new_id) {
-  ChatReply whole = parse_chat_reply(text_, options_, new_id);
+std::vector<ChatToolCall> ReplyStream::new_calls(std::string_view rest) {
+  std::vector<ChatToolCall> calls = parse_tool_calls(
+                                        rest, [] { return std::string(); }, options_.format)
+                                        .calls;
+  if (calls.size() <= calls_sent_) return {};
+  calls.erase(calls.begin(), calls.begin() + static_cast<std::ptrdiff_t>(calls_sent_));
+  for (ChatToolCall& c : calls) c.id = new_id_();
+  calls_sent_ += calls.size();
+  return calls;
+}
+
+ChatReply ReplyStream::finish() {
+  const Split s = split(text_, options_, /*final=*/true);
+  ChatReply whole = parse_chat_reply(text_, options_, [] { return std::string(); });
   ChatReply rest;
   if (whole.reasoning.size() > reasoning_sent_) rest.reasoning = whole.reasoning.substr(reasoning_sent_);
   if (whole.content.size() > content_sent_) rest.content = whole.content.substr(content_sent_);
-  rest.calls = std::move(whole.calls);
+  if (options_.tools) rest.calls = new_calls(s.rest);
   return rest;
 }
 

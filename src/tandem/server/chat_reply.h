@@ -10,7 +10,8 @@
 //
 // Tool calls are parsed from the text after the reasoning (tool_calls.h). A reply streamed through
 // ReplyStream and the same text given to parse_chat_reply whole produce the same reasoning, content and
-// calls: the deltas concatenate to the whole result.
+// calls: the deltas concatenate to the whole result. Streamed, each call goes out once it is complete (a
+// later call cannot change it), so with parallel calls the first is sent while the next is written.
 #pragma once
 
 #include <functional>
@@ -50,22 +51,32 @@ ChatReply parse_chat_reply(std::string_view text, const ReplyOptions& options,
                            const std::function<std::string()>& new_id);
 
 // A reply as it is generated: push() returns what may go out now (text that may still turn out to be a
-// call, or the end of a reasoning block, is held back), finish() the rest and the calls.
+// call, or the end of a reasoning block, is held back, and calls once complete), finish() the rest. new_id
+// names each call.
 class ReplyStream {
  public:
-  explicit ReplyStream(ReplyOptions options) : options_(options) {}
+  ReplyStream(ReplyOptions options, std::function<std::string()> new_id)
+      : options_(options), new_id_(std::move(new_id)) {}
 
   struct Delta {
     std::string reasoning, content;
+    std::vector<ChatToolCall> calls;  // calls completed by this push, after those sent before
   };
   Delta push(std::string_view text);
-  // The held-back rest of reasoning and content, and the calls; call once, after the last push().
-  ChatReply finish(const std::function<std::string()>& new_id);
+  // The held-back rest of reasoning and content, and the calls not sent yet; call once, after the last
+  // push().
+  ChatReply finish();
+  // How many calls went out so far (push() and finish() together): the index of the next.
+  size_t calls_sent() const { return calls_sent_; }
 
  private:
+  // The calls of `rest` past those sent, named; advances calls_sent_.
+  std::vector<ChatToolCall> new_calls(std::string_view rest);
+
   ReplyOptions options_;
+  std::function<std::string()> new_id_;
   std::string text_;
-  size_t reasoning_sent_ = 0, content_sent_ = 0;
+  size_t reasoning_sent_ = 0, content_sent_ = 0, calls_sent_ = 0;
 };
 
 }  // namespace tandem::server

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -337,11 +338,12 @@ namespace {
 // One SSE response in progress, shared by the content provider's calls.
 struct SseState {
   SseState(const tokenizer::Tokenizer& tok, CompletionRequest req, std::shared_ptr<engine::Stream> s,
-           std::vector<std::string> stops, const ReplyOptions& reply_options)
+           std::vector<std::string> stops, const ReplyOptions& reply_options,
+           std::function<std::string()> new_call_id)
       : r(std::move(req)),
         stream(std::move(s)),
         text(tok, text_position(r), std::move(stops), r.top_logprobs >= 0),
-        reply(reply_options) {}
+        reply(reply_options, std::move(new_call_id)) {}
   CompletionRequest r;
   std::shared_ptr<engine::Stream> stream;
   TextAssembler text;
@@ -360,7 +362,8 @@ void HttpServer::Impl::respond_stream(const CompletionRequest& r, std::shared_pt
                                       std::vector<std::string> stops, const ReplyOptions& reply,
                                       Clock::time_point t0, const httplib::Request& req,
                                       httplib::Response& res, const std::string& endpoint) {
-  auto st = std::make_shared<SseState>(tok, r, std::move(stream), std::move(stops), reply);
+  auto st = std::make_shared<SseState>(tok, r, std::move(stream), std::move(stops), reply,
+                                       [this] { return new_call_id(); });
   st->id = (r.chat ? "chatcmpl-" : "cmpl-") + random_hex(24);
   st->created = static_cast<int64_t>(std::time(nullptr));
   metrics.request(endpoint, 200);
@@ -385,22 +388,26 @@ void HttpServer::Impl::respond_stream(const CompletionRequest& r, std::shared_pt
       st->first_chunk = false;
       st->logprobs.clear();
     };
-    // Chat: what of `delta` goes out now as reasoning and as content.
+    // Chat: what of `delta` goes out now as reasoning and as content, and the calls it completed.
     auto split = [&](const std::string& delta) -> ReplyStream::Delta {
-      if (!st->r.chat) return {{}, delta};
+      if (!st->r.chat) return {{}, delta, {}};
       return st->reply.push(delta);
+    };
+    auto calls = [&](const std::vector<ChatToolCall>& done) {
+      if (done.empty()) return;
+      out += sse_event(dump(
+          tool_calls_chunk_json(st->r, st->id, st->created, done, st->reply.calls_sent() - done.size())));
     };
     // The last chunks: held-back reasoning and content, the calls, and the finish reason.
     auto close = [&](const std::string& rest, std::string finish) {
       if (st->r.chat) {
         const ReplyStream::Delta d = st->reply.push(rest);
-        ChatReply end = st->reply.finish([this] { return new_call_id(); });
-        const std::string reasoning = d.reasoning + end.reasoning, content = d.content + end.content;
-        if (!reasoning.empty() || !content.empty()) chunk(content, "", reasoning);
-        if (!end.calls.empty()) {
-          out += sse_event(dump(tool_calls_chunk_json(st->r, st->id, st->created, end.calls)));
-          finish = "tool_calls";
-        }
+        if (!d.reasoning.empty() || !d.content.empty()) chunk(d.content, "", d.reasoning);
+        calls(d.calls);
+        const ChatReply end = st->reply.finish();
+        if (!end.reasoning.empty() || !end.content.empty()) chunk(end.content, "", end.reasoning);
+        calls(end.calls);
+        if (st->reply.calls_sent() > 0) finish = "tool_calls";
       } else if (!rest.empty()) {
         chunk(rest, "");
       }
@@ -416,6 +423,7 @@ void HttpServer::Impl::respond_stream(const CompletionRequest& r, std::shared_pt
         const ReplyStream::Delta delta = split(st->text.push(ev.token, st->logprobs));
         if (!delta.content.empty() || !delta.reasoning.empty() || !st->logprobs.empty())
           chunk(delta.content, "", delta.reasoning);
+        calls(delta.calls);
         if (st->text.stopped()) {
           st->stream->cancel();
           close("", "stop");

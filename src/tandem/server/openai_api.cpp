@@ -543,13 +543,13 @@ json logprobs_json(const CompletionRequest& req, const std::vector<Choice::Logpr
           {"text_offset", offsets}};
 }
 
-json tool_calls_json(const std::vector<ChatToolCall>& calls, bool indexed) {
+json tool_calls_json(const std::vector<ChatToolCall>& calls, bool indexed, size_t first_index = 0) {
   json out = json::array();
   for (size_t i = 0; i < calls.size(); ++i) {
     json c = {{"id", calls[i].id},
               {"type", "function"},
               {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
-    if (indexed) c["index"] = i;
+    if (indexed) c["index"] = first_index + i;
     out.push_back(std::move(c));
   }
   return out;
@@ -606,10 +606,10 @@ json chunk_json(const CompletionRequest& req, const std::string& id, int64_t cre
 }
 
 json tool_calls_chunk_json(const CompletionRequest& req, const std::string& id, int64_t created,
-                           const std::vector<ChatToolCall>& calls) {
+                           const std::vector<ChatToolCall>& calls, size_t first_index) {
   json j = base_json(req, id, created, "chat.completion.chunk");
   json choice = {{"index", 0}, {"finish_reason", nullptr}, {"logprobs", nullptr}};
-  choice["delta"] = {{"tool_calls", tool_calls_json(calls, true)}};
+  choice["delta"] = {{"tool_calls", tool_calls_json(calls, true, first_index)}};
   j["choices"] = json::array({choice});
   if (req.include_usage) j["usage"] = nullptr;
   return j;

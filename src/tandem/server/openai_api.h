@@ -124,9 +124,10 @@ nlohmann::json chunk_json(const CompletionRequest& req, const std::string& id, i
                           const std::string& delta, const std::vector<Choice::Logprob>& logprobs,
                           bool want_logprobs, const std::string& finish_reason, bool first,
                           const std::string& reasoning = {});
-// A chat chunk carrying whole tool calls as deltas (index, id, type, name and all the arguments).
+// A chat chunk carrying whole tool calls as deltas (index, id, type, name and all the arguments); the first
+// of `calls` has index first_index.
 nlohmann::json tool_calls_chunk_json(const CompletionRequest& req, const std::string& id, int64_t created,
-                                     const std::vector<ChatToolCall>& calls);
+                                     const std::vector<ChatToolCall>& calls, size_t first_index = 0);
 // The closing chunk of a stream with stream_options.include_usage: no choices, the usage.
 nlohmann::json usage_chunk_json(const CompletionRequest& req, const std::string& id, int64_t created,
                                 const engine::Usage& usage);

@@ -235,22 +235,23 @@ std::optional<Block> r1_at(std::string_view s, size_t at) {
     p = skip_space(s, p);
     const size_t call = after(s, p, kR1CallBegin);
     if (call == std::string_view::npos) break;
+    // A call that does not parse ends the block; the calls before it stand (as they did while streaming).
     const size_t sep = s.find(kR1Sep, call);
     const size_t line = sep == std::string_view::npos ? sep : s.find('\n', sep);
-    if (line == std::string_view::npos) return std::nullopt;
+    if (line == std::string_view::npos) break;
     const std::string name(trim(s.substr(sep + kR1Sep.size(), line - sep - kR1Sep.size())));
     size_t args = skip_space(s, line);
     if (const size_t fence = after(s, args, "```json"); fence != std::string_view::npos)
       args = skip_space(s, fence);
-    if (args >= s.size() || s[args] != '{') return std::nullopt;
+    if (args >= s.size() || s[args] != '{') break;
     const size_t args_end = json_end(s, args);
-    if (args_end == std::string_view::npos || name.empty()) return std::nullopt;
+    if (args_end == std::string_view::npos || name.empty()) break;
     const ordered_json arguments = parse_json(s.substr(args, args_end - args));
-    if (!arguments.is_object()) return std::nullopt;
+    if (!arguments.is_object()) break;
     p = skip_space(s, args_end);
     if (const size_t fence = after(s, p, "```"); fence != std::string_view::npos) p = skip_space(s, fence);
     const size_t end = after(s, p, kR1CallEnd);
-    if (end == std::string_view::npos) return std::nullopt;
+    if (end == std::string_view::npos) break;
     b.calls.push_back({{}, name, arguments.dump()});
     p = b.end = end;
   }
