@@ -72,7 +72,8 @@ bool parses_tool_calls(const CompletionRequest& r) {
 // How a chat reply is read (chat_reply.h). prompt: the rendered prompt, which may open a reasoning block.
 ReplyOptions reply_options(const CompletionRequest& r, ToolFormat format, std::string_view prompt) {
   ReplyOptions o;
-  o.tools = parses_tool_calls(r);
+  // Functionary's replies always open with a recipient line (">>>all" for text), tools or not.
+  o.tools = parses_tool_calls(r) || (r.chat && format == ToolFormat::kFunctionaryV3);
   o.format = format;
   o.reasoning = r.chat && r.reasoning_format == ReasoningFormat::kDeepSeek && !r.grammar;
   o.reasoning_open = o.reasoning && prompt_opens_reasoning(prompt);
