@@ -2,6 +2,7 @@
 // content that may be streamed before a call, and tools written into messages for templates without them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -358,6 +359,18 @@ TEST(ToolFormats, DetectedFromTheTemplate) {
   for (const auto& [file, format] : cases) EXPECT_EQ(detect_tool_format(read_template(file)), format) << file;
   EXPECT_EQ(detect_tool_format("{{ '<function=' + name + '>' }}"), ToolFormat::kFunctionaryV31);
   EXPECT_EQ(detect_tool_format(""), ToolFormat::kHermes);
+  // Without markers in the template, the vocabulary's marker tokens decide.
+  const auto vocabulary = [](std::vector<std::string> tokens) {
+    return
+        [tokens](std::string_view t) { return std::find(tokens.begin(), tokens.end(), t) != tokens.end(); };
+  };
+  EXPECT_EQ(detect_tool_format("", vocabulary({"[INST]", "[TOOL_CALLS]"})), ToolFormat::kMistral);
+  EXPECT_EQ(detect_tool_format("{{ x }}", vocabulary({"<|python_tag|>"})), ToolFormat::kLlama3);
+  EXPECT_EQ(detect_tool_format("", vocabulary({"<|python_tag|>", "<tool_call>"})), ToolFormat::kHermes);
+  EXPECT_EQ(detect_tool_format("", vocabulary({"<｜tool▁calls▁begin｜>"})), ToolFormat::kDeepSeekR1);
+  EXPECT_EQ(detect_tool_format(read_template("mistralai-Mistral-Nemo-Instruct-2407.jinja"),
+                               vocabulary({"<|python_tag|>"})),
+            ToolFormat::kMistral);
   const auto random = [](size_t n) { return std::string(n, 'a'); };
   EXPECT_EQ(new_tool_call_id(ToolFormat::kMistral, random), "aaaaaaaaa");
   EXPECT_EQ(new_tool_call_id(ToolFormat::kHermes, random).size(), 29u);

@@ -93,7 +93,8 @@ struct HttpServer::Impl {
     limits.n_vocab = tok.n_vocab();
     limits.max_json_depth = options.max_json_depth;
     limits.max_json_elements = options.max_json_elements;
-    limits.tool_format = detect_tool_format(chat.source());
+    limits.tool_format =
+        detect_tool_format(chat.source(), [&](std::string_view text) { return tok.token_id(text) >= 0; });
     limits.reasoning_format = options.reasoning_format;
   }
 

@@ -420,7 +420,7 @@ std::string_view tool_format_name(ToolFormat f) {
   return "?";
 }
 
-ToolFormat detect_tool_format(std::string_view src) {
+ToolFormat detect_tool_format(std::string_view src, const std::function<bool(std::string_view)>& has_token) {
   const auto has = [&](std::string_view m) { return src.find(m) != std::string_view::npos; };
   if (has(kR1CallsBegin) || has(kR1CallBegin)) return ToolFormat::kDeepSeekR1;
   if (has(kMistralCalls)) return ToolFormat::kMistral;
@@ -430,6 +430,12 @@ ToolFormat detect_tool_format(std::string_view src) {
   if (has(kHermesOpen)) return ToolFormat::kHermes;
   if (has("<|start_header_id|>") && (has(kPythonTag) || has("ipython") || has("\"parameters\"")))
     return ToolFormat::kLlama3;
+  if (has_token) {
+    if (has_token(kR1CallsBegin)) return ToolFormat::kDeepSeekR1;
+    if (has_token(kMistralCalls)) return ToolFormat::kMistral;
+    if (has_token(kHermesOpen)) return ToolFormat::kHermes;
+    if (has_token(kPythonTag)) return ToolFormat::kLlama3;
+  }
   return ToolFormat::kHermes;
 }
 

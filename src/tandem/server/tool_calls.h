@@ -46,9 +46,11 @@ enum class ToolFormat { kHermes, kLlama3, kMistral, kFunctionaryV3, kFunctionary
 // "hermes", "llama3", "mistral", "functionary3", "functionary31", "deepseek-r1", "command-r".
 std::string_view tool_format_name(ToolFormat format);
 
-// The format a chat template's source writes calls in (by the markers it renders); hermes when it shows
-// none of the others.
-ToolFormat detect_tool_format(std::string_view template_source);
+// The format a chat template's source writes calls in (by the markers it renders). When it shows none (or
+// there is no template), the vocabulary decides by the marker tokens it holds (has_token: whether a token
+// of exactly this text exists; may be empty); hermes when neither tells.
+ToolFormat detect_tool_format(std::string_view template_source,
+                              const std::function<bool(std::string_view)>& has_token = {});
 
 // A new call id. Mistral's template accepts only ids of 9 letters and digits; the others get "call_" and 24
 // characters. random_alnum(n): n random letters or digits.
