@@ -354,7 +354,7 @@ struct SseState {
   bool first_chunk = true, first_token = true, finish_sent = false;
   std::vector<Choice::Logprob> logprobs;
   // Chat: the reply split into reasoning, content and calls as it comes; text that may be a call is held
-  // back until it is parsed at the end.
+  // back until it is ruled out or parsed.
   ReplyStream reply;
 };
 
