@@ -1,6 +1,7 @@
 // Chat replies split into reasoning, content and tool calls, whole and streamed.
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -135,6 +136,75 @@ TEST(ChatReply, CallsGoOutWhenComplete) {
     EXPECT_EQ(parts.content, whole.content) << step;
     EXPECT_EQ(parts.calls.size(), 1u) << step;
   }
+}
+
+// Mangled replies (markers cut, doubled, spliced into one another) never throw, and streamed in any pieces
+// they give what the whole gives: the same reasoning, content and call names and arguments.
+TEST(ChatReply, MangledRepliesStreamAsTheyParse) {
+  const std::vector<std::string> pieces = {"<think>",
+                                           "</think>",
+                                           "<tool_call>",
+                                           "</tool_call>",
+                                           "{\"name\": \"f\", \"arguments\": {\"a\": [1, \"}\"]}}",
+                                           "{\"name\": \"g\", \"parameters\": {}}",
+                                           "<|python_tag|>",
+                                           "[TOOL_CALLS]",
+                                           "[{\"name\": \"h\"}]",
+                                           ">>>",
+                                           "all\n",
+                                           "f\n",
+                                           "<function=f>",
+                                           "</function>",
+                                           "<｜tool▁calls▁begin｜>",
+                                           "<｜tool▁call▁begin｜>",
+                                           "function<｜tool▁sep｜>f\n```json\n",
+                                           "```<｜tool▁call▁end｜>",
+                                           "<｜tool▁calls▁end｜>",
+                                           "Action: ```json\n",
+                                           "[{\"tool_name\": \"t\", \"parameters\": {}}]",
+                                           "```",
+                                           " text ",
+                                           "\n",
+                                           "{",
+                                           "}",
+                                           "[",
+                                           "]",
+                                           "\"",
+                                           "\\"};
+  std::vector<std::string> calls;  // whole calls in every format, so that mangling meets real ones
+  for (ToolFormat f :
+       {ToolFormat::kHermes, ToolFormat::kLlama3, ToolFormat::kMistral, ToolFormat::kFunctionaryV3,
+        ToolFormat::kFunctionaryV31, ToolFormat::kDeepSeekR1, ToolFormat::kCommandR})
+    calls.push_back(tool_call_text(f, "f", R"({"a": "}>>>"})"));
+  std::mt19937 rng(7);
+  size_t with_calls = 0;
+  for (ToolFormat f :
+       {ToolFormat::kHermes, ToolFormat::kLlama3, ToolFormat::kMistral, ToolFormat::kFunctionaryV3,
+        ToolFormat::kFunctionaryV31, ToolFormat::kDeepSeekR1, ToolFormat::kCommandR}) {
+    for (int round = 0; round < 300; ++round) {
+      std::string text;
+      const int n = 1 + static_cast<int>(rng() % 8);
+      for (int k = 0; k < n; ++k)
+        text += rng() % 3 == 0 ? calls[rng() % calls.size()] : pieces[rng() % pieces.size()];
+      ReplyOptions o;
+      o.tools = true;
+      o.format = f;
+      o.reasoning = rng() % 2 == 0;
+      o.reasoning_open = o.reasoning && rng() % 3 == 0;
+      const ChatReply whole = parse_chat_reply(text, o, no_id);
+      const ChatReply parts = streamed(text, o, 1 + rng() % 6);
+      const std::string what = std::string(tool_format_name(f)) + ": " + text;
+      EXPECT_EQ(parts.reasoning, whole.reasoning) << what;
+      EXPECT_EQ(parts.content, whole.content) << what;
+      ASSERT_EQ(parts.calls.size(), whole.calls.size()) << what;
+      with_calls += whole.calls.empty() ? 0 : 1;
+      for (size_t i = 0; i < whole.calls.size(); ++i) {
+        EXPECT_EQ(parts.calls[i].name, whole.calls[i].name) << what;
+        EXPECT_EQ(parts.calls[i].arguments, whole.calls[i].arguments) << what;
+      }
+    }
+  }
+  EXPECT_GT(with_calls, 100u);  // the replies did hold calls
 }
 
 TEST(ChatReply, PromptOpensReasoning) {
