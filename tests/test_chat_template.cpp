@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "tandem/server/chat_template.h"
+#include "tandem/server/jinja/error.h"
+#include "tandem/server/openai_api.h"
 
 namespace {
 
@@ -75,6 +77,54 @@ TEST(ChatTemplate, UsesTheModelsBosAndEos) {
   const ChatTemplate t = ChatTemplate::detect("[INST] <<SYS>>", "<BOS>", "<EOS>");
   EXPECT_EQ(t.render(std::vector<ChatMessage>{{"user", "a"}, {"assistant", "b"}, {"user", "c"}}),
             "[INST] a [/INST] b <EOS><BOS>[INST] c [/INST]");
+}
+
+// A template that never ends, or that cannot render a conversation, is a 400 for that request naming the
+// cause; the server goes on.
+TEST(ChatTemplate, RunawayAndBrokenTemplatesAre400) {
+  const std::vector<ChatMessage> hi = {{"user", "Hi"}};
+  struct Case {
+    const char* source;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}", "StepLimitError"},
+      {"{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "RecursionError"},
+      {"{{ messages[0].content + 1 }}", "TypeError"},
+      {"{{ raise_exception('Only user and assistant roles are supported') }}", "Only user and assistant"},
+  };
+  for (const Case& c : cases) {
+    const ChatTemplate t = ChatTemplate::interpret(c.source);
+    try {
+      t.render(hi);
+      ADD_FAILURE() << "rendered: " << c.source;
+    } catch (const tandem::server::ApiError& e) {
+      EXPECT_EQ(e.status, 400) << c.source;
+      EXPECT_EQ(e.param, "messages") << c.source;
+      EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << c.source << ": " << e.what();
+    }
+  }
+  // A template that does not parse is refused where it is given, with its line and column; a model file's
+  // falls back to the family its markers show.
+  EXPECT_THROW(ChatTemplate::interpret("{% for m in messages %}{{ m.content }}"),
+               tandem::server::jinja::SyntaxError);
+  std::string problem;
+  const ChatTemplate fallback = ChatTemplate::load("<|im_start|>{% if %}", "<s>", "</s>", &problem);
+  EXPECT_FALSE(fallback.interpreted());
+  EXPECT_EQ(fallback.family(), ChatFamily::kChatML);
+  EXPECT_NE(problem.find("line 1"), std::string::npos) << problem;
+}
+
+// An assistant turn that only calls tools has null content, as OpenAI sends it (templates test for none).
+TEST(ChatTemplate, CallOnlyTurnHasNullContent) {
+  const ChatTemplate t = ChatTemplate::interpret(
+      "{% for m in messages %}{{ m.role }}:{% if m.content is none %}none{% else %}{{ m.content }}{% endif "
+      "%};"
+      "{% endfor %}");
+  const std::vector<ChatMessage> chat = {{"user", "Hi", {}, {}, {}},
+                                         {"assistant", "", {{"c1", "f", "{}"}}, {}, {}},
+                                         {"assistant", "", {}, {}, {}}};
+  EXPECT_EQ(t.render(chat), "user:Hi;assistant:none;assistant:;");
 }
 
 }  // namespace

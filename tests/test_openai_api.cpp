@@ -284,6 +284,38 @@ TEST(OpenAiApi, ResponseShapes) {
   EXPECT_NO_THROW(dump(response_json(comp, "id3", 5, lp, u)));
 }
 
+TEST(OpenAiApi, ReasoningContent) {
+  CompletionRequest chat;
+  chat.chat = true;
+  chat.model = "m";
+  Choice c;
+  c.text = "Four.";
+  c.reasoning = "Two and two.";
+  c.finish_reason = "stop";
+  const json full = response_json(chat, "id1", 5, c, tandem::engine::Usage{});
+  EXPECT_EQ(full["choices"][0]["message"]["reasoning_content"], "Two and two.");
+  EXPECT_EQ(full["choices"][0]["message"]["content"], "Four.");
+  c.reasoning.clear();
+  EXPECT_FALSE(response_json(chat, "id1", 5, c, tandem::engine::Usage{})["choices"][0]["message"].contains(
+      "reasoning_content"));
+  const json delta = chunk_json(chat, "id1", 5, "", {}, false, "", false, "Two")["choices"][0]["delta"];
+  EXPECT_EQ(delta["reasoning_content"], "Two");
+  EXPECT_FALSE(delta.contains("content"));
+
+  const std::string head = R"({"model":"m","messages":[{"role":"user","content":"hi"}])";
+  EXPECT_EQ(parse_request(head + "}", true, kLimits).reasoning_format, ReasoningFormat::kDeepSeek);
+  EXPECT_EQ(parse_request(head + R"(,"reasoning_format":"none"})", true, kLimits).reasoning_format,
+            ReasoningFormat::kNone);
+  ApiLimits inline_by_default = kLimits;
+  inline_by_default.reasoning_format = ReasoningFormat::kNone;
+  EXPECT_EQ(parse_request(head + "}", true, inline_by_default).reasoning_format, ReasoningFormat::kNone);
+  for (const std::string bad : {R"("other")", "1"}) {
+    const ApiError e = error_of(head + R"(,"reasoning_format":)" + bad + "}", true);
+    EXPECT_EQ(e.status, 400) << bad;
+    EXPECT_EQ(e.param, "reasoning_format") << bad;
+  }
+}
+
 TEST(TextAssembler, CutsAtStopSequencesAndNeverSendsThem) {
   auto file = tandem::gguf::File::open(tandem::testing::shared_path("models/stories260K.gguf"));
   auto tok = tandem::tokenizer::Tokenizer::from_gguf(file);
@@ -315,7 +347,8 @@ TEST(ServeFlags, OutOfRangeValuesAreRefused) {
   for (const std::string flag :
        {"--port 65536", "--max-body 0", "--drain-timeout -1", "-b 0", "--parallel 0", "--max-connections 0",
         "--max-connections 20", "--max-json-depth 1", "--max-json-elements 0", "--max-headers 0",
-        "--max-header-bytes 10", "--idle-timeout 0", "--request-timeout -1", "--write-timeout 0"}) {
+        "--max-header-bytes 10", "--idle-timeout 0", "--request-timeout -1", "--write-timeout 0",
+        "--reasoning-format other"}) {
     const auto [out, rc] = tandem::testing::run_command(serve + flag + " 2>&1");
     EXPECT_NE(rc, 0) << flag;
     EXPECT_NE(rc, 124) << flag << ": the server started";

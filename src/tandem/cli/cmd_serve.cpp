@@ -47,6 +47,7 @@ struct ServeOptions {
   speculative::GateSettings gate;
   std::string api_key, alias, replica_name;
   std::string chat_template;  // --chat-template FILE: overrides the model file's
+  std::string reasoning_format = "deepseek";
   double drain_seconds = 30;
   server::ConnectionLimits connections;
   double idle_seconds = 5, request_seconds = 30, write_seconds = 10;
@@ -264,6 +265,7 @@ void serve(const ServeOptions& o) {
   http.connections.write_timeout = to_ms(o.write_seconds);
   http.max_json_depth = o.max_json_depth;
   http.max_json_elements = o.max_json_elements;
+  http.reasoning_format = *server::reasoning_format_from(o.reasoning_format);
   http.model_name = !o.alias.empty() ? o.alias : std::filesystem::path(o.model.model_path).stem().string();
   http.truncatable_dims = o.truncatable_dims;
   http.model_kind = "an encoder (" + config.arch + ")";
@@ -360,6 +362,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--chat-template", o->chat_template,
                   "Jinja chat template file to use instead of the model's tokenizer.chat_template")
       ->check(CLI::ExistingFile);
+  cmd->add_option(
+         "--reasoning-format", o->reasoning_format,
+         "Chat replies' <think> blocks: deepseek moves them to reasoning_content (default), none keeps "
+         "them in the content; a request's reasoning_format overrides")
+      ->check(CLI::IsMember({"none", "deepseek"}));
   cmd->add_option("--drain-timeout", o->drain_seconds,
                   "Seconds running requests get after SIGTERM; queued ones get 503 at once (default 30)")
       ->check(CLI::Range(0.0, 86400.0));

@@ -1,5 +1,6 @@
 #include "tandem/server/chat_template.h"
 
+#include <algorithm>
 #include <initializer_list>
 
 #include "tandem/server/jinja/template.h"
@@ -82,7 +83,9 @@ ChatTemplate ChatTemplate::detect(std::string_view src, std::string bos, std::st
   } else if (contains(src, "[INST]")) {
     f = contains(src, "<<SYS>>") ? ChatFamily::kLlama2 : ChatFamily::kMistral;
   }
-  return ChatTemplate(f, std::move(bos), std::move(eos), std::move(system));
+  ChatTemplate t(f, std::move(bos), std::move(eos), std::move(system));
+  t.source_ = src;
+  return t;
 }
 
 ChatTemplate ChatTemplate::interpret(std::string_view source, std::string bos, std::string eos) {
@@ -137,15 +140,18 @@ std::vector<std::string> ChatTemplate::stop_sequences() const {
 }
 
 std::string ChatTemplate::render_interpreted(std::span<const ChatMessage> messages,
-                                             std::string_view tools_json) const {
+                                             std::string_view tools_json, bool object_arguments) const {
   jinja::Json vars = jinja::Json::object();
   jinja::Json& list = vars["messages"] = jinja::Json::array();
   for (const ChatMessage& m : messages) {
     jinja::Json msg = {{"role", m.role}, {"content", m.content}};
     if (!m.tool_calls.empty()) {
+      if (m.content.empty()) msg["content"] = nullptr;
       jinja::Json calls = jinja::Json::array();
       for (const ChatToolCall& c : m.tool_calls) {
-        jinja::Json arguments = jinja::Json::parse(c.arguments, nullptr, /*allow_exceptions=*/false);
+        jinja::Json arguments = object_arguments
+                                    ? jinja::Json::parse(c.arguments, nullptr, /*allow_exceptions=*/false)
+                                    : jinja::Json(c.arguments);
         if (arguments.is_discarded()) arguments = c.arguments;
         calls.push_back({{"id", c.id},
                          {"type", "function"},
@@ -174,7 +180,17 @@ std::string ChatTemplate::render_interpreted(std::span<const ChatMessage> messag
 
 std::string ChatTemplate::render(std::span<const ChatMessage> messages, std::string_view tools_json) const {
   if (messages.empty()) throw Error("a chat needs at least one message");
-  if (jinja_) return render_interpreted(messages, tools_json);
+  if (jinja_) {
+    const bool any_calls = std::any_of(messages.begin(), messages.end(),
+                                       [](const ChatMessage& m) { return !m.tool_calls.empty(); });
+    if (!any_calls) return render_interpreted(messages, tools_json, true);
+    try {
+      return render_interpreted(messages, tools_json, true);
+    } catch (const ApiError&) {
+      // A template that takes the arguments as text; if it refuses those too, that error is the answer.
+      return render_interpreted(messages, tools_json, false);
+    }
+  }
   std::string out;
   switch (family_) {
     case ChatFamily::kChatML: {

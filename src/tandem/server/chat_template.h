@@ -75,13 +75,18 @@ class ChatTemplate {
   bool interpreted() const { return jinja_ != nullptr; }
   std::string_view name() const;
   const std::string& default_system() const { return default_system_; }
+  // The Jinja source the template was made from (empty for a family without one): what the syntax of tool
+  // calls and reasoning is read from.
+  const std::string& source() const { return source_; }
 
   // The prompt for `messages`, ending where the assistant's reply starts. Throws tandem::Error when there is
   // no message, and an ApiError (400) when an interpreted template refuses the conversation (it raised, or
   // used a message in a way it cannot).
   // tools_json: the request's OpenAI `tools` array as JSON text (empty: none). An interpreted template gets
   // it as `tools`, and each assistant tool call with its arguments as an object when they parse (the form
-  // templates index into), else as the string.
+  // most templates index into or serialise); a template that refuses objects (it concatenates the arguments
+  // to strings, as DeepSeek R1's and Functionary's do) is rendered again with them as the JSON strings
+  // OpenAI sends. An assistant message with tool calls and no text has null content, as OpenAI sends it.
   std::string render(std::span<const ChatMessage> messages, std::string_view tools_json = {}) const;
   // Whether the template renders tools, tool calls and tool results itself (an interpreted template that
   // reads `tools`); for others the caller writes them into the messages' text.
@@ -90,10 +95,11 @@ class ChatTemplate {
   std::vector<std::string> stop_sequences() const;
 
  private:
-  std::string render_interpreted(std::span<const ChatMessage> messages, std::string_view tools_json) const;
+  std::string render_interpreted(std::span<const ChatMessage> messages, std::string_view tools_json,
+                                 bool object_arguments) const;
 
   ChatFamily family_;
-  std::string bos_, eos_, default_system_;
+  std::string bos_, eos_, default_system_, source_;
   std::shared_ptr<const jinja::Template> jinja_;  // set when interpreted
   bool renders_tools_ = false;
 };

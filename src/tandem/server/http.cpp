@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -64,13 +65,20 @@ const char* finish_reason(engine::Finish f) {
   return "cancelled";
 }
 
-std::string new_call_id() {
-  return "call_" + random_hex(24);
-}
-
 // Whether the reply is parsed for tool calls: a chat with tools it may call.
 bool parses_tool_calls(const CompletionRequest& r) {
   return r.chat && !r.tools.empty() && r.tool_choice != ToolChoice::kNone;
+}
+
+// How a chat reply is read (chat_reply.h). prompt: the rendered prompt, which may open a reasoning block.
+ReplyOptions reply_options(const CompletionRequest& r, ToolFormat format, std::string_view prompt) {
+  ReplyOptions o;
+  // Functionary's replies always open with a recipient line (">>>all" for text), tools or not.
+  o.tools = parses_tool_calls(r) || (r.chat && format == ToolFormat::kFunctionaryV3);
+  o.format = format;
+  o.reasoning = r.chat && r.reasoning_format == ReasoningFormat::kDeepSeek && !r.grammar;
+  o.reasoning_open = o.reasoning && prompt_opens_reasoning(prompt);
+  return o;
 }
 
 // How often a non-streamed request looks at its client while it waits for tokens.
@@ -92,6 +100,9 @@ struct HttpServer::Impl {
     limits.n_vocab = tok.n_vocab();
     limits.max_json_depth = options.max_json_depth;
     limits.max_json_elements = options.max_json_elements;
+    limits.tool_format =
+        detect_tool_format(chat.source(), [&](std::string_view text) { return tok.token_id(text) >= 0; });
+    limits.reasoning_format = options.reasoning_format;
     embed_limits.api = limits;
     embed_limits.dim = embedder ? embedder->dim() : 0;
     embed_limits.truncatable_dims = options.truncatable_dims;
@@ -147,23 +158,28 @@ struct HttpServer::Impl {
     }
   }
 
+  std::string new_call_id() const { return new_tool_call_id(limits.tool_format, random_hex); }
+
   void routes();
   void generation(const httplib::Request& req, httplib::Response& res, bool chat_api);
   void embeddings(const httplib::Request& req, httplib::Response& res);
   ApiError shutting_down(httplib::Response& res) const;
   ApiError busy(httplib::Response& res) const;
-  engine::Request engine_request(const CompletionRequest& r, std::vector<std::string>& stops);
+  // reply: how the reply to r is read, which depends on the rendered prompt.
+  engine::Request engine_request(const CompletionRequest& r, std::vector<std::string>& stops,
+                                 ReplyOptions& reply);
   // peer: the connection's watch, when its socket was found; a client that leaves cancels the request.
   void respond_whole(const CompletionRequest& r, const std::shared_ptr<engine::Stream>& stream,
-                     std::vector<std::string> stops, Clock::time_point t0, const httplib::Request& req,
-                     httplib::Response& res, const std::string& endpoint, PeerWatch* peer);
+                     std::vector<std::string> stops, const ReplyOptions& reply, Clock::time_point t0,
+                     const httplib::Request& req, httplib::Response& res, const std::string& endpoint,
+                     PeerWatch* peer);
   void respond_stream(const CompletionRequest& r, std::shared_ptr<engine::Stream> stream,
-                      std::vector<std::string> stops, Clock::time_point t0, const httplib::Request& req,
-                      httplib::Response& res, const std::string& endpoint);
+                      std::vector<std::string> stops, const ReplyOptions& reply, Clock::time_point t0,
+                      const httplib::Request& req, httplib::Response& res, const std::string& endpoint);
 };
 
-engine::Request HttpServer::Impl::engine_request(const CompletionRequest& r,
-                                                 std::vector<std::string>& stops) {
+engine::Request HttpServer::Impl::engine_request(const CompletionRequest& r, std::vector<std::string>& stops,
+                                                 ReplyOptions& reply) {
   engine::Request er;
   std::string param = r.chat ? "messages" : "prompt";
   if (r.chat) {
@@ -173,8 +189,10 @@ engine::Request HttpServer::Impl::engine_request(const CompletionRequest& r,
     const std::string text =
         chat.renders_tools() ? chat.render(r.messages, offer_tools ? r.tools_json : std::string())
         : offer_tools || has_calls
-            ? chat.render(tool_messages(r.messages, offer_tools ? r.tools : std::vector<ToolSpec>()))
+            ? chat.render(tool_messages(r.messages, offer_tools ? r.tools : std::vector<ToolSpec>(),
+                                        limits.tool_format))
             : chat.render(r.messages);
+    reply = reply_options(r, limits.tool_format, text);
     // Most templates write the BOS themselves; the encoder must not add a second one then. A tokenizer that
     // adds no BOS keeps the template's.
     const bool has_bos = tok.bos_id() >= 0 && text.starts_with(tok.token_text(tok.bos_id()));
@@ -244,7 +262,8 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
     CompletionRequest r = parse_request(req.body, chat_api, limits);
     if (draining.load()) throw shutting_down(res);
     std::vector<std::string> stops = r.stop;
-    engine::Request er = engine_request(r, stops);
+    ReplyOptions reply;
+    engine::Request er = engine_request(r, stops, reply);
     engine::Scheduler::Admit admit{};
     std::string why;
     std::shared_ptr<engine::Stream> stream = scheduler->submit(std::move(er), admit, &why);
@@ -252,9 +271,9 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
     if (admit == engine::Scheduler::Admit::kDraining) throw shutting_down(res);
     if (admit == engine::Scheduler::Admit::kInvalid) throw bad_request(why);
     if (r.stream)
-      respond_stream(r, std::move(stream), std::move(stops), t0, req, res, endpoint);
+      respond_stream(r, std::move(stream), std::move(stops), reply, t0, req, res, endpoint);
     else
-      respond_whole(r, stream, std::move(stops), t0, req, res, endpoint, peer ? &*peer : nullptr);
+      respond_whole(r, stream, std::move(stops), reply, t0, req, res, endpoint, peer ? &*peer : nullptr);
   });
 }
 
@@ -312,9 +331,9 @@ void HttpServer::Impl::embeddings(const httplib::Request& req, httplib::Response
 
 void HttpServer::Impl::respond_whole(const CompletionRequest& r,
                                      const std::shared_ptr<engine::Stream>& stream,
-                                     std::vector<std::string> stops, Clock::time_point t0,
-                                     const httplib::Request& req, httplib::Response& res,
-                                     const std::string& endpoint, PeerWatch* peer) {
+                                     std::vector<std::string> stops, const ReplyOptions& reply,
+                                     Clock::time_point t0, const httplib::Request& req,
+                                     httplib::Response& res, const std::string& endpoint, PeerWatch* peer) {
   TextAssembler text(tok, text_position(r), std::move(stops), r.top_logprobs >= 0);
   Choice choice;
   choice.want_logprobs = r.top_logprobs >= 0;
@@ -359,10 +378,11 @@ void HttpServer::Impl::respond_whole(const CompletionRequest& r,
   }
   choice.text += text.finish();
   choice.finish_reason = text.stopped() ? "stop" : finish_reason(ev.finish);
-  if (parses_tool_calls(r)) {
-    ToolReply reply = parse_tool_calls(choice.text, new_call_id);
-    choice.text = std::move(reply.content);
-    choice.tool_calls = std::move(reply.calls);
+  if (r.chat) {
+    ChatReply parsed = parse_chat_reply(choice.text, reply, [this] { return new_call_id(); });
+    choice.text = std::move(parsed.content);
+    choice.reasoning = std::move(parsed.reasoning);
+    choice.tool_calls = std::move(parsed.calls);
     if (!choice.tool_calls.empty()) choice.finish_reason = "tool_calls";
   }
   const json body = response_json(r, (r.chat ? "chatcmpl-" : "cmpl-") + random_hex(24),
@@ -382,10 +402,12 @@ namespace {
 // One SSE response in progress, shared by the content provider's calls.
 struct SseState {
   SseState(const tokenizer::Tokenizer& tok, CompletionRequest req, std::shared_ptr<engine::Stream> s,
-           std::vector<std::string> stops)
+           std::vector<std::string> stops, const ReplyOptions& reply_options,
+           std::function<std::string()> new_call_id)
       : r(std::move(req)),
         stream(std::move(s)),
-        text(tok, text_position(r), std::move(stops), r.top_logprobs >= 0) {}
+        text(tok, text_position(r), std::move(stops), r.top_logprobs >= 0),
+        reply(reply_options, std::move(new_call_id)) {}
   CompletionRequest r;
   std::shared_ptr<engine::Stream> stream;
   TextAssembler text;
@@ -393,19 +415,19 @@ struct SseState {
   int64_t created = 0;
   bool first_chunk = true, first_token = true, finish_sent = false;
   std::vector<Choice::Logprob> logprobs;
-  // With tools, the reply so far and how much of it went out as content: text that may be a call is held
-  // back until it is parsed at the end.
-  std::string reply;
-  size_t sent = 0;
+  // Chat: the reply split into reasoning, content and calls as it comes; text that may be a call is held
+  // back until it is ruled out or parsed.
+  ReplyStream reply;
 };
 
 }  // namespace
 
 void HttpServer::Impl::respond_stream(const CompletionRequest& r, std::shared_ptr<engine::Stream> stream,
-                                      std::vector<std::string> stops, Clock::time_point t0,
-                                      const httplib::Request& req, httplib::Response& res,
-                                      const std::string& endpoint) {
-  auto st = std::make_shared<SseState>(tok, r, std::move(stream), std::move(stops));
+                                      std::vector<std::string> stops, const ReplyOptions& reply,
+                                      Clock::time_point t0, const httplib::Request& req,
+                                      httplib::Response& res, const std::string& endpoint) {
+  auto st = std::make_shared<SseState>(tok, r, std::move(stream), std::move(stops), reply,
+                                       [this] { return new_call_id(); });
   st->id = (r.chat ? "chatcmpl-" : "cmpl-") + random_hex(24);
   st->created = static_cast<int64_t>(std::time(nullptr));
   metrics.request(endpoint, 200);
@@ -423,33 +445,33 @@ void HttpServer::Impl::respond_stream(const CompletionRequest& r, std::shared_pt
     while (!st->stream->next(ev, std::chrono::milliseconds(50)))
       if (!sink.is_writable()) return cancel();
     std::string out;
-    auto chunk = [&](const std::string& delta, const std::string& finish) {
-      out += sse_event(dump(chunk_json(st->r, st->id, st->created, delta, st->logprobs,
-                                       st->r.top_logprobs >= 0, finish, st->first_chunk && st->r.chat)));
+    auto chunk = [&](const std::string& delta, const std::string& finish, const std::string& reasoning = {}) {
+      out +=
+          sse_event(dump(chunk_json(st->r, st->id, st->created, delta, st->logprobs, st->r.top_logprobs >= 0,
+                                    finish, st->first_chunk && st->r.chat, reasoning)));
       st->first_chunk = false;
       st->logprobs.clear();
     };
-    const bool tools = parses_tool_calls(st->r);
-    // With tools: what of `delta` may go out as content now.
-    auto content = [&](const std::string& delta) -> std::string {
-      if (!tools) return delta;
-      st->reply += delta;
-      const size_t settled = std::max(settled_content(st->reply), st->sent);
-      std::string now = st->reply.substr(st->sent, settled - st->sent);
-      st->sent = settled;
-      return now;
+    // Chat: what of `delta` goes out now as reasoning and as content, and the calls it completed.
+    auto split = [&](const std::string& delta) -> ReplyStream::Delta {
+      if (!st->r.chat) return {{}, delta, {}};
+      return st->reply.push(delta);
     };
-    // The last chunks: held-back content, the calls, and the finish reason.
-    auto close = [&](std::string rest, std::string finish) {
-      if (tools) {
-        st->reply += rest;
-        ToolReply reply = parse_tool_calls(st->reply, new_call_id);
-        rest = reply.content.size() > st->sent ? reply.content.substr(st->sent) : std::string();
-        if (!rest.empty()) chunk(rest, "");
-        if (!reply.calls.empty()) {
-          out += sse_event(dump(tool_calls_chunk_json(st->r, st->id, st->created, reply.calls)));
-          finish = "tool_calls";
-        }
+    auto calls = [&](const std::vector<ChatToolCall>& done) {
+      if (done.empty()) return;
+      out += sse_event(dump(
+          tool_calls_chunk_json(st->r, st->id, st->created, done, st->reply.calls_sent() - done.size())));
+    };
+    // The last chunks: held-back reasoning and content, the calls, and the finish reason.
+    auto close = [&](const std::string& rest, std::string finish) {
+      if (st->r.chat) {
+        const ReplyStream::Delta d = st->reply.push(rest);
+        if (!d.reasoning.empty() || !d.content.empty()) chunk(d.content, "", d.reasoning);
+        calls(d.calls);
+        const ChatReply end = st->reply.finish();
+        if (!end.reasoning.empty() || !end.content.empty()) chunk(end.content, "", end.reasoning);
+        calls(end.calls);
+        if (st->reply.calls_sent() > 0) finish = "tool_calls";
       } else if (!rest.empty()) {
         chunk(rest, "");
       }
@@ -462,8 +484,10 @@ void HttpServer::Impl::respond_stream(const CompletionRequest& r, std::shared_pt
         if (st->first_token) metrics.first_token(seconds_since(t0));
         st->first_token = false;
         if (st->finish_sent) continue;
-        std::string delta = content(st->text.push(ev.token, st->logprobs));
-        if (!delta.empty() || !st->logprobs.empty()) chunk(delta, "");
+        const ReplyStream::Delta delta = split(st->text.push(ev.token, st->logprobs));
+        if (!delta.content.empty() || !delta.reasoning.empty() || !st->logprobs.empty())
+          chunk(delta.content, "", delta.reasoning);
+        calls(delta.calls);
         if (st->text.stopped()) {
           st->stream->cancel();
           close("", "stop");

@@ -24,6 +24,7 @@
 
 #include "tandem/engine/embed_batcher.h"
 #include "tandem/engine/scheduler.h"
+#include "tandem/server/chat_reply.h"
 #include "tandem/server/chat_template.h"
 #include "tandem/server/connection_limits.h"
 #include "tandem/server/metrics.h"
@@ -47,6 +48,8 @@ struct ServerOptions {
   std::vector<int64_t> truncatable_dims;
   // Said in the 400 a generation request gets from a server without a scheduler ("an encoder (bert)").
   std::string model_kind;
+  // Whether chat replies' <think> blocks go to reasoning_content (a request's reasoning_format overrides).
+  ReasoningFormat reasoning_format = ReasoningFormat::kDeepSeek;
 };
 
 class HttpServer {

@@ -268,7 +268,8 @@ void parse_response_format(const json& body, const nlohmann::ordered_json& order
 
 // tools, tool_choice and parallel_tool_calls (chat). Parameters are read from the ordered body, as a schema's
 // properties are written in their declared order.
-void parse_tools(const json& body, const nlohmann::ordered_json& ordered_body, CompletionRequest& r) {
+void parse_tools(const json& body, const nlohmann::ordered_json& ordered_body, CompletionRequest& r,
+                 ToolFormat format) {
   if (const json* tools = field(body, "tools")) {
     if (!tools->is_array()) wrong_type("tools", "an array", *tools);
     for (size_t i = 0; i < tools->size(); ++i) {
@@ -332,8 +333,9 @@ void parse_tools(const json& body, const nlohmann::ordered_json& ordered_body, C
     if (r.grammar)
       throw bad_request("'response_format' cannot be combined with a required or named 'tool_choice'",
                         "response_format");
-    r.grammar = std::make_shared<const sampling::Grammar>(tool_call_grammar(
-        r.tools, r.tool_choice == ToolChoice::kNamed ? r.tool_name : std::string(), r.parallel_tool_calls));
+    r.grammar = std::make_shared<const sampling::Grammar>(
+        tool_call_grammar(r.tools, r.tool_choice == ToolChoice::kNamed ? r.tool_name : std::string(),
+                          r.parallel_tool_calls, format));
   }
 }
 
@@ -477,7 +479,16 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ApiLim
   const bool ordered = field(j, "response_format") || (chat && field(j, "tools"));
   const nlohmann::ordered_json ordered_body = ordered ? nlohmann::ordered_json::parse(body) : nullptr;
   parse_response_format(j, ordered_body, r);
-  if (chat) parse_tools(j, ordered_body, r);
+  if (chat) parse_tools(j, ordered_body, r, limits.tool_format);
+  r.reasoning_format = limits.reasoning_format;
+  if (const json* rf = field(j, "reasoning_format")) {
+    if (!rf->is_string()) wrong_type("reasoning_format", "a string", *rf);
+    const std::optional<ReasoningFormat> f = reasoning_format_from(rf->get<std::string>());
+    if (!f)
+      throw bad_request("'reasoning_format' must be none or deepseek, got '" + rf->get<std::string>() + "'",
+                        "reasoning_format");
+    r.reasoning_format = *f;
+  }
   r.stream = boolean(j, "stream", false);
   r.ignore_eos = boolean(j, "ignore_eos", false);
   if (const json* so = field(j, "stream_options")) {
@@ -532,13 +543,13 @@ json logprobs_json(const CompletionRequest& req, const std::vector<Choice::Logpr
           {"text_offset", offsets}};
 }
 
-json tool_calls_json(const std::vector<ChatToolCall>& calls, bool indexed) {
+json tool_calls_json(const std::vector<ChatToolCall>& calls, bool indexed, size_t first_index = 0) {
   json out = json::array();
   for (size_t i = 0; i < calls.size(); ++i) {
     json c = {{"id", calls[i].id},
               {"type", "function"},
               {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
-    if (indexed) c["index"] = i;
+    if (indexed) c["index"] = first_index + i;
     out.push_back(std::move(c));
   }
   return out;
@@ -561,6 +572,7 @@ json response_json(const CompletionRequest& req, const std::string& id, int64_t 
   choice["logprobs"] = c.want_logprobs ? logprobs_json(req, c.logprobs) : json(nullptr);
   if (req.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    if (!c.reasoning.empty()) choice["message"]["reasoning_content"] = c.reasoning;
     if (!c.tool_calls.empty()) {
       if (c.text.empty()) choice["message"]["content"] = nullptr;
       choice["message"]["tool_calls"] = tool_calls_json(c.tool_calls, false);
@@ -574,7 +586,7 @@ json response_json(const CompletionRequest& req, const std::string& id, int64_t 
 
 json chunk_json(const CompletionRequest& req, const std::string& id, int64_t created,
                 const std::string& delta, const std::vector<Choice::Logprob>& logprobs, bool want_logprobs,
-                const std::string& finish_reason, bool first) {
+                const std::string& finish_reason, bool first, const std::string& reasoning) {
   json j = base_json(req, id, created, req.chat ? "chat.completion.chunk" : "text_completion");
   json choice = {{"index", 0}};
   choice["finish_reason"] = finish_reason.empty() ? json(nullptr) : json(finish_reason);
@@ -582,6 +594,7 @@ json chunk_json(const CompletionRequest& req, const std::string& id, int64_t cre
   if (req.chat) {
     json d = json::object();
     if (first) d["role"] = "assistant";
+    if (!reasoning.empty()) d["reasoning_content"] = reasoning;
     if (!delta.empty() || first) d["content"] = delta;
     choice["delta"] = d;
   } else {
@@ -593,10 +606,10 @@ json chunk_json(const CompletionRequest& req, const std::string& id, int64_t cre
 }
 
 json tool_calls_chunk_json(const CompletionRequest& req, const std::string& id, int64_t created,
-                           const std::vector<ChatToolCall>& calls) {
+                           const std::vector<ChatToolCall>& calls, size_t first_index) {
   json j = base_json(req, id, created, "chat.completion.chunk");
   json choice = {{"index", 0}, {"finish_reason", nullptr}, {"logprobs", nullptr}};
-  choice["delta"] = {{"tool_calls", tool_calls_json(calls, true)}};
+  choice["delta"] = {{"tool_calls", tool_calls_json(calls, true, first_index)}};
   j["choices"] = json::array({choice});
   if (req.include_usage) j["usage"] = nullptr;
   return j;

@@ -2,7 +2,8 @@
 // an ApiError carrying the HTTP status and an OpenAI-style error object) and the JSON of responses and
 // streamed chunks. No I/O and no model here, so every rule is tested without a server.
 //
-// One extension: "ignore_eos": true generates through end-of-generation tokens, up to max_tokens.
+// Extensions: "ignore_eos": true generates through end-of-generation tokens, up to max_tokens;
+// "reasoning_format": "none" | "deepseek" (chat) overrides the server's --reasoning-format for the request.
 // Unknown fields are ignored, as OpenAI does; fields Tandem cannot honour (n > 1, several prompts, non-text
 // message parts) are rejected rather than silently changed.
 #pragma once
@@ -18,6 +19,7 @@
 
 #include "tandem/engine/stream.h"
 #include "tandem/sampling/grammar.h"
+#include "tandem/server/chat_reply.h"
 #include "tandem/server/chat_template.h"
 #include "tandem/server/tool_calls.h"
 
@@ -70,6 +72,8 @@ struct CompletionRequest {
   ToolChoice tool_choice = ToolChoice::kNone;  // kAuto when tools are given and tool_choice is not
   std::string tool_name;                       // kNamed: the function
   bool parallel_tool_calls = true;
+  // Chat: whether a <think> block in the reply goes to reasoning_content (chat_reply.h).
+  ReasoningFormat reasoning_format = ReasoningFormat::kDeepSeek;
 };
 
 // Limits a request is checked against.
@@ -81,6 +85,10 @@ struct ApiLimits {
   // values in all (every scalar, array and object counts one) is refused with 400.
   int max_json_depth = 64;
   size_t max_json_elements = 1u << 18;
+  // The model's syntax for tool calls, which a required or named tool_choice's grammar enforces, and the
+  // reasoning format a request gets when it names none.
+  ToolFormat tool_format = ToolFormat::kHermes;
+  ReasoningFormat reasoning_format = ReasoningFormat::kDeepSeek;
 };
 
 // Throws ApiError 400 when body is not JSON, is not valid UTF-8, or passes the depth or element limits;
@@ -97,6 +105,7 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ApiLim
 // Response assembly for one choice.
 struct Choice {
   std::string text;
+  std::string reasoning;                 // chat: reasoning_content
   std::vector<ChatToolCall> tool_calls;  // chat: the calls parsed from the reply (finish_reason "tool_calls")
   std::string finish_reason;             // "stop" | "length"
   struct Logprob {
@@ -114,13 +123,15 @@ nlohmann::json usage_json(const engine::Usage& usage);
 nlohmann::json response_json(const CompletionRequest& req, const std::string& id, int64_t created,
                              const Choice& choice, const engine::Usage& usage);
 // One streamed chunk carrying `delta` text (and its logprobs); finish_reason empty until the last one.
-// first: a chat stream's first chunk also carries the role.
+// first: a chat stream's first chunk also carries the role. reasoning: a chat delta's reasoning_content.
 nlohmann::json chunk_json(const CompletionRequest& req, const std::string& id, int64_t created,
                           const std::string& delta, const std::vector<Choice::Logprob>& logprobs,
-                          bool want_logprobs, const std::string& finish_reason, bool first);
-// A chat chunk carrying whole tool calls as deltas (index, id, type, name and all the arguments).
+                          bool want_logprobs, const std::string& finish_reason, bool first,
+                          const std::string& reasoning = {});
+// A chat chunk carrying whole tool calls as deltas (index, id, type, name and all the arguments); the first
+// of `calls` has index first_index.
 nlohmann::json tool_calls_chunk_json(const CompletionRequest& req, const std::string& id, int64_t created,
-                                     const std::vector<ChatToolCall>& calls);
+                                     const std::vector<ChatToolCall>& calls, size_t first_index = 0);
 // The closing chunk of a stream with stream_options.include_usage: no choices, the usage.
 nlohmann::json usage_chunk_json(const CompletionRequest& req, const std::string& id, int64_t created,
                                 const engine::Usage& usage);
