@@ -171,9 +171,11 @@ void add_bench_spec_command(CLI::App& app) {
         if (ideal_at(depth) > ideal_at(d)) d = depth;
     const double ideal = ideal_at(d);
 
-    std::printf("prompts %zu, %lld tokens each, %d threads, drafter %s, draft max %d, gate %s\n",
-                prompts.size(), static_cast<long long>(o->n_tokens), pool.size(),
-                std::string(setup.source->kind()).c_str(), d_max, setup.options.use_gate ? "on" : "off");
+    std::printf(
+        "prompts %zu, %lld tokens each, %d threads, drafter %s, draft max %d, gate %s, tree nodes %d\n",
+        prompts.size(), static_cast<long long>(o->n_tokens), pool.size(),
+        std::string(setup.source->kind()).c_str(), d_max, setup.options.use_gate ? "on" : "off",
+        o->spec.tree_nodes);
     std::printf("plain:       %lld tokens in %.3f s, %.2f tok/s\n",
                 static_cast<long long>(plain_total.generated), plain_total.generate_seconds, plain_tps);
     std::printf("speculative: %lld tokens in %.3f s, %.2f tok/s\n",
@@ -183,6 +185,19 @@ void add_bench_spec_command(CLI::App& app) {
                 setup.options.use_gate ? "the best for the calibrated costs" : "fixed by --no-gate",
                 setup.options.costs.round_cost(d), ideal);
     print_spec_report(stdout, spec_total);
+    // A tree round verifies its nodes and the pending token in one forward: the expected speed-up over plain
+    // decoding is the tokens each forward yields over that forward's cost.
+    const double nodes_per_round =
+        spec_total.rounds > 0 ? static_cast<double>(spec_total.drafted) / spec_total.rounds : 0.0;
+    const int verify_rows = 1 + (o->spec.tree_nodes > 0 ? o->spec.tree_nodes : d_max);
+    std::printf("verify cost curve (a forward of k rows / one row):");
+    for (int k = 1; k <= verify_rows; ++k) std::printf(" %d:%.3f", k, setup.options.costs.verify_cost(k));
+    std::printf("\n");
+    const double expected = spec_total.tokens_per_forward() / setup.options.costs.verify_cost(verify_rows);
+    std::printf(
+        "%s: %.2f nodes verified per round, %.3f tokens per target forward, %.3fx expected at cost(%d)\n",
+        o->spec.tree_nodes > 0 ? "tree" : "chain", nodes_per_round, spec_total.tokens_per_forward(), expected,
+        verify_rows);
     if (mismatches > 0)
       std::printf("WARNING: greedy speculative output differed from plain output for %lld prompts\n",
                   static_cast<long long>(mismatches));
@@ -196,6 +211,10 @@ void add_bench_spec_command(CLI::App& app) {
                           {"mean_accepted", spec_total.mean_accepted()},
                           {"tokens_per_forward", spec_total.tokens_per_forward()},
                           {"depth_histogram", spec_total.depth_histogram},
+                          {"tree_nodes", o->spec.tree_nodes},
+                          {"tree_rounds", spec_total.tree_rounds},
+                          {"nodes_per_round", nodes_per_round},
+                          {"expected_speedup_at_budget", expected},
                           {"greedy_mismatches", mismatches}};
       std::printf("%s\n", j.dump().c_str());
     }

@@ -42,7 +42,23 @@ class Run {
     if (o_.draft_max < 1) throw Error("the draft depth (--draft-max) must be at least 1");
     if (o_.draft_min < 1 || o_.draft_min > o_.draft_max)
       throw Error("--draft-min must be between 1 and --draft-max (" + std::to_string(o_.draft_max) + ")");
-    if (o_.use_gate) {
+    if (o_.tree_nodes < 0) throw Error("--tree-nodes must be 0 (chains) or a positive node budget");
+    if (o_.tree_nodes > 0) {
+      if (!target_.model().config().layer_recurrent.empty())
+        throw Error(
+            "draft trees need a target without recurrent (mamba) layers: their state follows one "
+            "sequence, not a tree; use chains (--tree-nodes 0)");
+      if (target_.cache().store().key_anchor() != nullptr)
+        throw Error(std::string("draft trees need an f16 or f32 KV cache (the ") +
+                    std::string(cache::kv_type_name(target_.cache().type())) +
+                    " cache stores keys against their block's anchor, so an accepted path cannot move); use "
+                    "--kv-type f16 or chains (--tree-nodes 0)");
+      if (!source_.target_layers().empty())
+        throw Error(
+            "draft trees need a drafter that does not read the target's hidden states; use chains "
+            "(--tree-nodes 0) with this drafter");
+    }
+    if (o_.use_gate && o_.tree_nodes == 0) {
       CostModel costs = o_.costs.verify.empty() ? CostModel::linear(0.25, 0.0) : o_.costs;
       gate_.emplace(o_.gate, std::move(costs), o_.draft_max, o_.draft_min);
     }
@@ -63,7 +79,7 @@ class Run {
     history_.assign(prompt.begin(), prompt.end());
     history_.reserve(prompt.size() + static_cast<size_t>(std::max<int64_t>(0, o_.generate.max_tokens)) +
                      static_cast<size_t>(o_.draft_max) + 1);
-    window_.reserve(static_cast<size_t>(o_.draft_max) + 1);
+    window_.reserve(static_cast<size_t>(std::max(o_.draft_max, o_.tree_nodes)) + 1);
 
     auto t0 = std::chrono::steady_clock::now();
     speculative::DraftSettings settings;
@@ -100,8 +116,25 @@ class Run {
     return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>({o_.draft_max, remaining, room})));
   }
 
+  // How many tree nodes this round may verify: the node budget and the context.
+  int node_limit() const {
+    const int64_t room = target_.n_ctx() - target_.length() - 1;
+    return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(o_.tree_nodes, room)));
+  }
+
   void round() {
     const int limit = depth_limit();
+    if (o_.tree_nodes > 0) {
+      const int nodes = node_limit();
+      if (limit > 0 && nodes > 0) {
+        source_.propose_tree(history_, nodes, limit, draft_);
+        if (!draft_.tree.empty()) return tree_round();
+      } else {
+        draft_.clear();
+      }
+      // A chain (a source without trees, or an empty proposal): verified as one.
+      return chain_round(std::min({limit, nodes, static_cast<int>(draft_.tokens.size())}));
+    }
     int depth = limit;
     if (gate_) {
       const Gate::Decision decision = gate_->decide(limit);
@@ -112,9 +145,14 @@ class Run {
     if (depth > 0) {
       source_.propose(history_, depth, draft_);
       drafted = std::min(depth, static_cast<int>(draft_.tokens.size()));
-      if (drafted < o_.draft_min) drafted = 0;
-      if (drafted > 0) probe_.active = false;  // verified rounds observe the drafter directly
     }
+    chain_round(drafted);
+  }
+
+  // Verifies the first `drafted` tokens of draft_ as a chain (fewer than draft_min: a plain step).
+  void chain_round(int drafted) {
+    if (drafted < o_.draft_min) drafted = 0;
+    if (drafted > 0) probe_.active = false;  // verified rounds observe the drafter directly
     window_.assign(1, history_.back());
     window_.insert(window_.end(), draft_.tokens.begin(), draft_.tokens.begin() + drafted);
     const auto forward_start = std::chrono::steady_clock::now();
@@ -141,6 +179,41 @@ class Run {
       stats_.drafted += drafted;
       stats_.accepted += outcome.accepted;
     }
+  }
+
+  // Verifies draft_'s tree in one target forward: the pending token is node 0 of the window's tree, draft
+  // node i its node i + 1.
+  void tree_round() {
+    const size_t d = draft_.tokens.size();
+    window_.assign(1, history_.back());
+    window_.insert(window_.end(), draft_.tokens.begin(), draft_.tokens.end());
+    tree_parent_.assign(1, -1);
+    tree_depth_.assign(1, 0);
+    for (size_t i = 0; i < d; ++i) {
+      tree_parent_.push_back(draft_.tree.parent[i] + 1);
+      tree_depth_.push_back(draft_.tree.depth[i]);
+    }
+    const std::span<const float> logits =
+        target_.eval_tree(window_, cache::TreeMask{target_.length(), tree_parent_, tree_depth_});
+    ++stats_.target_forwards;
+    const auto depth = static_cast<size_t>(std::min<int32_t>(draft_.tree.max_depth(), o_.draft_max));
+    ++stats_.depth_histogram[depth];
+
+    speculative::TreeWindow window;
+    window.logits = logits;
+    window.drafts = draft_.tokens;
+    window.parent = draft_.tree.parent;
+    if (draft_.sampled) window.q = std::span<const sampling::Distribution>(draft_.q.data(), d);
+    const speculative::SettleOutcome outcome = settler_.settle_tree(
+        window, {history_, sampler_, o_.generate.sequence_id, target_.cache(), nullptr, &source_},
+        [&](int32_t token, int) {
+          commit(token, nullptr);
+          return !done_;
+        });
+    ++stats_.rounds;
+    ++stats_.tree_rounds;
+    stats_.drafted += static_cast<int64_t>(d);
+    stats_.accepted += outcome.accepted;
   }
 
   // `token` was just appended to history_ by the settle step.
@@ -192,8 +265,9 @@ class Run {
   model::CaptureFn capture_;
   int64_t capture_pos_ = 0;
 
-  std::vector<int32_t> history_;  // prompt and committed tokens
-  std::vector<int32_t> window_;   // this round's forward: pending token, drafts
+  std::vector<int32_t> history_;                   // prompt and committed tokens
+  std::vector<int32_t> window_;                    // this round's forward: pending token, drafts
+  std::vector<int32_t> tree_parent_, tree_depth_;  // a tree round's cache::TreeMask over window_
   speculative::Draft draft_;
   speculative::Settler settler_;
   Probe probe_;
@@ -213,6 +287,7 @@ void SpecStats::add(const SpecStats& o) {
   drafted += o.drafted;
   accepted += o.accepted;
   probes += o.probes;
+  tree_rounds += o.tree_rounds;
   if (depth_histogram.size() < o.depth_histogram.size()) depth_histogram.resize(o.depth_histogram.size(), 0);
   for (size_t i = 0; i < o.depth_histogram.size(); ++i) depth_histogram[i] += o.depth_histogram[i];
 }
