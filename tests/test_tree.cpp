@@ -119,8 +119,9 @@ TEST_P(TreeAttention, MatchesTheScalarReference) {
 
 // A node's result has the bits of plain attention over its path laid out at consecutive positions, which
 // KvCache::compact builds from the tree's rows without recomputing them.
-TEST_P(TreeAttention, EqualsPlainAttentionOverTheCompactedPath) {
-  if (cache::kv_type_anchors_keys(GetParam())) GTEST_SKIP() << "anchored key caches refuse compaction";
+class TreePathBits : public ::testing::TestWithParam<cache::KvType> {};
+
+TEST_P(TreePathBits, EqualsPlainAttentionOverTheCompactedPath) {
   const cache::Geometry g = small_geometry();
   constexpr int64_t kBase = 21, kNodes = 14, kGroup = 2;
   std::vector<int32_t> parent, depth;
@@ -148,6 +149,8 @@ TEST_P(TreeAttention, EqualsPlainAttentionOverTheCompactedPath) {
 
 INSTANTIATE_TEST_SUITE_P(KvTypes, TreeAttention,
                          ::testing::Values(cache::KvType::kF32, cache::KvType::kF16, cache::KvType::kQ8_0));
+// Anchored key caches refuse compaction (TreeCompaction.RefusesAnchoredKeysWithAClearMessage).
+INSTANTIATE_TEST_SUITE_P(KvTypes, TreePathBits, ::testing::Values(cache::KvType::kF32, cache::KvType::kF16));
 
 TEST(TreeCompaction, RefusesAnchoredKeysWithAClearMessage) {
   cache::KvCache kv(small_geometry(), 64, cache::KvType::kQ8_0);
