@@ -503,6 +503,68 @@ TEST(TreeSettle, SiblingRejectionSamplingIsLossless) {
   }
 }
 
+// Whole sampled generations with trees: the first token follows the target sampler's p (the one-sample
+// chi-square of test_speculative_sampling, at its prompt: "Once upon a time" continued until n-gram lookup
+// proposes a token the target samples with probability in [0.02, 0.98]).
+TEST_F(TreeModel, SampledTreesKeepTheFirstTokensDistribution) {
+  const std::vector<int32_t> text = {1,   403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395,
+                                     317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265};
+  constexpr int kRuns = 1200;
+  ThreadPool pool(1);
+  sampling::Params params;
+  params.temperature = 1.0f;
+  params.top_k = 0;
+  params.top_p = 0.9f;
+  params.min_p = 0.0f;
+  model::Session s(*stories_, pool, options());
+  sampling::Sampler sampler(params);
+  NgramSource probe({1, 4});
+  std::vector<int32_t> prompt;
+  sampling::Distribution p;
+  Draft d;
+  for (size_t n = 5; n < text.size() && prompt.empty(); ++n) {
+    const std::span<const int32_t> head(text.data(), n);
+    probe.propose(head, 1, d);
+    if (d.tokens.empty()) continue;
+    s.truncate(0);
+    sampler.distribution(s.eval(head), head, p);
+    const float px = p.prob_of(d.tokens[0]);
+    if (px >= 0.02f && px <= 0.98f) prompt.assign(head.begin(), head.end());
+  }
+  ASSERT_FALSE(prompt.empty());
+  s.truncate(0);
+  sampler.distribution(s.eval(prompt), prompt, p);
+
+  DraftModelSource model_source(*xs_, *stories_, pool, options());
+  NgramSource ngram({1, 4});
+  for (DraftSource* source : {static_cast<DraftSource*>(&model_source), static_cast<DraftSource*>(&ngram)}) {
+    std::map<int32_t, int> counts;
+    SpecStats total;
+    for (int seed = 0; seed < kRuns; ++seed) {
+      SpecOptions o;
+      o.generate.max_tokens = 8;
+      o.generate.sampling = params;
+      o.generate.sampling.seed = 3000 + static_cast<uint64_t>(seed);
+      o.draft_max = 4;
+      o.use_gate = false;
+      o.tree_nodes = 8;
+      std::vector<int32_t> out;
+      model::Session run(*stories_, pool, options());
+      total.add(generate_speculative(
+          run, *source, prompt, o, [&](int32_t t) { return out.push_back(t), false; }, nullptr));
+      ++counts[out.at(0)];
+    }
+    EXPECT_EQ(total.tree_rounds, kRuns) << source->kind();
+    EXPECT_GT(total.accepted, 0) << source->kind();
+    EXPECT_LT(total.accepted, total.drafted) << source->kind();
+    int bins = 0;
+    const double chi2 = chi2_against(counts, p, kRuns, bins);
+    for (size_t i = 0; i < p.size(); ++i) counts.erase(p.ids[i]);
+    EXPECT_TRUE(counts.empty()) << "a token outside the target's top-p set was sampled";
+    EXPECT_LT(chi2, chi2_critical_1e4(bins - 1)) << source->kind();
+  }
+}
+
 // A chain-shaped tree settles as the chain does, draw for draw.
 TEST(TreeSettle, ChainShapedTreeSettlesAsTheChain) {
   constexpr int V = 10;
