@@ -508,7 +508,8 @@ TEST(TreeSettle, SiblingRejectionSamplingIsLossless) {
 // proposes a token the target samples with probability in [0.02, 0.98]).
 TEST_F(TreeModel, SampledTreesKeepTheFirstTokensDistribution) {
   const std::vector<int32_t> text = {1,   403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395,
-                                     317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265};
+                                     317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265,
+                                     282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352, 266};
   constexpr int kRuns = 1200;
   ThreadPool pool(1);
   sampling::Params params;
