@@ -566,6 +566,39 @@ TEST_F(TreeModel, SampledTreesKeepTheFirstTokensDistribution) {
   }
 }
 
+// N-gram trees merge the continuations of several earlier occurrences: the chain's own (the most recent
+// occurrence of the longest suffix) first, the others branching where they differ, within the node budget
+// and depth.
+TEST(TreeNgram, MergesSeveralContinuationsIntoOneTree) {
+  NgramSource ngram({1, 4});
+  ngram.begin({}, DraftSettings{});
+  Draft chain, tree;
+  // "1 2 3" was followed by "10 11 12" and, more recently, by "20 21 6".
+  const std::vector<int32_t> two = {1, 2, 3, 10, 11, 12, 5, 1, 2, 3, 20, 21, 6, 1, 2, 3};
+  ngram.propose(two, 3, chain);
+  ngram.propose_tree(two, 16, 3, tree);
+  EXPECT_EQ(chain.tokens, (std::vector<int32_t>{20, 21, 6}));
+  EXPECT_EQ(tree.tokens, (std::vector<int32_t>{20, 21, 6, 10, 11, 12}));
+  EXPECT_EQ(tree.tree.parent, (std::vector<int32_t>{-1, 0, 1, -1, 3, 4}));
+  EXPECT_EQ(tree.tree.depth, (std::vector<int32_t>{1, 2, 3, 1, 2, 3}));
+  EXPECT_FALSE(tree.sampled);
+  // The node budget cuts the second continuation short.
+  ngram.propose_tree(two, 4, 3, tree);
+  EXPECT_EQ(tree.tokens, (std::vector<int32_t>{20, 21, 6, 10}));
+  EXPECT_EQ(tree.tree.parent, (std::vector<int32_t>{-1, 0, 1, -1}));
+  // Continuations that agree share their nodes: "7 8" was followed by "30 31 9" and by "30 40 9"; a shorter
+  // suffix ("8") finds the same occurrences and adds nothing.
+  const std::vector<int32_t> shared = {7, 8, 30, 31, 9, 7, 8, 30, 40, 9, 7, 8};
+  ngram.propose_tree(shared, 16, 3, tree);
+  EXPECT_EQ(tree.tokens, (std::vector<int32_t>{30, 40, 9, 31, 9}));
+  EXPECT_EQ(tree.tree.parent, (std::vector<int32_t>{-1, 0, 1, 0, 3}));
+  // No earlier occurrence: no proposal.
+  const std::vector<int32_t> fresh = {4, 5, 6};
+  ngram.propose_tree(fresh, 16, 3, tree);
+  EXPECT_TRUE(tree.tokens.empty());
+  EXPECT_TRUE(tree.tree.empty());
+}
+
 // A chain-shaped tree settles as the chain does, draw for draw.
 TEST(TreeSettle, ChainShapedTreeSettlesAsTheChain) {
   constexpr int V = 10;
