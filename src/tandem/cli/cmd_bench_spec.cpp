@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include "tandem/cli/spec_common.h"
 #include "tandem/engine/generate.h"
 #include "tandem/sampling/rng.h"
+#include "tandem/speculative/calibration.h"
 #include "tandem/speculative/replay.h"
 #include "tandem/tokenizer/tokenizer.h"
 #include "tandem/util/error.h"
@@ -89,6 +91,7 @@ void add_bench_spec_command(CLI::App& app) {
     int64_t n_tokens = 64;
     bool json = false;
     sampling::Params sampling;
+    std::string cost_model;  // --cost-model: a calibrated model file whose verify costs price the windows too
   };
   auto o = std::make_shared<Opts>();
   o->sampling.temperature = 0.0f;
@@ -97,6 +100,10 @@ void add_bench_spec_command(CLI::App& app) {
   cmd->add_option("--prompts", o->prompts, "Prompts, one per line: text, or JSON with prompt_ids or prompt");
   cmd->add_option("-n,--n-predict", o->n_tokens, "Tokens generated per prompt (default 64)");
   cmd->add_flag("--json", o->json, "End stdout with one JSON object of the results");
+  cmd->add_option(
+      "--cost-model", o->cost_model,
+      "Also price the verify windows at the costs `tandem calibrate` stored for this model file "
+      "(this machine, the same threads): the expected speed-up for a larger target drafted alike");
   cmd->add_option("--temp", o->sampling.temperature, "Temperature (default 0: greedy)");
   cmd->add_option("--top-k", o->sampling.top_k, "Top-k (default 40; <= 0 disables)");
   cmd->add_option("--top-p", o->sampling.top_p, "Top-p (default 0.95; 1 disables)");
@@ -120,6 +127,17 @@ void add_bench_spec_command(CLI::App& app) {
     so.n_ctx = o->model.n_ctx;
     so.kv_type = o->model.resolved_kv_type();
     so.batch = o->model.batch;
+    const int verify_rows = 1 + (o->spec.tree_nodes > 0 ? o->spec.tree_nodes : o->spec.draft_max);
+    std::optional<speculative::Calibration> priced;
+    if (!o->cost_model.empty()) {
+      priced = speculative::cached_calibration(o->cost_model, pool.size());
+      if (!priced || static_cast<int>(priced->verify.size()) <= verify_rows)
+        throw Error("--cost-model: " + speculative::calibration_file_path() + " holds no costs of " +
+                    o->cost_model + " with " + std::to_string(pool.size()) + " threads up to " +
+                    std::to_string(verify_rows) + " rows on this machine; run `tandem calibrate -m " +
+                    o->cost_model + " -t " + std::to_string(pool.size()) + " --max-rows " +
+                    std::to_string(verify_rows) + "` first");
+    }
     SpecSetup setup = make_spec_setup(o->spec, *target, o->model, pool, so, /*calibrate_if_missing=*/true);
     auto* replay = dynamic_cast<speculative::ReplaySource*>(setup.source.get());
     if (replay) replay->set_seed(o->sampling.seed);
@@ -189,7 +207,6 @@ void add_bench_spec_command(CLI::App& app) {
     // decoding is the tokens each forward yields over that forward's cost.
     const double nodes_per_round =
         spec_total.rounds > 0 ? static_cast<double>(spec_total.drafted) / spec_total.rounds : 0.0;
-    const int verify_rows = 1 + (o->spec.tree_nodes > 0 ? o->spec.tree_nodes : d_max);
     std::printf("verify cost curve (a forward of k rows / one row):");
     for (int k = 1; k <= verify_rows; ++k) std::printf(" %d:%.3f", k, setup.options.costs.verify_cost(k));
     std::printf("\n");
@@ -198,6 +215,15 @@ void add_bench_spec_command(CLI::App& app) {
         "%s: %.2f nodes verified per round, %.3f tokens per target forward, %.3fx expected at cost(%d)\n",
         o->spec.tree_nodes > 0 ? "tree" : "chain", nodes_per_round, spec_total.tokens_per_forward(), expected,
         verify_rows);
+    double priced_expected = 0.0;
+    if (priced) {
+      const speculative::CostModel costs = priced->cost_model();
+      std::printf("verify cost curve of %s:", o->cost_model.c_str());
+      for (int k = 1; k <= verify_rows; ++k) std::printf(" %d:%.3f", k, costs.verify_cost(k));
+      std::printf("\n");
+      priced_expected = spec_total.tokens_per_forward() / costs.verify_cost(verify_rows);
+      std::printf("%.3fx expected at its cost(%d)\n", priced_expected, verify_rows);
+    }
     if (mismatches > 0)
       std::printf("WARNING: greedy speculative output differed from plain output for %lld prompts\n",
                   static_cast<long long>(mismatches));
@@ -216,6 +242,7 @@ void add_bench_spec_command(CLI::App& app) {
                           {"nodes_per_round", nodes_per_round},
                           {"expected_speedup_at_budget", expected},
                           {"greedy_mismatches", mismatches}};
+      if (priced) j["expected_speedup_cost_model"] = priced_expected;
       std::printf("%s\n", j.dump().c_str());
     }
   });
