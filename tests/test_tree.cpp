@@ -300,6 +300,55 @@ TEST_F(TreeModel, TreeEqualsChainEqualsPlainGreedyOnEveryPublicPrompt) {
   }
 }
 
+// With the gate on, each round verifies the subtree of the draft model's best-scored nodes that promises the
+// most tokens per unit of cost: all of them when extra rows are free, none (plain steps) when a row costs as
+// much as a plain step, and a size that changes from round to round on a curve between. The output stays the
+// target's greedy output throughout.
+TEST_F(TreeModel, NodeBudgetFollowsTheCostCurve) {
+  ThreadPool pool(1);
+  const auto prompts = stories_prompts();
+  DraftModelSource source(*xs_, *stories_, pool, options());
+  const auto run = [&](const std::vector<int32_t>& prompt, const std::vector<double>& curve, bool gate,
+                       SpecStats& st) {
+    model::Session s(*stories_, pool, options());
+    SpecOptions o;
+    o.generate.max_tokens = 40;
+    o.generate.sampling = greedy();
+    o.draft_max = 8;
+    o.tree_nodes = 8;
+    o.use_gate = gate;
+    o.costs.verify = curve;
+    std::vector<int32_t> out;
+    st.add(generate_speculative(
+        s, source, prompt, o, [&](int32_t t) { return out.push_back(t), true; }, nullptr));
+    return out;
+  };
+  const std::vector<double> free_rows(18, 1.0);
+  std::vector<double> full_price = {1.0}, between = {1.0};  // index 0 unused
+  for (int k = 1; k <= 17; ++k) {
+    full_price.push_back(k);
+    between.push_back(1.0 + 0.1 * (k - 1));  // the Xeon's TinyLlama curve is close to this up to 8 rows
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& prompt = prompts[i];
+    const auto plain = generate_tokens(*stories_, pool, nullptr, prompt, 0, 0, nullptr, greedy(), 40);
+    SpecStats all, fixed, none, mid;
+    EXPECT_EQ(run(prompt, free_rows, true, all), plain);
+    EXPECT_EQ(run(prompt, free_rows, false, fixed), plain);
+    EXPECT_EQ(all.rows_histogram, fixed.rows_histogram) << "free rows: every node verified";
+    EXPECT_EQ(all.drafted, fixed.drafted);
+    EXPECT_EQ(run(prompt, full_price, true, none), plain);
+    EXPECT_EQ(none.rounds, 0) << "rows at a plain step's price: plain steps only";
+    EXPECT_EQ(none.rows_histogram[1], none.target_forwards);
+    EXPECT_EQ(run(prompt, between, true, mid), plain);
+    EXPECT_GT(mid.tree_rounds, 0);
+    EXPECT_LT(mid.drafted, fixed.drafted) << "a curve between: fewer nodes than the budget";
+    int sizes = 0;
+    for (size_t k = 2; k < mid.rows_histogram.size(); ++k) sizes += mid.rows_histogram[k] > 0;
+    EXPECT_GE(sizes, 2) << "the tree's size changes from round to round";
+  }
+}
+
 // After tree rounds, the draft model's cache holds exactly what plain decoding of the committed text would:
 // its next proposal equals a fresh drafter's.
 TEST_F(TreeModel, DraftModelStateAfterTreesEqualsAFreshDrafter) {

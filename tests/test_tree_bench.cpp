@@ -1,10 +1,12 @@
 // `tandem bench-spec --tree-nodes N`: the tree figures its users script against, and --cost-model, which
-// prices the same windows at another calibrated model's verify costs (tokens per forward / cost(N + 1)).
+// prices the same forwards at another calibrated model's verify costs (the tokens generated over the summed
+// cost of the forwards, by their rows).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -33,7 +35,8 @@ TEST(TreeBench, ReportsTreeFiguresAndPricesThemAtAnotherModelsCosts) {
   const std::string target = tandem::testing::shared_path("models/stories260K.gguf");
   const std::string draft = tandem::testing::shared_path("models/llama2xs-tok512.gguf");
   const std::string bench = env + tandem + " bench-spec -m '" + target + "' --draft-model '" + draft +
-                            "' --tree-nodes 4 --draft-max 6 -n 24 -t 1 --json --cost-model '" + draft + "'";
+                            "' --tree-nodes 4 --no-gate --draft-max 6 -n 24 -t 1 --json --cost-model '" +
+                            draft + "'";
 
   // No calibration of the pricing model yet: a message saying how to make one, before any work.
   {
@@ -59,13 +62,26 @@ TEST(TreeBench, ReportsTreeFiguresAndPricesThemAtAnotherModelsCosts) {
   EXPECT_GT(tokens, 1.0);
   EXPECT_LE(tokens, 5.0);  // a 4-node tree commits at most its deepest path and the target's token
 
-  // Both prices are tokens per forward over the cost of the 5-row window, each on its own curve.
-  const double own = printed_cost(out, "verify cost curve (a forward of k rows / one row):", 5);
-  const double other = printed_cost(out, "verify cost curve of " + draft + ":", 5);
-  ASSERT_GT(own, 0.0) << out;
-  ASSERT_GT(other, 0.0) << out;
-  EXPECT_NEAR(j["expected_speedup_at_budget"].get<double>(), tokens / own, 2e-3 * tokens / own);
-  EXPECT_NEAR(j["expected_speedup_cost_model"].get<double>(), tokens / other, 2e-3 * tokens / other);
+  // Both prices are the tokens over the forwards' summed cost, each on its own curve.
+  const auto rows = j["rows_histogram"].get<std::vector<int64_t>>();
+  ASSERT_EQ(rows.size(), 8u);  // rows 0..max(draft_max, tree_nodes) + 1
+  EXPECT_EQ(rows[0], 0);
+  int64_t forwards = 0;
+  double own = 0.0, other = 0.0;
+  for (int k = 1; k <= 5; ++k) {
+    forwards += rows[static_cast<size_t>(k)];
+    own += static_cast<double>(rows[static_cast<size_t>(k)]) *
+           printed_cost(out, "verify cost curve (a forward of k rows / one row):", k);
+    other += static_cast<double>(rows[static_cast<size_t>(k)]) *
+             printed_cost(out, "verify cost curve of " + draft + ":", k);
+  }
+  EXPECT_EQ(rows[6] + rows[7], 0) << "a 4-node tree verifies 5 rows at most";
+  ASSERT_GT(forwards, 0);
+  EXPECT_NEAR(tokens, 24.0 * 4 / static_cast<double>(forwards), 1e-9)
+      << "four default prompts, 24 tokens each";
+  EXPECT_NEAR(j["expected_speedup"].get<double>(), tokens * forwards / own, 2e-3 * tokens * forwards / own);
+  EXPECT_NEAR(j["expected_speedup_cost_model"].get<double>(), tokens * forwards / other,
+              2e-3 * tokens * forwards / other);
 }
 
 }  // namespace

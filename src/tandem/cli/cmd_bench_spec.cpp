@@ -92,6 +92,7 @@ void add_bench_spec_command(CLI::App& app) {
     bool json = false;
     sampling::Params sampling;
     std::string cost_model;  // --cost-model: a calibrated model file whose verify costs price the windows too
+    int cost_threads = 0;    // --cost-threads: the threads of its calibration entry (0: -t)
   };
   auto o = std::make_shared<Opts>();
   o->sampling.temperature = 0.0f;
@@ -103,7 +104,10 @@ void add_bench_spec_command(CLI::App& app) {
   cmd->add_option(
       "--cost-model", o->cost_model,
       "Also price the verify windows at the costs `tandem calibrate` stored for this model file "
-      "(this machine, the same threads): the expected speed-up for a larger target drafted alike");
+      "(this machine): the expected speed-up for a larger target drafted alike; the gate and tree "
+      "budgets plan with them too");
+  cmd->add_option("--cost-threads", o->cost_threads,
+                  "Threads of the --cost-model calibration to use (default: -t)");
   cmd->add_option("--temp", o->sampling.temperature, "Temperature (default 0: greedy)");
   cmd->add_option("--top-k", o->sampling.top_k, "Top-k (default 40; <= 0 disables)");
   cmd->add_option("--top-p", o->sampling.top_p, "Top-p (default 0.95; 1 disables)");
@@ -130,15 +134,19 @@ void add_bench_spec_command(CLI::App& app) {
     const int verify_rows = 1 + (o->spec.tree_nodes > 0 ? o->spec.tree_nodes : o->spec.draft_max);
     std::optional<speculative::Calibration> priced;
     if (!o->cost_model.empty()) {
-      priced = speculative::cached_calibration(o->cost_model, pool.size());
+      const int threads = o->cost_threads > 0 ? o->cost_threads : pool.size();
+      priced = speculative::cached_calibration(o->cost_model, threads);
       if (!priced || static_cast<int>(priced->verify.size()) <= verify_rows)
         throw Error("--cost-model: " + speculative::calibration_file_path() + " holds no costs of " +
-                    o->cost_model + " with " + std::to_string(pool.size()) + " threads up to " +
+                    o->cost_model + " with " + std::to_string(threads) + " threads up to " +
                     std::to_string(verify_rows) + " rows on this machine; run `tandem calibrate -m " +
-                    o->cost_model + " -t " + std::to_string(pool.size()) + " --max-rows " +
+                    o->cost_model + " -t " + std::to_string(threads) + " --max-rows " +
                     std::to_string(verify_rows) + "` first");
     }
     SpecSetup setup = make_spec_setup(o->spec, *target, o->model, pool, so, /*calibrate_if_missing=*/true);
+    // The larger target's costs decide what a round drafts, as they would if it were generating.
+    const speculative::CostModel own_costs = setup.options.costs;
+    if (priced) setup.options.costs = priced->cost_model();
     auto* replay = dynamic_cast<speculative::ReplaySource*>(setup.source.get());
     if (replay) replay->set_seed(o->sampling.seed);
     setup.options.generate.max_tokens = o->n_tokens;
@@ -203,26 +211,38 @@ void add_bench_spec_command(CLI::App& app) {
                 setup.options.use_gate ? "the best for the calibrated costs" : "fixed by --no-gate",
                 setup.options.costs.round_cost(d), ideal);
     print_spec_report(stdout, spec_total);
-    // A tree round verifies its nodes and the pending token in one forward: the expected speed-up over plain
-    // decoding is the tokens each forward yields over that forward's cost.
-    const double nodes_per_round =
-        spec_total.rounds > 0 ? static_cast<double>(spec_total.drafted) / spec_total.rounds : 0.0;
-    std::printf("verify cost curve (a forward of k rows / one row):");
-    for (int k = 1; k <= verify_rows; ++k) std::printf(" %d:%.3f", k, setup.options.costs.verify_cost(k));
-    std::printf("\n");
-    const double expected = spec_total.tokens_per_forward() / setup.options.costs.verify_cost(verify_rows);
-    std::printf(
-        "%s: %.2f nodes verified per round, %.3f tokens per target forward, %.3fx expected at cost(%d)\n",
-        o->spec.tree_nodes > 0 ? "tree" : "chain", nodes_per_round, spec_total.tokens_per_forward(), expected,
-        verify_rows);
-    double priced_expected = 0.0;
-    if (priced) {
-      const speculative::CostModel costs = priced->cost_model();
-      std::printf("verify cost curve of %s:", o->cost_model.c_str());
+    // The expected speed-up over plain decoding on a cost curve: the tokens generated over the summed cost of
+    // the forwards that generated them (a plain step costs 1; a window of k rows, tree or chain, cost(k)).
+    const auto expected_at = [&](const speculative::CostModel& costs) {
+      double cost = 0.0;
+      for (size_t k = 1; k < spec_total.rows_histogram.size(); ++k)
+        cost += static_cast<double>(spec_total.rows_histogram[k]) * costs.verify_cost(static_cast<int>(k));
+      return cost > 0.0 ? static_cast<double>(spec_total.generated) / cost : 0.0;
+    };
+    const auto print_curve = [&](const char* label, const speculative::CostModel& costs) {
+      std::printf("%s", label);
       for (int k = 1; k <= verify_rows; ++k) std::printf(" %d:%.3f", k, costs.verify_cost(k));
       std::printf("\n");
-      priced_expected = spec_total.tokens_per_forward() / costs.verify_cost(verify_rows);
-      std::printf("%.3fx expected at its cost(%d)\n", priced_expected, verify_rows);
+    };
+    const double nodes_per_round =
+        spec_total.rounds > 0 ? static_cast<double>(spec_total.drafted) / spec_total.rounds : 0.0;
+    std::printf("target forwards by rows (1: a plain step):");
+    for (size_t k = 1; k < spec_total.rows_histogram.size(); ++k)
+      if (spec_total.rows_histogram[k] > 0)
+        std::printf(" %zu:%lld", k, static_cast<long long>(spec_total.rows_histogram[k]));
+    std::printf("\n");
+    print_curve("verify cost curve (a forward of k rows / one row):", own_costs);
+    const double expected = expected_at(own_costs);
+    std::printf(
+        "%s: %.2f nodes verified per round, %.3f tokens per target forward, %.3fx expected at these costs\n",
+        o->spec.tree_nodes > 0 ? "tree" : "chain", nodes_per_round, spec_total.tokens_per_forward(),
+        expected);
+    double priced_expected = 0.0;
+    if (priced) {
+      const std::string label = "verify cost curve of " + o->cost_model + ":";
+      print_curve(label.c_str(), setup.options.costs);
+      priced_expected = expected_at(setup.options.costs);
+      std::printf("%.3fx expected at its costs\n", priced_expected);
     }
     if (mismatches > 0)
       std::printf("WARNING: greedy speculative output differed from plain output for %lld prompts\n",
@@ -240,7 +260,8 @@ void add_bench_spec_command(CLI::App& app) {
                           {"tree_nodes", o->spec.tree_nodes},
                           {"tree_rounds", spec_total.tree_rounds},
                           {"nodes_per_round", nodes_per_round},
-                          {"expected_speedup_at_budget", expected},
+                          {"rows_histogram", spec_total.rows_histogram},
+                          {"expected_speedup", expected},
                           {"greedy_mismatches", mismatches}};
       if (priced) j["expected_speedup_cost_model"] = priced_expected;
       std::printf("%s\n", j.dump().c_str());

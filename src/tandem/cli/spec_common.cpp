@@ -26,8 +26,9 @@ void add_spec_options(CLI::App& cmd, SpecFlags& f, bool with_replay) {
                "Always draft --draft-max tokens instead of letting the adaptive gate choose");
   cmd.add_option("--tree-nodes", f.tree_nodes,
                  "Draft a token tree of at most N nodes each round (--draft-model and --draft ngram branch "
-                 "where they are unsure), verified in one forward; --draft-max bounds its depth; the gate "
-                 "does not apply (default 0: chains)");
+                 "where they are unsure), verified in one forward; --draft-max bounds its depth; each round "
+                 "verifies the draft model's best nodes that pay on the calibrated costs, all N with "
+                 "--no-gate (default 0: chains)");
   cmd.add_option("--ngram-min", f.ngram_min, "Shortest n-gram looked up by --draft ngram (default 2)");
   cmd.add_option("--ngram-max", f.ngram_max, "Longest n-gram looked up by --draft ngram (default 4)");
   if (with_replay)
@@ -97,7 +98,7 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
   }
   s.options.draft_max = f.draft_max;
   s.options.draft_min = f.draft_min;
-  s.options.use_gate = !f.no_gate && f.tree_nodes == 0;
+  s.options.use_gate = !f.no_gate;
   s.options.tree_nodes = f.tree_nodes;
   check_gate_options(f.gate);
   s.options.gate = f.gate;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <optional>
 
 #include "tandem/speculative/settle.h"
@@ -58,9 +59,12 @@ class Run {
             "draft trees need a drafter that does not read the target's hidden states; use chains "
             "(--tree-nodes 0) with this drafter");
     }
-    if (o_.use_gate && o_.tree_nodes == 0) {
+    if (o_.use_gate) {
       CostModel costs = o_.costs.verify.empty() ? CostModel::linear(0.25, 0.0) : o_.costs;
-      gate_.emplace(o_.gate, std::move(costs), o_.draft_max, o_.draft_min);
+      if (o_.tree_nodes > 0)
+        tree_costs_.emplace(std::move(costs));
+      else
+        gate_.emplace(o_.gate, std::move(costs), o_.draft_max, o_.draft_min);
     }
     const auto layers = source_.target_layers();
     if (!layers.empty()) {
@@ -71,6 +75,7 @@ class Run {
       };
     }
     stats_.depth_histogram.assign(static_cast<size_t>(o_.draft_max) + 1, 0);
+    stats_.rows_histogram.assign(static_cast<size_t>(std::max(o_.draft_max, o_.tree_nodes)) + 2, 0);
   }
 
   SpecStats run(std::span<const int32_t> prompt) {
@@ -128,6 +133,12 @@ class Run {
       const int nodes = node_limit();
       if (limit > 0 && nodes > 0) {
         source_.propose_tree(history_, nodes, limit, draft_);
+        if (!draft_.tree.empty() && tree_costs_ && !draft_.sampled &&
+            draft_.score.size() == draft_.tokens.size()) {
+          const size_t keep = tree_budget();
+          if (keep == 0) return chain_round(0);
+          prune_tree(keep);
+        }
         if (!draft_.tree.empty()) return tree_round();
       } else {
         draft_.clear();
@@ -160,6 +171,7 @@ class Run {
     if (gate_) gate_->record_forward(drafted + 1, seconds_since(forward_start));
     ++stats_.target_forwards;
     ++stats_.depth_histogram[static_cast<size_t>(drafted)];
+    ++stats_.rows_histogram[static_cast<size_t>(drafted) + 1];
 
     speculative::Window window;
     window.logits = logits;
@@ -181,6 +193,55 @@ class Run {
     }
   }
 
+  // How many of draft_'s best-scored nodes this round verifies: the n that maximises the expected tokens per
+  // unit of forward cost, (1 + the n best acceptance estimates) / cost(n + 1) (EAGLE-2's reranking with
+  // Sequoia's budget from the cost curve). A node's estimate is its score times the ratio of drafts accepted
+  // to the scores of the nodes verified so far, since a draft model's probabilities need not match how often
+  // the target agrees with it. 0: a plain step (one token at cost 1) is worth more than any of the trees.
+  size_t tree_budget() {
+    const size_t d = draft_.tokens.size();
+    rank_.resize(d);
+    std::iota(rank_.begin(), rank_.end(), 0);
+    // Best score first; a child never scores above its parent and comes after it, so every prefix of rank_
+    // is a subtree.
+    std::sort(rank_.begin(), rank_.end(), [&](int32_t a, int32_t b) {
+      const float sa = draft_.score[static_cast<size_t>(a)], sb = draft_.score[static_cast<size_t>(b)];
+      return sa != sb ? sa > sb : a < b;
+    });
+    const double ratio = tree_accepted_ / tree_scored_;
+    double sum = 0.0, best = 1.0;
+    size_t keep = 0;
+    for (size_t n = 1; n <= d; ++n) {
+      sum += std::min(1.0, ratio * draft_.score[static_cast<size_t>(rank_[n - 1])]);
+      const double value = (1.0 + sum) / tree_costs_->verify_cost(static_cast<int>(n) + 1);
+      if (value > best) best = value, keep = n;
+    }
+    return keep;
+  }
+
+  // Keeps the first `keep` nodes of rank_ (a subtree), in their order in draft_.
+  void prune_tree(size_t keep) {
+    const size_t d = draft_.tokens.size();
+    if (keep >= d) return;
+    std::sort(rank_.begin(), rank_.begin() + static_cast<std::ptrdiff_t>(keep));
+    renumber_.assign(d, -1);
+    speculative::TokenTree& tree = draft_.tree;
+    for (size_t k = 0; k < keep; ++k) {
+      const auto i = static_cast<size_t>(rank_[k]);
+      const int32_t parent = tree.parent[i] < 0 ? -1 : renumber_[static_cast<size_t>(tree.parent[i])];
+      TANDEM_CHECK(tree.parent[i] < 0 || parent >= 0, "a kept tree node without its parent");
+      renumber_[i] = static_cast<int32_t>(k);
+      draft_.tokens[k] = draft_.tokens[i];
+      draft_.score[k] = draft_.score[i];
+      tree.parent[k] = parent;
+      tree.depth[k] = tree.depth[i];
+    }
+    draft_.tokens.resize(keep);
+    draft_.score.resize(keep);
+    tree.parent.resize(keep);
+    tree.depth.resize(keep);
+  }
+
   // Verifies draft_'s tree in one target forward: the pending token is node 0 of the window's tree, draft
   // node i its node i + 1.
   void tree_round() {
@@ -198,6 +259,7 @@ class Run {
     ++stats_.target_forwards;
     const auto depth = static_cast<size_t>(std::min<int32_t>(draft_.tree.max_depth(), o_.draft_max));
     ++stats_.depth_histogram[depth];
+    ++stats_.rows_histogram[d + 1];
 
     speculative::TreeWindow window;
     window.logits = logits;
@@ -210,6 +272,12 @@ class Run {
           commit(token, nullptr);
           return !done_;
         });
+    if (draft_.score.size() == d) {
+      double scored = 0.0;
+      for (float x : draft_.score) scored += x;
+      tree_accepted_ = kTreeRatioDecay * tree_accepted_ + outcome.accepted;
+      tree_scored_ = kTreeRatioDecay * tree_scored_ + scored;
+    }
     ++stats_.rounds;
     ++stats_.tree_rounds;
     stats_.drafted += static_cast<int64_t>(d);
@@ -262,6 +330,11 @@ class Run {
   const EogFn& is_eog_;
   sampling::Sampler sampler_;
   std::optional<Gate> gate_;
+  std::optional<CostModel> tree_costs_;  // trees with the gate on: the costs their budget is chosen from
+  // Drafts accepted and the scores of the nodes verified, over the tree rounds so far, each round's weight
+  // decaying by kTreeRatioDecay per later round; both start at 1 (scores taken at their word).
+  static constexpr double kTreeRatioDecay = 0.9;
+  double tree_accepted_ = 1.0, tree_scored_ = 1.0;
   model::CaptureFn capture_;
   int64_t capture_pos_ = 0;
 
@@ -269,6 +342,7 @@ class Run {
   std::vector<int32_t> window_;                    // this round's forward: pending token, drafts
   std::vector<int32_t> tree_parent_, tree_depth_;  // a tree round's cache::TreeMask over window_
   speculative::Draft draft_;
+  std::vector<int32_t> rank_, renumber_;  // tree_budget, prune_tree: nodes by score; old node -> kept node
   speculative::Settler settler_;
   Probe probe_;
   SpecStats stats_;
@@ -290,6 +364,8 @@ void SpecStats::add(const SpecStats& o) {
   tree_rounds += o.tree_rounds;
   if (depth_histogram.size() < o.depth_histogram.size()) depth_histogram.resize(o.depth_histogram.size(), 0);
   for (size_t i = 0; i < o.depth_histogram.size(); ++i) depth_histogram[i] += o.depth_histogram[i];
+  if (rows_histogram.size() < o.rows_histogram.size()) rows_histogram.resize(o.rows_histogram.size(), 0);
+  for (size_t i = 0; i < o.rows_histogram.size(); ++i) rows_histogram[i] += o.rows_histogram[i];
 }
 
 SpecStats generate_speculative(model::Session& target, DraftSource& source, std::span<const int32_t> prompt,

@@ -90,7 +90,8 @@ DraftModelSource::DraftModelSource(const model::Model& draft, const model::Model
                                    const model::SessionOptions& options)
     : session_((check_same_vocabulary(target, draft), draft), pool, options),
       sampler_(sampling::Params{}),
-      ranker_(sampling::Params{}) {}
+      ranker_(sampling::Params{}),
+      scorer_(sampling::Params{}) {}
 
 void DraftModelSource::begin(std::span<const int32_t> prompt, const DraftSettings& settings) {
   sampler_ = sampling::Sampler(settings.sampling);
@@ -100,6 +101,8 @@ void DraftModelSource::begin(std::span<const int32_t> prompt, const DraftSetting
   rank.top_p = 1.0f;
   rank.min_p = 0.0f;
   ranker_ = sampling::Sampler(rank);
+  rank.top_k = 0;
+  scorer_ = sampling::Sampler(rank);
   sequence_ = settings.sequence_id;
   tree_base_ = -1;
   session_.truncate(0);
@@ -181,14 +184,17 @@ void DraftModelSource::add_children(int32_t parent, std::span<const float> logit
     const float pa = ranked_.probs[static_cast<size_t>(a)], pb = ranked_.probs[static_cast<size_t>(b)];
     return pa != pb ? pa > pb : a < b;
   });
+  scorer_.distribution(logits, history_, scored_);
   const float base = parent < 0 ? 0.0f : candidates_[static_cast<size_t>(parent)].logp;
+  const float score = parent < 0 ? 1.0f : candidates_[static_cast<size_t>(parent)].score;
   const int32_t depth = parent < 0 ? 1 : candidates_[static_cast<size_t>(parent)].depth + 1;
   float covered = 0.0f;
   for (size_t k = 0; k < order_.size() && static_cast<int>(k) < tree_branch; ++k) {
     if (k > 0 && covered >= tree_cover) break;
     const auto i = static_cast<size_t>(order_[k]);
     covered += ranked_.probs[i];
-    candidates_.push_back({ranked_.ids[i], parent, depth, -1, base + std::log(ranked_.probs[i])});
+    candidates_.push_back({ranked_.ids[i], parent, depth, -1, base + std::log(ranked_.probs[i]),
+                           score * scored_.prob_of(ranked_.ids[i])});
   }
 }
 
@@ -274,6 +280,7 @@ void DraftModelSource::propose_tree(std::span<const int32_t> committed, int max_
     TANDEM_CHECK(c.parent < 0 || parent >= 0, "a drafted tree node without its parent");
     node_of_[static_cast<size_t>(i)] = out.tree.add(parent);
     out.tokens.push_back(c.token);
+    out.score.push_back(c.score);
   }
 }
 

@@ -39,7 +39,8 @@ class DraftModelSource final : public DraftSource {
   // attention mask; each evaluated node takes its most probable tokens as children, as many as cover
   // tree_cover of its distribution (at most tree_branch: one where the draft is sure, more where it is not).
   // The proposal is the max_nodes nodes of highest cumulative probability (a subtree: a child is never more
-  // probable than its parent). Children are ranked by the draft's distribution under the target's
+  // probable than its parent), each scored with its path's probability under the draft's whole
+  // distributions (Draft::score). Children are ranked by the draft's distribution under the target's
   // penalties at temperature 1, renormalized over its tree_branch most probable tokens, and proposed
   // deterministically (point masses) at any temperature. accept() moves the accepted path's rows of the
   // draft cache into place (KvCache::compact), recomputing nothing.
@@ -62,7 +63,8 @@ class DraftModelSource final : public DraftSource {
   // evaluated).
   struct Candidate {
     int32_t token, parent, depth, slot;
-    float logp;  // cumulative log-probability of its path
+    float logp;   // cumulative log-probability of its path, over each node's top tree_branch tokens
+    float score;  // probability of its path under the draft's whole distributions (Draft::score)
   };
   // Appends the children of candidate `parent` (-1: of the committed text) from the draft's logits there;
   // history_ holds the text up to it.
@@ -71,7 +73,8 @@ class DraftModelSource final : public DraftSource {
   model::Session session_;
   sampling::Sampler sampler_;
   sampling::Sampler ranker_;  // the target's penalties at temperature 1, top tree_branch
-  sampling::Distribution ranked_;
+  sampling::Sampler scorer_;  // the same over the whole vocabulary
+  sampling::Distribution ranked_, scored_;
   std::vector<Candidate> candidates_;
   std::vector<int32_t> order_, picked_, node_of_;
   std::vector<float> logps_;

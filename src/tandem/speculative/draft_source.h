@@ -78,16 +78,23 @@ struct DraftSettings {
 // with the earlier siblings' tokens removed, renormalized, when it draws siblings without replacement); the
 // choice of which nodes the tree holds may depend on their ancestors and earlier siblings, never on the
 // node's own draw. An empty tree: the tokens are a chain.
+//
+// A deterministic tree may carry score[i], the drafter's estimate of the chance that the target accepts node
+// i (its path's probability under the drafter; a child never scores above its parent). The driver may then
+// verify only the subtree of the best-scored nodes that it expects to yield the most tokens per unit of
+// verify cost. Empty: no estimates, the whole tree is verified.
 struct Draft {
   std::vector<int32_t> tokens;
   std::vector<sampling::Distribution> q;  // size >= tokens.size() when sampled; grows, never shrinks
   bool sampled = false;
   TokenTree tree;
+  std::vector<float> score;  // [nodes] or empty
 
   void clear() {
     tokens.clear();
     sampled = false;
     tree.clear();
+    score.clear();
   }
   // The distribution slot for draft i, growing the pool when needed (no allocation once warm).
   sampling::Distribution& q_slot(size_t i) {
