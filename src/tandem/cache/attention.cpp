@@ -1,6 +1,8 @@
 #include "tandem/cache/attention.h"
 
 #include <algorithm>
+#include <cmath>
+#include <vector>
 
 #include "tandem/kernels/float_kernels.h"
 #include "tandem/util/error.h"
@@ -121,7 +123,187 @@ void attend_pass(const KvCache& cache, int64_t layer, int64_t kv_head, const flo
     vc.finish_values(acc + j * dv, kv_head, out + (j / n_q) * lay.out_row + (j % n_q) * lay.out_head);
 }
 
+// The path of tree node `node`, root first: path[k] is its ancestor at depth k (path[depth] = node). Returns
+// the node's depth.
+int64_t tree_path(const TreeMask& mask, int64_t node, int32_t* path) {
+  const int64_t d = mask.depth[static_cast<size_t>(node)];
+  TANDEM_CHECK(d >= 0 && d < kMaxTreeDepth, "tree deeper than kMaxTreeDepth");
+  auto at = static_cast<int32_t>(node);
+  for (int64_t k = d; k >= 0; --k) {
+    TANDEM_CHECK(at >= 0 && mask.depth[static_cast<size_t>(at)] == k,
+                 "tree depths do not follow the parents");
+    path[k] = at;
+    at = mask.parent[static_cast<size_t>(at)];
+  }
+  TANDEM_CHECK(at == -1, "tree depths do not follow the parents");
+  return d;
+}
+
+// One pass of attend_tree for n_rows * n_q queries that fit the scratch.
+void attend_tree_pass(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t n_rows,
+                      int64_t n_q, const WindowLayout& lay, const TreeMask& mask, int64_t first_node,
+                      int64_t first, const AttentionParams& params, float* scores, int64_t scores_stride,
+                      float* out) {
+  const KvStore& store = cache.store();
+  const KvCodec& kc = store.key_codec();
+  const KvCodec& vc = store.value_codec();
+  const KeyAnchor* anchor = store.key_anchor();
+  const BlockPool& pool = cache.pool_of(layer);
+  const int64_t B = store.block_size(), nq = n_rows * n_q, base = mask.base;
+  const int64_t ps = kc.prepared_size(), dv = vc.dim();
+  const int64_t committed = std::max<int64_t>(0, base - first);  // scores before the ancestors'
+  float prepared[kPreparedFloats];
+  const auto query = [&](int64_t j) { return q + (j / n_q) * lay.q_row + (j % n_q) * lay.q_head; };
+  for (int64_t j = 0; j < nq; ++j) kc.prepare_query(query(j), kv_head, prepared + j * ps);
+  const auto add_anchor = [&](int64_t j0, int64_t nj, int32_t blk, float* s, int64_t n) {
+    if (!anchor) return;
+    for (int64_t j = j0; j < j0 + nj; ++j) {
+      const float qa = anchor->dot(query(j), pool.anchor(blk, layer, kv_head));
+      for (int64_t t = 0; t < n; ++t) s[(j - j0) * scores_stride + t] += qa;
+    }
+  };
+
+  // The committed span, shared by every query; then each row's ancestors, packed after it.
+  for (int64_t pos = first; pos < base;) {
+    const int64_t off = pos % B, n = std::min(B - off, base - pos);
+    const int32_t blk = cache.block_of(layer, pos);
+    TANDEM_CHECK(blk >= 0, "attention reads a released block");
+    float* s = scores + (pos - first);
+    kc.dots_in_block(prepared, nq, ps, pool.keys(blk, layer, kv_head), B, off, n, s, scores_stride);
+    add_anchor(0, nq, blk, s, n);
+    pos += n;
+  }
+  int32_t path[kMaxTreeDepth];
+  for (int64_t i = 0; i < n_rows; ++i) {
+    const int64_t d = tree_path(mask, first_node + i, path);
+    float* row_scores = scores + i * n_q * scores_stride + committed;
+    int64_t len = 0;
+    for (int64_t k = std::max<int64_t>(0, first - base); k <= d; ++k, ++len) {
+      const int64_t slot = base + path[k];
+      const int32_t blk = cache.block_of(layer, slot);
+      kc.dots_in_block(prepared + i * n_q * ps, n_q, ps, pool.keys(blk, layer, kv_head), B, slot % B, 1,
+                       row_scores + len, scores_stride);
+      add_anchor(i * n_q, n_q, blk, row_scores + len, 1);
+    }
+    for (int64_t h = 0; h < n_q; ++h)
+      kernels::softmax(scores + (i * n_q + h) * scores_stride, committed + len, params.scale, params.softcap);
+  }
+
+  float acc[kAccFloats];
+  std::fill_n(acc, nq * dv, 0.0f);
+  kernels::ValueRun runs[kValueRunBlocks];
+  int64_t n_runs = 0;
+  const auto flush = [&] {
+    if (n_runs > 0) vc.accumulate_runs(scores, nq, scores_stride, runs, n_runs, acc, dv);
+    n_runs = 0;
+  };
+  for (int64_t pos = first; pos < base;) {
+    const int64_t off = pos % B, n = std::min(B - off, base - pos);
+    const int32_t blk = cache.block_of(layer, pos);
+    runs[n_runs++] = {pool.values(blk, layer, kv_head) + static_cast<size_t>(off) * vc.row_bytes(), n,
+                      pos - first};
+    if (n_runs == kValueRunBlocks) flush();
+    pos += n;
+  }
+  flush();
+  for (int64_t i = 0; i < n_rows; ++i) {
+    const int64_t d = tree_path(mask, first_node + i, path);
+    int64_t len = 0;
+    for (int64_t k = std::max<int64_t>(0, first - base); k <= d; ++k, ++len) {
+      const int64_t slot = base + path[k];
+      const int32_t blk = cache.block_of(layer, slot);
+      vc.accumulate_group(scores + i * n_q * scores_stride + committed + len, n_q, scores_stride,
+                          pool.values(blk, layer, kv_head) + static_cast<size_t>(slot % B) * vc.row_bytes(),
+                          1, acc + i * n_q * dv, dv);
+    }
+  }
+  for (int64_t j = 0; j < nq; ++j)
+    vc.finish_values(acc + j * dv, kv_head, out + (j / n_q) * lay.out_row + (j % n_q) * lay.out_head);
+}
+
 }  // namespace
+
+void attend_tree(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t n_rows,
+                 int64_t n_q, const WindowLayout& layout, const TreeMask& mask, int64_t first_node,
+                 int64_t first, const AttentionParams& params, float* scores, int64_t scores_stride,
+                 float* out) {
+  TANDEM_CHECK(n_rows >= 1 && n_q >= 1, "attention needs a query");
+  TANDEM_CHECK(mask.parent.size() == mask.depth.size() && first_node >= 0 &&
+                   first_node + n_rows <= static_cast<int64_t>(mask.parent.size()),
+               "tree rows outside the tree");
+  TANDEM_CHECK(first >= 0 && mask.base >= 0 && mask.base + first_node + n_rows <= cache.length(),
+               "tree attention outside the cache");
+  for (int64_t i = first_node; i < first_node + n_rows; ++i)
+    TANDEM_CHECK(mask.base - first + mask.depth[static_cast<size_t>(i)] + 1 <= scores_stride,
+                 "attention scores scratch too small");
+  const KvStore& store = cache.store();
+  const int64_t per_pass = std::min({kMaxWindowQueries, kPreparedFloats / store.key_codec().prepared_size(),
+                                     kAccFloats / store.value_codec().dim()});
+  if (n_q > per_pass) {
+    for (int64_t i = 0; i < n_rows; ++i)
+      for (int64_t h = 0; h < n_q; h += per_pass)
+        attend_tree_pass(cache, layer, kv_head, q + i * layout.q_row + h * layout.q_head, 1,
+                         std::min(per_pass, n_q - h), layout, mask, first_node + i, first, params, scores,
+                         scores_stride, out + i * layout.out_row + h * layout.out_head);
+    return;
+  }
+  const int64_t rows_per_pass = per_pass / n_q;
+  for (int64_t i = 0; i < n_rows; i += rows_per_pass)
+    attend_tree_pass(cache, layer, kv_head, q + i * layout.q_row, std::min(rows_per_pass, n_rows - i), n_q,
+                     layout, mask, first_node + i, first, params, scores, scores_stride,
+                     out + i * layout.out_row);
+}
+
+void attend_tree_reference(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q,
+                           int64_t n_rows, int64_t n_q, const WindowLayout& layout, const TreeMask& mask,
+                           int64_t first_node, int64_t first, const AttentionParams& params, float* out) {
+  const KvStore& store = cache.store();
+  const KvCodec& kc = store.key_codec();
+  const KvCodec& vc = store.value_codec();
+  const KeyAnchor* anchor = store.key_anchor();
+  const BlockPool& pool = cache.pool_of(layer);
+  const int64_t B = store.block_size(), dv = vc.dim();
+  std::vector<float> prepared(static_cast<size_t>(kc.prepared_size())), v(static_cast<size_t>(dv));
+  std::vector<int64_t> positions;
+  std::vector<double> s, acc(static_cast<size_t>(dv));
+  int32_t path[kMaxTreeDepth];
+  for (int64_t i = 0; i < n_rows; ++i) {
+    const int64_t d = tree_path(mask, first_node + i, path);
+    positions.clear();
+    for (int64_t pos = first; pos < mask.base; ++pos) positions.push_back(pos);
+    for (int64_t k = 0; k <= d; ++k)
+      if (mask.base + k >= first) positions.push_back(mask.base + path[k]);
+    for (int64_t h = 0; h < n_q; ++h) {
+      const float* qh = q + i * layout.q_row + h * layout.q_head;
+      kc.prepare_query(qh, kv_head, prepared.data());
+      s.assign(positions.size(), 0.0);
+      double top = -INFINITY;
+      for (size_t t = 0; t < positions.size(); ++t) {
+        const int32_t blk = cache.block_of(layer, positions[t]);
+        float dot = 0;
+        kc.dots_in_block(prepared.data(), 1, 0, pool.keys(blk, layer, kv_head), B, positions[t] % B, 1, &dot,
+                         1);
+        if (anchor) dot += anchor->dot(qh, pool.anchor(blk, layer, kv_head));
+        double x = static_cast<double>(dot) * params.scale;
+        if (params.softcap > 0) x = params.softcap * std::tanh(x / params.softcap);
+        s[t] = x;
+        top = std::max(top, x);
+      }
+      double sum = 0;
+      for (double& x : s) sum += (x = std::exp(x - top));
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (size_t t = 0; t < positions.size(); ++t) {
+        const int32_t blk = cache.block_of(layer, positions[t]);
+        vc.decode(pool.values(blk, layer, kv_head) + static_cast<size_t>(positions[t] % B) * vc.row_bytes(),
+                  kv_head, v.data());
+        for (int64_t e = 0; e < dv; ++e)
+          acc[static_cast<size_t>(e)] += s[t] / sum * v[static_cast<size_t>(e)];
+      }
+      float* o = out + i * layout.out_row + h * layout.out_head;
+      for (int64_t e = 0; e < dv; ++e) o[e] = static_cast<float>(acc[static_cast<size_t>(e)]);
+    }
+  }
+}
 
 void attend(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t first, int64_t last,
             const AttentionParams& params, float* scores, float* out) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "tandem/cache/kv_cache.h"
 
@@ -49,5 +50,37 @@ struct WindowLayout {
 void attend_rows(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t n_rows,
                  int64_t n_q, const WindowLayout& layout, int64_t first, int64_t last,
                  const AttentionParams& params, float* scores, int64_t scores_stride, float* out);
+
+// A token tree evaluated as one window (speculative drafting): node i is stored at cache position base + i
+// and stands at position base + depth[i] of its own path (its rotary position). It attends to the committed
+// positions before base and to its ancestors, itself included; never to its siblings or cousins. Nodes are
+// in topological order: parent[i] < i, or -1 for a node that directly continues the committed text, and
+// depth[i] = depth[parent[i]] + 1 (0 for those).
+struct TreeMask {
+  int64_t base = 0;
+  std::span<const int32_t> parent;  // [nodes]
+  std::span<const int32_t> depth;   // [nodes]
+};
+
+// The deepest path a tree may hold (attend_tree keeps one path on the stack).
+constexpr int64_t kMaxTreeDepth = 256;
+
+// attend_rows() for the n_q heads of n_rows consecutive nodes of a tree, from node first_node (stored at
+// mask.base + first_node): the tree attention mask. Row i attends the committed positions [first,
+// mask.base - 1] and then those of its ancestors whose path position is >= first, in path order; all rows
+// share `first` (0 without a sliding window; the caller groups rows of one window start). A row's scores
+// are packed (committed positions, then one per ancestor), so each result is bit-identical to attend() over
+// a cache holding the row's path at consecutive positions: plain decoding of that path. Scores scratch as in
+// attend_rows, at least mask.base - first + depth + 1 floats per query.
+void attend_tree(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t n_rows,
+                 int64_t n_q, const WindowLayout& layout, const TreeMask& mask, int64_t first_node,
+                 int64_t first, const AttentionParams& params, float* scores, int64_t scores_stride,
+                 float* out);
+
+// attend_tree() computed the plain way, one query at a time in scalar float arithmetic over decoded rows (the
+// reference of the tree kernel's tests). out: as attend_tree's; no scratch.
+void attend_tree_reference(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q,
+                           int64_t n_rows, int64_t n_q, const WindowLayout& layout, const TreeMask& mask,
+                           int64_t first_node, int64_t first, const AttentionParams& params, float* out);
 
 }  // namespace tandem::cache

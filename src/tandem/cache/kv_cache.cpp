@@ -121,6 +121,45 @@ void KvCache::truncate(int64_t n) {
   published_ = std::min(published_, n / B);
 }
 
+void KvCache::compact(int64_t base, std::span<const int32_t> nodes) {
+  if (store_->key_anchor())
+    throw Error(std::string("a token tree's accepted path cannot be moved in a quantized key cache (") +
+                std::string(kv_type_name(store_->type())) +
+                " keys are stored against their block's anchor); use --kv-type f16 "
+                "or f32, or a chain (--tree-nodes 0)");
+  if (recurrent_)
+    throw Error(
+        "a token tree cannot be kept in a model with recurrent (mamba) layers: their state follows one "
+        "sequence, not a tree; use a chain (--tree-nodes 0)");
+  const auto n = static_cast<int64_t>(nodes.size());
+  TANDEM_CHECK(base >= 0 && base + n <= length_, "compaction outside the cache");
+  for (int64_t k = 0; k < n; ++k) {
+    const int32_t node = nodes[static_cast<size_t>(k)];
+    TANDEM_CHECK(node >= k && base + node < length_ && (k == 0 || node > nodes[static_cast<size_t>(k - 1)]),
+                 "compaction nodes must increase inside the cache");
+  }
+  const int64_t B = store_->block_size();
+  const KvCodec& kc = store_->key_codec();
+  const KvCodec& vc = store_->value_codec();
+  for (int64_t layer = 0; layer < store_->n_layer(); ++layer) {
+    const bool sliding = store_->sliding(layer);
+    BlockPool& p = store_->pool(sliding);
+    const auto& t = table(sliding);
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t src = base + nodes[static_cast<size_t>(k)], dst = base + k;
+      if (src == dst) continue;
+      const int32_t sb = t[static_cast<size_t>(src / B)], db = t[static_cast<size_t>(dst / B)];
+      TANDEM_CHECK(sb >= 0 && db >= 0 && p.refs(db) == 1,
+                   "compaction into a block that is missing or shared");
+      for (int64_t h = 0; h < store_->n_head_kv(); ++h) {
+        kc.copy_in_block(p.keys(sb, layer, h), src % B, p.keys(db, layer, h), dst % B, B);
+        vc.copy_in_block(p.values(sb, layer, h), src % B, p.values(db, layer, h), dst % B, B);
+      }
+    }
+  }
+  truncate(base + n);
+}
+
 void KvCache::make_writable(bool sliding, int64_t b) {
   auto& t = table(sliding);
   BlockPool& p = store_->pool(sliding);

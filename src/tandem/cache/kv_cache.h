@@ -117,6 +117,14 @@ class KvCache {
   // (changing nothing) when a sliding-window layer no longer holds the window position n would attend to.
   void truncate(int64_t n);
 
+  // Keeps a path of a token tree evaluated at positions [base, length()) (model::Forward's TreeWindow): the
+  // rows at base + nodes[k] move to base + k, bit for bit (nothing is recomputed), and the sequence is
+  // truncated to base + nodes.size(). nodes must be strictly increasing with nodes[k] >= k, inside the
+  // cache. Throws tandem::Error, changing nothing, for a store whose rows cannot move exactly: anchored key
+  // caches (each key is stored against its block's anchor) and recurrent layers (their state is not per
+  // position).
+  void compact(int64_t base, std::span<const int32_t> nodes);
+
   // Makes positions [first, end) writable (first <= length(), end <= capacity()): truncates to `first`,
   // allocates blocks, copies shared blocks about to be written, releases sliding blocks out of reach, and
   // sets the length to `end`. The forward calls it once per sequence before storing a batch's rows.

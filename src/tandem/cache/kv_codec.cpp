@@ -198,6 +198,12 @@ class F16KeyCodec final : public KvCodec {
     kernels::dots_dim_major_f16(q, G, q_stride, reinterpret_cast<const uint16_t*>(block), block_rows, off, n,
                                 dim(), s, s_stride);
   }
+  void copy_in_block(const uint8_t* src_block, int64_t src_off, uint8_t* dst_block, int64_t dst_off,
+                     int64_t block_rows) const override {
+    for (int64_t i = 0; i < dim(); ++i)
+      std::memmove(dst_block + 2 * static_cast<size_t>(i * block_rows + dst_off),
+                   src_block + 2 * static_cast<size_t>(i * block_rows + src_off), 2);
+  }
 
  private:
   F16Codec rows_;  // the row form: encode, decode, query preparation and the value side

@@ -39,6 +39,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -119,6 +120,13 @@ class KvCodec {
                              int64_t block_rows, int64_t off, int64_t n, float* s, int64_t s_stride) const {
     (void)block_rows;
     dots_group(prepared, G, prep_stride, block + static_cast<size_t>(off) * row_bytes(), n, s, s_stride);
+  }
+  // Row src_off of src_block becomes row dst_off of dst_block, bit for bit (the blocks may be one).
+  virtual void copy_in_block(const uint8_t* src_block, int64_t src_off, uint8_t* dst_block, int64_t dst_off,
+                             int64_t block_rows) const {
+    (void)block_rows;
+    std::memmove(dst_block + static_cast<size_t>(dst_off) * row_bytes(),
+                 src_block + static_cast<size_t>(src_off) * row_bytes(), row_bytes());
   }
 
  protected:

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include "tandem/cli/spec_common.h"
 #include "tandem/engine/generate.h"
 #include "tandem/sampling/rng.h"
+#include "tandem/speculative/calibration.h"
 #include "tandem/speculative/replay.h"
 #include "tandem/tokenizer/tokenizer.h"
 #include "tandem/util/error.h"
@@ -89,6 +91,8 @@ void add_bench_spec_command(CLI::App& app) {
     int64_t n_tokens = 64;
     bool json = false;
     sampling::Params sampling;
+    std::string cost_model;  // --cost-model: a calibrated model file whose verify costs price the windows too
+    int cost_threads = 0;    // --cost-threads: the threads of its calibration entry (0: -t)
   };
   auto o = std::make_shared<Opts>();
   o->sampling.temperature = 0.0f;
@@ -97,6 +101,13 @@ void add_bench_spec_command(CLI::App& app) {
   cmd->add_option("--prompts", o->prompts, "Prompts, one per line: text, or JSON with prompt_ids or prompt");
   cmd->add_option("-n,--n-predict", o->n_tokens, "Tokens generated per prompt (default 64)");
   cmd->add_flag("--json", o->json, "End stdout with one JSON object of the results");
+  cmd->add_option(
+      "--cost-model", o->cost_model,
+      "Also price the verify windows at the costs `tandem calibrate` stored for this model file "
+      "(this machine): the expected speed-up for a larger target drafted alike; the gate and tree "
+      "budgets plan with them too");
+  cmd->add_option("--cost-threads", o->cost_threads,
+                  "Threads of the --cost-model calibration to use (default: -t)");
   cmd->add_option("--temp", o->sampling.temperature, "Temperature (default 0: greedy)");
   cmd->add_option("--top-k", o->sampling.top_k, "Top-k (default 40; <= 0 disables)");
   cmd->add_option("--top-p", o->sampling.top_p, "Top-p (default 0.95; 1 disables)");
@@ -120,7 +131,22 @@ void add_bench_spec_command(CLI::App& app) {
     so.n_ctx = o->model.n_ctx;
     so.kv_type = o->model.resolved_kv_type();
     so.batch = o->model.batch;
+    const int verify_rows = 1 + (o->spec.tree_nodes > 0 ? o->spec.tree_nodes : o->spec.draft_max);
+    std::optional<speculative::Calibration> priced;
+    if (!o->cost_model.empty()) {
+      const int threads = o->cost_threads > 0 ? o->cost_threads : pool.size();
+      priced = speculative::cached_calibration(o->cost_model, threads);
+      if (!priced || static_cast<int>(priced->verify.size()) <= verify_rows)
+        throw Error("--cost-model: " + speculative::calibration_file_path() + " holds no costs of " +
+                    o->cost_model + " with " + std::to_string(threads) + " threads up to " +
+                    std::to_string(verify_rows) + " rows on this machine; run `tandem calibrate -m " +
+                    o->cost_model + " -t " + std::to_string(threads) + " --max-rows " +
+                    std::to_string(verify_rows) + "` first");
+    }
     SpecSetup setup = make_spec_setup(o->spec, *target, o->model, pool, so, /*calibrate_if_missing=*/true);
+    // The larger target's costs decide what a round drafts, as they would if it were generating.
+    const speculative::CostModel own_costs = setup.options.costs;
+    if (priced) setup.options.costs = priced->cost_model();
     auto* replay = dynamic_cast<speculative::ReplaySource*>(setup.source.get());
     if (replay) replay->set_seed(o->sampling.seed);
     setup.options.generate.max_tokens = o->n_tokens;
@@ -171,9 +197,11 @@ void add_bench_spec_command(CLI::App& app) {
         if (ideal_at(depth) > ideal_at(d)) d = depth;
     const double ideal = ideal_at(d);
 
-    std::printf("prompts %zu, %lld tokens each, %d threads, drafter %s, draft max %d, gate %s\n",
-                prompts.size(), static_cast<long long>(o->n_tokens), pool.size(),
-                std::string(setup.source->kind()).c_str(), d_max, setup.options.use_gate ? "on" : "off");
+    std::printf(
+        "prompts %zu, %lld tokens each, %d threads, drafter %s, draft max %d, gate %s, tree nodes %d\n",
+        prompts.size(), static_cast<long long>(o->n_tokens), pool.size(),
+        std::string(setup.source->kind()).c_str(), d_max, setup.options.use_gate ? "on" : "off",
+        o->spec.tree_nodes);
     std::printf("plain:       %lld tokens in %.3f s, %.2f tok/s\n",
                 static_cast<long long>(plain_total.generated), plain_total.generate_seconds, plain_tps);
     std::printf("speculative: %lld tokens in %.3f s, %.2f tok/s\n",
@@ -183,6 +211,39 @@ void add_bench_spec_command(CLI::App& app) {
                 setup.options.use_gate ? "the best for the calibrated costs" : "fixed by --no-gate",
                 setup.options.costs.round_cost(d), ideal);
     print_spec_report(stdout, spec_total);
+    // The expected speed-up over plain decoding on a cost curve: the tokens generated over the summed cost of
+    // the forwards that generated them (a plain step costs 1; a window of k rows, tree or chain, cost(k)).
+    const auto expected_at = [&](const speculative::CostModel& costs) {
+      double cost = 0.0;
+      for (size_t k = 1; k < spec_total.rows_histogram.size(); ++k)
+        cost += static_cast<double>(spec_total.rows_histogram[k]) * costs.verify_cost(static_cast<int>(k));
+      return cost > 0.0 ? static_cast<double>(spec_total.generated) / cost : 0.0;
+    };
+    const auto print_curve = [&](const char* label, const speculative::CostModel& costs) {
+      std::printf("%s", label);
+      for (int k = 1; k <= verify_rows; ++k) std::printf(" %d:%.3f", k, costs.verify_cost(k));
+      std::printf("\n");
+    };
+    const double nodes_per_round =
+        spec_total.rounds > 0 ? static_cast<double>(spec_total.drafted) / spec_total.rounds : 0.0;
+    std::printf("target forwards by rows (1: a plain step):");
+    for (size_t k = 1; k < spec_total.rows_histogram.size(); ++k)
+      if (spec_total.rows_histogram[k] > 0)
+        std::printf(" %zu:%lld", k, static_cast<long long>(spec_total.rows_histogram[k]));
+    std::printf("\n");
+    print_curve("verify cost curve (a forward of k rows / one row):", own_costs);
+    const double expected = expected_at(own_costs);
+    std::printf(
+        "%s: %.2f nodes verified per round, %.3f tokens per target forward, %.3fx expected at these costs\n",
+        o->spec.tree_nodes > 0 ? "tree" : "chain", nodes_per_round, spec_total.tokens_per_forward(),
+        expected);
+    double priced_expected = 0.0;
+    if (priced) {
+      const std::string label = "verify cost curve of " + o->cost_model + ":";
+      print_curve(label.c_str(), setup.options.costs);
+      priced_expected = expected_at(setup.options.costs);
+      std::printf("%.3fx expected at its costs\n", priced_expected);
+    }
     if (mismatches > 0)
       std::printf("WARNING: greedy speculative output differed from plain output for %lld prompts\n",
                   static_cast<long long>(mismatches));
@@ -196,7 +257,13 @@ void add_bench_spec_command(CLI::App& app) {
                           {"mean_accepted", spec_total.mean_accepted()},
                           {"tokens_per_forward", spec_total.tokens_per_forward()},
                           {"depth_histogram", spec_total.depth_histogram},
+                          {"tree_nodes", o->spec.tree_nodes},
+                          {"tree_rounds", spec_total.tree_rounds},
+                          {"nodes_per_round", nodes_per_round},
+                          {"rows_histogram", spec_total.rows_histogram},
+                          {"expected_speedup", expected},
                           {"greedy_mismatches", mismatches}};
+      if (priced) j["expected_speedup_cost_model"] = priced_expected;
       std::printf("%s\n", j.dump().c_str());
     }
   });

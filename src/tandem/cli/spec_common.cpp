@@ -1,5 +1,7 @@
 #include "tandem/cli/spec_common.h"
 
+#include <algorithm>
+
 #include "tandem/speculative/draft_model.h"
 #include "tandem/speculative/eagle_draft.h"
 #include "tandem/speculative/ngram.h"
@@ -22,6 +24,11 @@ void add_spec_options(CLI::App& cmd, SpecFlags& f, bool with_replay) {
   cmd.add_option("--draft-min", f.draft_min, "Shortest proposal worth verifying (default 1)");
   cmd.add_flag("--no-gate", f.no_gate,
                "Always draft --draft-max tokens instead of letting the adaptive gate choose");
+  cmd.add_option("--tree-nodes", f.tree_nodes,
+                 "Draft a token tree of at most N nodes each round (--draft-model and --draft ngram branch "
+                 "where they are unsure), verified in one forward; --draft-max bounds its depth; each round "
+                 "verifies the draft model's best nodes that pay on the calibrated costs, all N with "
+                 "--no-gate (default 0: chains)");
   cmd.add_option("--ngram-min", f.ngram_min, "Shortest n-gram looked up by --draft ngram (default 2)");
   cmd.add_option("--ngram-max", f.ngram_max, "Longest n-gram looked up by --draft ngram (default 4)");
   if (with_replay)
@@ -69,6 +76,7 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
   if (!f.draft_model.empty() + !f.draft.empty() + !f.drafter.empty() > 1)
     throw Error("pass one of --draft-model, --drafter and --draft, not several");
   if (f.draft_max < 1) throw Error("--draft-max must be at least 1");
+  if (f.tree_nodes < 0) throw Error("--tree-nodes must be 0 (chains) or a positive node budget");
   SpecSetup s;
   std::string draft_hash;
   if (!f.draft_model.empty()) {
@@ -91,17 +99,19 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
   s.options.draft_max = f.draft_max;
   s.options.draft_min = f.draft_min;
   s.options.use_gate = !f.no_gate;
+  s.options.tree_nodes = f.tree_nodes;
   check_gate_options(f.gate);
   s.options.gate = f.gate;
 
   const std::string cache_path = speculative::calibration_file_path();
   auto cal = speculative::cached_calibration(target_path, pool.size());
-  const bool complete = cal && static_cast<int>(cal->verify.size()) > f.draft_max + 1 &&
+  const int widest = std::max(f.draft_max, f.tree_nodes) + 1;  // rows of the widest verify window
+  const bool complete = cal && static_cast<int>(cal->verify.size()) > widest &&
                         (draft_hash.empty() || cal->draft_per_token.count(draft_hash));
   if (!complete && calibrate_if_missing) {
     std::fprintf(stderr, "calibrating verify costs on this machine (cached in %s)...\n", cache_path.c_str());
     speculative::CalibrateOptions co;
-    co.max_rows = std::max(f.draft_max + 1, cal ? static_cast<int>(cal->verify.size()) - 1 : 0);
+    co.max_rows = std::max(widest, cal ? static_cast<int>(cal->verify.size()) - 1 : 0);
     co.repeats = 3;
     cal = speculative::calibrate(target, target_path, s.draft_model.get(), f.draft_model, pool, co);
     speculative::store_calibration(cache_path, *cal);
@@ -128,7 +138,12 @@ void print_spec_report(std::FILE* out, const engine::SpecStats& st) {
       static_cast<long long>(st.drafted), static_cast<long long>(st.accepted), 100.0 * st.acceptance(),
       st.mean_accepted(), static_cast<long long>(st.rounds), st.tokens_per_forward(),
       static_cast<long long>(st.target_forwards), st.tokens_per_second());
-  std::fprintf(out, "draft depth histogram (target forwards by drafts verified):");
+  if (st.tree_rounds > 0)
+    std::fprintf(out, "token trees: %lld rounds, %.2f nodes verified per round\n",
+                 static_cast<long long>(st.tree_rounds),
+                 st.rounds > 0 ? static_cast<double>(st.drafted) / st.rounds : 0.0);
+  std::fprintf(out, st.tree_rounds > 0 ? "tree depth histogram (target forwards by the tree's depth):"
+                                       : "draft depth histogram (target forwards by drafts verified):");
   for (size_t d = 0; d < st.depth_histogram.size(); ++d)
     if (st.depth_histogram[d] > 0)
       std::fprintf(out, " %zu:%lld", d, static_cast<long long>(st.depth_histogram[d]));

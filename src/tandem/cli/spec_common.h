@@ -27,11 +27,13 @@ struct SpecFlags {
   int ngram_min = 2, ngram_max = 4;
   double accept = 0.8;             // --accept, replay only
   speculative::GateSettings gate;  // --gate-*
+  int tree_nodes = 0;              // --tree-nodes: 0 chains, else the token tree's node budget
 
   bool enabled() const { return !draft_model.empty() || !drafter.empty() || !draft.empty(); }
 };
 
-// Adds --draft-model, --drafter, --draft, --draft-max, --draft-min, --no-gate, --ngram-min/--ngram-max, the
+// Adds --draft-model, --drafter, --draft, --draft-max, --draft-min, --no-gate, --ngram-min/--ngram-max,
+// --tree-nodes, the
 // gate's settings (add_gate_options) and, with with_replay, --accept (the replay drafter is for benchmarks
 // only).
 void add_spec_options(CLI::App& cmd, SpecFlags& flags, bool with_replay);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <optional>
 
 #include "tandem/speculative/settle.h"
@@ -42,9 +43,28 @@ class Run {
     if (o_.draft_max < 1) throw Error("the draft depth (--draft-max) must be at least 1");
     if (o_.draft_min < 1 || o_.draft_min > o_.draft_max)
       throw Error("--draft-min must be between 1 and --draft-max (" + std::to_string(o_.draft_max) + ")");
+    if (o_.tree_nodes < 0) throw Error("--tree-nodes must be 0 (chains) or a positive node budget");
+    if (o_.tree_nodes > 0) {
+      if (!target_.model().config().layer_recurrent.empty())
+        throw Error(
+            "draft trees need a target without recurrent (mamba) layers: their state follows one "
+            "sequence, not a tree; use chains (--tree-nodes 0)");
+      if (target_.cache().store().key_anchor() != nullptr)
+        throw Error(std::string("draft trees need an f16 or f32 KV cache (the ") +
+                    std::string(cache::kv_type_name(target_.cache().type())) +
+                    " cache stores keys against their block's anchor, so an accepted path cannot move); use "
+                    "--kv-type f16 or chains (--tree-nodes 0)");
+      if (!source_.target_layers().empty())
+        throw Error(
+            "draft trees need a drafter that does not read the target's hidden states; use chains "
+            "(--tree-nodes 0) with this drafter");
+    }
     if (o_.use_gate) {
       CostModel costs = o_.costs.verify.empty() ? CostModel::linear(0.25, 0.0) : o_.costs;
-      gate_.emplace(o_.gate, std::move(costs), o_.draft_max, o_.draft_min);
+      if (o_.tree_nodes > 0)
+        tree_costs_.emplace(std::move(costs));
+      else
+        gate_.emplace(o_.gate, std::move(costs), o_.draft_max, o_.draft_min);
     }
     const auto layers = source_.target_layers();
     if (!layers.empty()) {
@@ -55,6 +75,7 @@ class Run {
       };
     }
     stats_.depth_histogram.assign(static_cast<size_t>(o_.draft_max) + 1, 0);
+    stats_.rows_histogram.assign(static_cast<size_t>(std::max(o_.draft_max, o_.tree_nodes)) + 2, 0);
   }
 
   SpecStats run(std::span<const int32_t> prompt) {
@@ -63,7 +84,7 @@ class Run {
     history_.assign(prompt.begin(), prompt.end());
     history_.reserve(prompt.size() + static_cast<size_t>(std::max<int64_t>(0, o_.generate.max_tokens)) +
                      static_cast<size_t>(o_.draft_max) + 1);
-    window_.reserve(static_cast<size_t>(o_.draft_max) + 1);
+    window_.reserve(static_cast<size_t>(std::max(o_.draft_max, o_.tree_nodes)) + 1);
 
     auto t0 = std::chrono::steady_clock::now();
     speculative::DraftSettings settings;
@@ -100,8 +121,31 @@ class Run {
     return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>({o_.draft_max, remaining, room})));
   }
 
+  // How many tree nodes this round may verify: the node budget and the context.
+  int node_limit() const {
+    const int64_t room = target_.n_ctx() - target_.length() - 1;
+    return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(o_.tree_nodes, room)));
+  }
+
   void round() {
     const int limit = depth_limit();
+    if (o_.tree_nodes > 0) {
+      const int nodes = node_limit();
+      if (limit > 0 && nodes > 0) {
+        source_.propose_tree(history_, nodes, limit, draft_);
+        if (!draft_.tree.empty() && tree_costs_ && !draft_.sampled &&
+            draft_.score.size() == draft_.tokens.size()) {
+          const size_t keep = tree_budget();
+          if (keep == 0) return chain_round(0);
+          prune_tree(keep);
+        }
+        if (!draft_.tree.empty()) return tree_round();
+      } else {
+        draft_.clear();
+      }
+      // A chain (a source without trees, or an empty proposal): verified as one.
+      return chain_round(std::min({limit, nodes, static_cast<int>(draft_.tokens.size())}));
+    }
     int depth = limit;
     if (gate_) {
       const Gate::Decision decision = gate_->decide(limit);
@@ -112,9 +156,14 @@ class Run {
     if (depth > 0) {
       source_.propose(history_, depth, draft_);
       drafted = std::min(depth, static_cast<int>(draft_.tokens.size()));
-      if (drafted < o_.draft_min) drafted = 0;
-      if (drafted > 0) probe_.active = false;  // verified rounds observe the drafter directly
     }
+    chain_round(drafted);
+  }
+
+  // Verifies the first `drafted` tokens of draft_ as a chain (fewer than draft_min: a plain step).
+  void chain_round(int drafted) {
+    if (drafted < o_.draft_min) drafted = 0;
+    if (drafted > 0) probe_.active = false;  // verified rounds observe the drafter directly
     window_.assign(1, history_.back());
     window_.insert(window_.end(), draft_.tokens.begin(), draft_.tokens.begin() + drafted);
     const auto forward_start = std::chrono::steady_clock::now();
@@ -122,6 +171,7 @@ class Run {
     if (gate_) gate_->record_forward(drafted + 1, seconds_since(forward_start));
     ++stats_.target_forwards;
     ++stats_.depth_histogram[static_cast<size_t>(drafted)];
+    ++stats_.rows_histogram[static_cast<size_t>(drafted) + 1];
 
     speculative::Window window;
     window.logits = logits;
@@ -141,6 +191,97 @@ class Run {
       stats_.drafted += drafted;
       stats_.accepted += outcome.accepted;
     }
+  }
+
+  // How many of draft_'s best-scored nodes this round verifies: the n that maximises the expected tokens per
+  // unit of forward cost, (1 + the n best acceptance estimates) / cost(n + 1) (EAGLE-2's reranking with
+  // Sequoia's budget from the cost curve). A node's estimate is its score times the ratio of drafts accepted
+  // to the scores of the nodes verified so far, since a draft model's probabilities need not match how often
+  // the target agrees with it. 0: a plain step (one token at cost 1) is worth more than any of the trees.
+  size_t tree_budget() {
+    const size_t d = draft_.tokens.size();
+    rank_.resize(d);
+    std::iota(rank_.begin(), rank_.end(), 0);
+    // Best score first; a child never scores above its parent and comes after it, so every prefix of rank_
+    // is a subtree.
+    std::sort(rank_.begin(), rank_.end(), [&](int32_t a, int32_t b) {
+      const float sa = draft_.score[static_cast<size_t>(a)], sb = draft_.score[static_cast<size_t>(b)];
+      return sa != sb ? sa > sb : a < b;
+    });
+    const double ratio = tree_accepted_ / tree_scored_;
+    double sum = 0.0, best = 1.0;
+    size_t keep = 0;
+    for (size_t n = 1; n <= d; ++n) {
+      sum += std::min(1.0, ratio * draft_.score[static_cast<size_t>(rank_[n - 1])]);
+      const double value = (1.0 + sum) / tree_costs_->verify_cost(static_cast<int>(n) + 1);
+      if (value > best) best = value, keep = n;
+    }
+    return keep;
+  }
+
+  // Keeps the first `keep` nodes of rank_ (a subtree), in their order in draft_.
+  void prune_tree(size_t keep) {
+    const size_t d = draft_.tokens.size();
+    if (keep >= d) return;
+    std::sort(rank_.begin(), rank_.begin() + static_cast<std::ptrdiff_t>(keep));
+    renumber_.assign(d, -1);
+    speculative::TokenTree& tree = draft_.tree;
+    for (size_t k = 0; k < keep; ++k) {
+      const auto i = static_cast<size_t>(rank_[k]);
+      const int32_t parent = tree.parent[i] < 0 ? -1 : renumber_[static_cast<size_t>(tree.parent[i])];
+      TANDEM_CHECK(tree.parent[i] < 0 || parent >= 0, "a kept tree node without its parent");
+      renumber_[i] = static_cast<int32_t>(k);
+      draft_.tokens[k] = draft_.tokens[i];
+      draft_.score[k] = draft_.score[i];
+      tree.parent[k] = parent;
+      tree.depth[k] = tree.depth[i];
+    }
+    draft_.tokens.resize(keep);
+    draft_.score.resize(keep);
+    tree.parent.resize(keep);
+    tree.depth.resize(keep);
+  }
+
+  // Verifies draft_'s tree in one target forward: the pending token is node 0 of the window's tree, draft
+  // node i its node i + 1.
+  void tree_round() {
+    const size_t d = draft_.tokens.size();
+    window_.assign(1, history_.back());
+    window_.insert(window_.end(), draft_.tokens.begin(), draft_.tokens.end());
+    tree_parent_.assign(1, -1);
+    tree_depth_.assign(1, 0);
+    for (size_t i = 0; i < d; ++i) {
+      tree_parent_.push_back(draft_.tree.parent[i] + 1);
+      tree_depth_.push_back(draft_.tree.depth[i]);
+    }
+    const std::span<const float> logits =
+        target_.eval_tree(window_, cache::TreeMask{target_.length(), tree_parent_, tree_depth_});
+    ++stats_.target_forwards;
+    const auto depth = static_cast<size_t>(std::min<int32_t>(draft_.tree.max_depth(), o_.draft_max));
+    ++stats_.depth_histogram[depth];
+    ++stats_.rows_histogram[d + 1];
+
+    speculative::TreeWindow window;
+    window.logits = logits;
+    window.drafts = draft_.tokens;
+    window.parent = draft_.tree.parent;
+    if (draft_.sampled) window.q = std::span<const sampling::Distribution>(draft_.q.data(), d);
+    const speculative::SettleOutcome outcome = settler_.settle_tree(
+        window, {history_, sampler_, o_.generate.sequence_id, target_.cache(), nullptr, &source_},
+        [&](int32_t token, int) {
+          commit(token, nullptr);
+          return !done_;
+        });
+    if (draft_.score.size() == d) {
+      double scored = 0.0;
+      for (float x : draft_.score) scored += x;
+      tree_accepted_ = kTreeRatioDecay * tree_accepted_ + outcome.accepted;
+      tree_scored_ = kTreeRatioDecay * tree_scored_ + scored;
+    }
+    ++stats_.rounds;
+    ++stats_.tree_rounds;
+    stats_.drafted += static_cast<int64_t>(d);
+    stats_.accepted += outcome.accepted;
   }
 
   // `token` was just appended to history_ by the settle step.
@@ -189,12 +330,19 @@ class Run {
   const EogFn& is_eog_;
   sampling::Sampler sampler_;
   std::optional<Gate> gate_;
+  std::optional<CostModel> tree_costs_;  // trees with the gate on: the costs their budget is chosen from
+  // Drafts accepted and the scores of the nodes verified, over the tree rounds so far, each round's weight
+  // decaying by kTreeRatioDecay per later round; both start at 1 (scores taken at their word).
+  static constexpr double kTreeRatioDecay = 0.9;
+  double tree_accepted_ = 1.0, tree_scored_ = 1.0;
   model::CaptureFn capture_;
   int64_t capture_pos_ = 0;
 
-  std::vector<int32_t> history_;  // prompt and committed tokens
-  std::vector<int32_t> window_;   // this round's forward: pending token, drafts
+  std::vector<int32_t> history_;                   // prompt and committed tokens
+  std::vector<int32_t> window_;                    // this round's forward: pending token, drafts
+  std::vector<int32_t> tree_parent_, tree_depth_;  // a tree round's cache::TreeMask over window_
   speculative::Draft draft_;
+  std::vector<int32_t> rank_, renumber_;  // tree_budget, prune_tree: nodes by score; old node -> kept node
   speculative::Settler settler_;
   Probe probe_;
   SpecStats stats_;
@@ -213,8 +361,11 @@ void SpecStats::add(const SpecStats& o) {
   drafted += o.drafted;
   accepted += o.accepted;
   probes += o.probes;
+  tree_rounds += o.tree_rounds;
   if (depth_histogram.size() < o.depth_histogram.size()) depth_histogram.resize(o.depth_histogram.size(), 0);
   for (size_t i = 0; i < o.depth_histogram.size(); ++i) depth_histogram[i] += o.depth_histogram[i];
+  if (rows_histogram.size() < o.rows_histogram.size()) rows_histogram.resize(o.rows_histogram.size(), 0);
+  for (size_t i = 0; i < o.rows_histogram.size(); ++i) rows_histogram[i] += o.rows_histogram[i];
 }
 
 SpecStats generate_speculative(model::Session& target, DraftSource& source, std::span<const int32_t> prompt,

@@ -26,6 +26,12 @@ struct SpecOptions {
   bool use_gate = true;      // false: always draft draft_max (where tokens and context allow)
   speculative::GateSettings gate;
   speculative::CostModel costs;  // the gate's costs; empty verify: CostModel::linear(0.25, 0) is assumed
+  // > 0: each round proposes a token tree of at most this many drafts, draft_max deep at most
+  // (DraftSource::propose_tree), verified in one target forward (Settler::settle_tree). With use_gate, a
+  // tree whose nodes carry scores (Draft::score) is cut to the subtree of best-scored nodes that promises the
+  // most tokens per unit of cost on `costs` (none: a plain step); without, or without scores, the whole tree
+  // is verified. 0: chains. Trees need a target without recurrent layers and an f16 or f32 cache.
+  int tree_nodes = 0;
 };
 
 struct SpecStats : GenerateStats {
@@ -34,7 +40,11 @@ struct SpecStats : GenerateStats {
   int64_t drafted = 0;                   // drafts verified
   int64_t accepted = 0;                  // drafts accepted
   int64_t probes = 0;                    // unverified probe proposals
+  int64_t tree_rounds = 0;               // verify rounds over a token tree (counted in rounds too)
   std::vector<int64_t> depth_histogram;  // [draft_max + 1]: target forwards by the number of drafts verified
+  // [max(draft_max, tree_nodes) + 2]: target forwards after the prompt by their rows (1: a plain step), to
+  // price a run at a cost curve
+  std::vector<int64_t> rows_histogram;
 
   double acceptance() const { return drafted > 0 ? static_cast<double>(accepted) / drafted : 0.0; }
   // Accepted drafts per verify round (the target's own token not counted).

@@ -45,14 +45,14 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
 }
 
 void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
-                  const CaptureFn* capture) {
+                  const CaptureFn* capture, const TreeRows* tree) {
   // A forward of one or two rows (a decode step, a short verify window) takes the kernels' prefetch reach
   // from the tuner of its width and reports its time back (kernels/prefetch_tuner.h).
   const auto width = static_cast<int64_t>(rows.size());
   kernels::PrefetchTuner* tuner = width >= 1 && width <= kTunedWidths ? &reach_tuners_[width - 1] : nullptr;
   scratch_.set_prefetch_reach(tuner != nullptr ? tuner->begin() : kernels::PrefetchReach::kNear);
   const auto t0 = std::chrono::steady_clock::now();
-  run_untimed(rows, caches, logits, capture);
+  run_untimed(rows, caches, logits, capture, tree);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (tuner != nullptr) tuner->end(seconds);
   if (times_ != nullptr) {
@@ -62,7 +62,7 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
 }
 
 void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
-                          const CaptureFn* capture) {
+                          const CaptureFn* capture, const TreeRows* tree) {
   const Config& c = model_.config();
   const Weights& w = model_.weights();
   const int64_t R = static_cast<int64_t>(rows.size());
@@ -91,6 +91,27 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
     len = row.pos + 1;
     max_pos = std::max(max_pos, row.pos);
   }
+  if (tree) {
+    if (ssm_)
+      throw Error("model '" + c.arch +
+                  "' has recurrent (mamba) layers, whose state follows one sequence, not a token tree; use a "
+                  "chain of drafts (--tree-nodes 0)");
+    const cache::TreeMask& m = tree->mask;
+    if (m.parent.size() != m.depth.size() || m.base < 0)
+      throw Error("a token tree needs one parent and one depth per node");
+    for (size_t i = 0; i < m.parent.size(); ++i) {
+      const int32_t p = m.parent[i];
+      if (p < -1 || p >= static_cast<int32_t>(i) ||
+          m.depth[i] != (p < 0 ? 0 : m.depth[static_cast<size_t>(p)] + 1) ||
+          m.depth[i] >= cache::kMaxTreeDepth)
+        throw Error("token tree node " + std::to_string(i) + " has parent " + std::to_string(p) +
+                    " and depth " + std::to_string(m.depth[i]) +
+                    ": parents must come first and depths follow them");
+    }
+    for (const Row& row : rows)
+      if (tree_node(row, tree) >= static_cast<int64_t>(m.parent.size()))
+        throw Error("row position " + std::to_string(row.pos) + " is past the token tree's last node");
+  }
   if (ssm_) ssm_->check_rows(rows, caches);
   // Each touched cache makes [its lowest row position, its new length) writable.
   firsts_.assign(caches.size(), INT64_MAX);
@@ -116,9 +137,12 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
   }
 
   // Rotary angles once per row (every layer and head uses them).
-  for (int64_t r = 0; r < R; ++r)
-    kernels::rope_angles(c.n_rot, inv_freq_.data(), rows[static_cast<size_t>(r)].pos,
-                         rope_cs_.data() + r * c.n_rot);
+  for (int64_t r = 0; r < R; ++r) {
+    const Row& row = rows[static_cast<size_t>(r)];
+    const int64_t node = tree_node(row, tree);
+    const int64_t pos = node < 0 ? row.pos : tree->mask.base + tree->mask.depth[static_cast<size_t>(node)];
+    kernels::rope_angles(c.n_rot, inv_freq_.data(), pos, rope_cs_.data() + r * c.n_rot);
+  }
 
   for (int64_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& l = w.layers[static_cast<size_t>(il)];
@@ -142,7 +166,7 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
     } else {
       project_qkv(l, rows, caches, il);
     }
-    timed(&PhaseTimes::attention_s, [&] { attention(rows, caches, il); });
+    timed(&PhaseTimes::attention_s, [&] { attention(rows, caches, il, tree); });
     timed(&PhaseTimes::matmul_s, [&] { kernels::matmul(l.wo, att_.data(), R, xb_.data(), pool_, scratch_); });
     for_rows(R, [&](int64_t r) {
       float* out = xb_.data() + r * c.n_embd;
@@ -243,14 +267,18 @@ void Forward::head(const float* hidden, int64_t n, float* logits) {
   if (c.final_softcap > 0) kernels::soft_cap(logits, n * c.n_vocab, c.final_softcap);
 }
 
-void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* const> caches, int64_t layer) {
+void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* const> caches, int64_t layer,
+                        const TreeRows* tree) {
   const Config& c = model_.config();
   const int64_t R = static_cast<int64_t>(rows.size());
   const int64_t group = c.n_head / c.n_head_kv;
   cache::AttentionParams params{c.attn_scale, c.attn_softcap};
   const bool sliding = c.sliding(layer);
+  // A tree node's window starts from its path position, not its storage position.
   const auto first_of = [&](const Row& row) {
-    return sliding ? std::max<int64_t>(0, row.pos - c.sliding_window + 1) : 0;
+    const int64_t node = tree_node(row, tree);
+    const int64_t pos = node < 0 ? row.pos : tree->mask.base + tree->mask.depth[static_cast<size_t>(node)];
+    return sliding ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
   };
   // Runs of rows at consecutive positions of one sequence from one first position (a verify window, a
   // prompt chunk), as many as the scores scratch holds: their queries share each pass over the cache rows
@@ -259,16 +287,17 @@ void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* con
   runs_.clear();
   for (int64_t r = 0; r < R; ++r) {
     const Row& row = rows[static_cast<size_t>(r)];
+    const bool in_tree = tree_node(row, tree) >= 0;
     if (!runs_.empty()) {
       const Run& run = runs_.back();
       const Row& prev = rows[static_cast<size_t>(run.row + run.n - 1)];
-      if (run.n < max_run && prev.seq == row.seq && prev.pos + 1 == row.pos &&
+      if (run.n < max_run && prev.seq == row.seq && prev.pos + 1 == row.pos && run.tree == in_tree &&
           first_of(prev) == first_of(row)) {
         ++runs_.back().n;
         continue;
       }
     }
-    runs_.push_back({r, 1});
+    runs_.push_back({r, 1, in_tree});
   }
   // One task per run and KV head.
   const auto n_runs = static_cast<int64_t>(runs_.size());
@@ -280,9 +309,15 @@ void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* con
       const int64_t kvh = t % c.n_head_kv, h0 = kvh * group;
       const Row& row = rows[static_cast<size_t>(run.row)];
       const cache::KvCache& kv = *caches[static_cast<size_t>(row.seq)];
-      cache::attend_rows(kv, layer, kvh, q_.data() + run.row * c.q_dim() + h0 * c.head_dim, run.n, group,
-                         layout, first_of(row), row.pos, params, scores, scores_stride_,
-                         att_.data() + run.row * c.n_head * c.head_dim_v + h0 * c.head_dim_v);
+      const float* q = q_.data() + run.row * c.q_dim() + h0 * c.head_dim;
+      float* out = att_.data() + run.row * c.n_head * c.head_dim_v + h0 * c.head_dim_v;
+      if (run.tree) {
+        cache::attend_tree(kv, layer, kvh, q, run.n, group, layout, tree->mask, tree_node(row, tree),
+                           first_of(row), params, scores, scores_stride_, out);
+      } else {
+        cache::attend_rows(kv, layer, kvh, q, run.n, group, layout, first_of(row), row.pos, params, scores,
+                           scores_stride_, out);
+      }
     }
   });
 }

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "tandem/cache/attention.h"
 #include "tandem/cache/kv_cache.h"
 #include "tandem/kernels/matmul.h"
 #include "tandem/kernels/prefetch_tuner.h"
@@ -26,6 +27,15 @@ struct Row {
   int64_t pos = 0;      // position in its sequence
   int32_t seq = 0;      // index into the caches passed to run()
   bool logits = false;  // produce logits for this row
+};
+
+// A token tree among a forward's rows (tree drafting and tree verification): the rows of sequence `seq` at
+// positions >= mask.base are the tree's nodes pos - mask.base, rotated at mask.base + depth and attending
+// only to the committed positions and their ancestors (cache::TreeMask). Their positions must still continue
+// the cache, so a forward may carry the nodes of a tree whose earlier nodes an earlier forward stored.
+struct TreeRows {
+  int32_t seq = 0;
+  cache::TreeMask mask;
 };
 
 // Where forwards spend their time, accumulated while a Forward has one (Forward::set_phase_times): the matrix
@@ -56,8 +66,10 @@ class Forward {
   // positions). Each row attends to positions [0, pos] of its own cache (sliding layers: the last `window`).
   // Afterwards each touched cache's length is one past its last row's position.
   // logits: [number of rows with logits=true, n_vocab], in row order. Throws tandem::Error for bad rows.
+  // With `tree`, its rows are tree nodes (TreeRows); a model with recurrent layers refuses trees
+  // (tandem::Error).
   void run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
-           const CaptureFn* capture = nullptr);
+           const CaptureFn* capture = nullptr, const TreeRows* tree = nullptr);
 
   // The output head: post-final-norm hidden rows [n, n_embd] -> logits [n, n_vocab] (final soft-cap
   // included).
@@ -74,7 +86,11 @@ class Forward {
 
  private:
   void run_untimed(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
-                   const CaptureFn* capture);
+                   const CaptureFn* capture, const TreeRows* tree);
+  // The tree node of a row, or -1 for a row outside the tree.
+  static int64_t tree_node(const Row& row, const TreeRows* tree) {
+    return tree && row.seq == tree->seq && row.pos >= tree->mask.base ? row.pos - tree->mask.base : -1;
+  }
 
   // fn(), its time added to times_->*part when timing.
   template <typename Fn>
@@ -85,7 +101,8 @@ class Forward {
     times_->*part += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  void attention(std::span<const Row> rows, std::span<cache::KvCache* const> caches, int64_t layer);
+  void attention(std::span<const Row> rows, std::span<cache::KvCache* const> caches, int64_t layer,
+                 const TreeRows* tree);
   // q_ = rope(xb_ Wq), and each row's k and v (from xb_) stored in its cache at layer il.
   void project_qkv(const LayerWeights& l, std::span<const Row> rows, std::span<cache::KvCache* const> caches,
                    int64_t il);
@@ -126,9 +143,11 @@ class Forward {
   // scores would pass kScoresBudget floats per thread (long contexts), at least one row's heads.
   int64_t window_queries_ = 1;
   static constexpr int64_t kScoresBudget = int64_t{1} << 20;
-  // Rows of one attention pass: `n` rows from `row`, consecutive positions of one sequence (attention()).
+  // Rows of one attention pass: `n` rows from `row`, consecutive positions of one sequence (attention()),
+  // all of them nodes of the forward's tree or none.
   struct Run {
     int64_t row, n;
+    bool tree;
   };
   std::vector<Run> runs_;         // [max_rows] capacity
   std::vector<int64_t> lengths_;  // per sequence, while validating a batch

@@ -33,6 +33,23 @@ std::span<const float> Session::prefill(std::span<const int32_t> prompt) {
 
 std::span<const float> Session::eval(std::span<const int32_t> tokens, bool all_logits,
                                      const CaptureFn* capture) {
+  return append(tokens, all_logits, capture, nullptr);
+}
+
+std::span<const float> Session::eval_tree(std::span<const int32_t> tokens, const cache::TreeMask& mask,
+                                          const CaptureFn* capture) {
+  if (mask.base > length() ||
+      length() - mask.base + static_cast<int64_t>(tokens.size()) > static_cast<int64_t>(mask.parent.size()))
+    throw Error("tree nodes " + std::to_string(length() - mask.base) + ".." +
+                std::to_string(length() - mask.base + static_cast<int64_t>(tokens.size()) - 1) +
+                " do not continue the cache within the tree of " + std::to_string(mask.parent.size()) +
+                " nodes");
+  const TreeRows tree{0, mask};
+  return append(tokens, true, capture, &tree);
+}
+
+std::span<const float> Session::append(std::span<const int32_t> tokens, bool all_logits,
+                                       const CaptureFn* capture, const TreeRows* tree) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t V = n_vocab();
   if (n == 0) throw Error("nothing to evaluate");
@@ -49,7 +66,7 @@ std::span<const float> Session::eval(std::span<const int32_t> tokens, bool all_l
     for (int64_t i = b; i < e; ++i)
       rows_.push_back({tokens[static_cast<size_t>(i)], length() + (i - b), 0, all_logits || i == n - 1});
     float* out = logits_.data() + (all_logits ? b * V : 0);
-    forward_.run(rows_, caches, out, capture);
+    forward_.run(rows_, caches, out, capture, tree);
   }
   return {logits_.data(), need};
 }

@@ -41,6 +41,13 @@ class Session {
   std::span<const float> eval(std::span<const int32_t> tokens, bool all_logits = false,
                               const CaptureFn* capture = nullptr);
 
+  // Appends nodes of a token tree whose node i lies at position mask.base + i (cache::TreeMask): `tokens` are
+  // the nodes from length() - mask.base on (an earlier call may have appended the ones before). Returns the
+  // logits of every appended node [tokens.size(), n_vocab], valid until the next call. Keep a path with
+  // cache().compact(). Throws tandem::Error as eval() does, and for a model with recurrent layers.
+  std::span<const float> eval_tree(std::span<const int32_t> tokens, const cache::TreeMask& mask,
+                                   const CaptureFn* capture = nullptr);
+
   // Rolls the sequence back to n tokens (n <= length()).
   void truncate(int64_t n) { cache_.truncate(n); }
 
@@ -53,6 +60,9 @@ class Session {
   int64_t prompt_reused() const { return prompt_reused_; }
 
  private:
+  std::span<const float> append(std::span<const int32_t> tokens, bool all_logits, const CaptureFn* capture,
+                                const TreeRows* tree);
+
   Forward forward_;
   cache::KvCache cache_;
   std::vector<Row> rows_;

@@ -34,6 +34,24 @@ class DraftModelSource final : public DraftSource {
   void propose(std::span<const int32_t> committed, int max_depth, Draft& out) override;
   void accept(std::span<const int32_t> committed, int n_accepted) override;
 
+  // An EAGLE-2 style dynamic tree. Level by level, the frontier nodes (at most tree_expand) of highest
+  // cumulative draft probability are evaluated in one draft forward, over the draft's own cache with the tree
+  // attention mask; each evaluated node takes its most probable tokens as children, as many as cover
+  // tree_cover of its distribution (at most tree_branch: one where the draft is sure, more where it is not).
+  // The proposal is the max_nodes nodes of highest cumulative probability (a subtree: a child is never more
+  // probable than its parent), each scored with its path's probability under the draft's whole
+  // distributions (Draft::score). Children are ranked by the draft's distribution under the target's
+  // penalties at temperature 1, renormalized over its tree_branch most probable tokens, and proposed
+  // deterministically (point masses) at any temperature. accept() moves the accepted path's rows of the
+  // draft cache into place (KvCache::compact), recomputing nothing.
+  void propose_tree(std::span<const int32_t> committed, int max_nodes, int max_depth, Draft& out) override;
+
+  // The defaults took the most tokens per target forward on stories260K drafted by llama2xs at 8 and 16
+  // nodes (docs/speculative.md): two children at most favour deep paths, which this pair's drafts need.
+  int tree_branch = 2;      // children of one node, at most
+  int tree_expand = 4;      // nodes one draft forward evaluates, at most
+  float tree_cover = 0.8f;  // probability mass a node's children cover before the branch limit
+
   // Tokens now held by the draft cache (a prefix of the committed text plus, during a round, drafts).
   int64_t cached() const { return session_.length(); }
 
@@ -41,8 +59,28 @@ class DraftModelSource final : public DraftSource {
   // Rolls the cache back to its longest prefix shared with `text`.
   void roll_back_to(std::span<const int32_t> text);
 
+  // A candidate node of the tree being drafted; slot: its index in the draft cache's tree (-1: not
+  // evaluated).
+  struct Candidate {
+    int32_t token, parent, depth, slot;
+    float logp;   // cumulative log-probability of its path, over each node's top tree_branch tokens
+    float score;  // probability of its path under the draft's whole distributions (Draft::score)
+  };
+  // Appends the children of candidate `parent` (-1: of the committed text) from the draft's logits there;
+  // history_ holds the text up to it.
+  void add_children(int32_t parent, std::span<const float> logits);
+
   model::Session session_;
   sampling::Sampler sampler_;
+  sampling::Sampler ranker_;  // the target's penalties at temperature 1, top tree_branch
+  sampling::Sampler scorer_;  // the same over the whole vocabulary
+  sampling::Distribution ranked_, scored_;
+  std::vector<Candidate> candidates_;
+  std::vector<int32_t> order_, picked_, node_of_;
+  std::vector<float> logps_;
+  // The draft cache's tree after tree_base_ (its node i at position tree_base_ + i; -1: no tree).
+  int64_t tree_base_ = -1;
+  std::vector<int32_t> tree_tokens_, tree_parent_, tree_depth_, kept_;
   uint64_t sequence_ = 0;
   std::vector<int32_t> cached_;   // tokens in the draft cache, cached_.size() == session_.length()
   std::vector<int32_t> history_;  // committed text plus this round's drafts, for the sampler's penalties

@@ -12,6 +12,7 @@
 // A source is used by one driver (one thread) at a time.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -30,6 +31,37 @@ inline constexpr uint32_t kDrawAccept = 1;    // the uniform of the min(1, p/q) 
 inline constexpr uint32_t kDrawResidual = 2;  // the draw from normalize(max(0, p - q)) after a rejection
 inline constexpr uint32_t kDrawDraft = 3;     // a draft model's own draw from q
 inline constexpr uint32_t kDrawCorrupt = 4;   // reserved for synthetic drafters (replay.h)
+// A token tree's node with several children: the first child's acceptance uses kDrawAccept, child j >= 1's
+// kDrawSibling + j (j < kMaxSiblings), so a chain-shaped tree draws exactly what the chain draws.
+inline constexpr uint32_t kDrawSibling = 16;
+inline constexpr int kMaxSiblings = 32;
+
+// A token tree of drafts (SpecInfer, Sequoia; EAGLE-2's dynamic trees). Node i's parent is parent[i] < i (-1:
+// it continues the committed text directly), so the nodes are in topological order; depth[i] is the number
+// of drafts on its path, itself included (1 for the children of the committed text). Siblings hold
+// distinct tokens, so the committed text after a round names the accepted path.
+struct TokenTree {
+  std::vector<int32_t> parent;  // [nodes]
+  std::vector<int32_t> depth;   // [nodes]
+
+  size_t size() const { return parent.size(); }
+  bool empty() const { return parent.empty(); }
+  void clear() {
+    parent.clear();
+    depth.clear();
+  }
+  // Appends a child of `of` (-1: of the committed text) and returns its index.
+  int32_t add(int32_t of) {
+    depth.push_back(of < 0 ? 1 : depth[static_cast<size_t>(of)] + 1);
+    parent.push_back(of);
+    return static_cast<int32_t>(parent.size()) - 1;
+  }
+  int32_t max_depth() const {
+    int32_t d = 0;
+    for (int32_t x : depth) d = std::max(d, x);
+    return d;
+  }
+};
 
 // What a generation tells its source once, before the first round.
 struct DraftSettings {
@@ -40,14 +72,29 @@ struct DraftSettings {
 // One round's proposal. `tokens` continue the committed text in order. When `sampled` is true, q[i] is the
 // distribution tokens[i] was drawn from (after the same sampler transforms as the target's p); when false,
 // the proposal is deterministic (argmax, lookup, replay) and q is a point mass on each token.
+//
+// A tree proposal (DraftSource::propose_tree) fills `tree` as well: tokens[i] is node i of the tree. A
+// sampled tree's q[i] is the distribution node i was drawn from given its earlier siblings (the drafter's q
+// with the earlier siblings' tokens removed, renormalized, when it draws siblings without replacement); the
+// choice of which nodes the tree holds may depend on their ancestors and earlier siblings, never on the
+// node's own draw. An empty tree: the tokens are a chain.
+//
+// A deterministic tree may carry score[i], the drafter's estimate of the chance that the target accepts node
+// i (its path's probability under the drafter; a child never scores above its parent). The driver may then
+// verify only the subtree of the best-scored nodes that it expects to yield the most tokens per unit of
+// verify cost. Empty: no estimates, the whole tree is verified.
 struct Draft {
   std::vector<int32_t> tokens;
   std::vector<sampling::Distribution> q;  // size >= tokens.size() when sampled; grows, never shrinks
   bool sampled = false;
+  TokenTree tree;
+  std::vector<float> score;  // [nodes] or empty
 
   void clear() {
     tokens.clear();
     sampled = false;
+    tree.clear();
+    score.clear();
   }
   // The distribution slot for draft i, growing the pool when needed (no allocation once warm).
   sampling::Distribution& q_slot(size_t i) {
@@ -71,6 +118,16 @@ class DraftSource {
   // far, the last one included). Writes into `out` (cleared first); an empty proposal is allowed and makes
   // the loop take a plain step. Drafts for position p = committed.size() + i use RNG keys at position p only.
   virtual void propose(std::span<const int32_t> committed, int max_depth, Draft& out) = 0;
+
+  // Proposes a token tree (Draft::tree) of at most max_nodes (>= 1) drafts whose paths hold at most max_depth
+  // (>= 1) drafts, continuing `committed`, with the RNG keys of propose(). The driver verifies the whole tree
+  // in one target forward and keeps its longest accepted path; accept() then receives the committed text,
+  // which names that path, and the number of its drafts kept. A source without trees proposes a chain of
+  // min(max_nodes, max_depth) drafts (the default), which the driver verifies as a chain. Drivers ask for
+  // trees only from sources that read no target hidden states (target_layers() empty).
+  virtual void propose_tree(std::span<const int32_t> committed, int max_nodes, int max_depth, Draft& out) {
+    propose(committed, std::min(max_nodes, max_depth), out);
+  }
 
   // After a round: `committed` is the text now committed (the accepted drafts and the target's token
   // appended), of which the first n_accepted drafts of the last proposal were accepted. The source rolls its

@@ -4,6 +4,8 @@
 // extends, so a repeating pattern is continued past the end of the text.
 #pragma once
 
+#include <vector>
+
 #include "tandem/speculative/draft_source.h"
 
 namespace tandem::speculative {
@@ -21,12 +23,21 @@ class NgramSource final : public DraftSource {
   void begin(std::span<const int32_t> prompt, const DraftSettings& settings) override;
   void propose(std::span<const int32_t> committed, int max_depth, Draft& out) override;
   void accept(std::span<const int32_t> committed, int n_accepted) override;
+  // Several continuations merged into one tree: the occurrences of the longest suffix first, most recent
+  // first, then those of shorter suffixes, up to tree_continuations of them; each continuation (the first is
+  // propose()'s chain) follows the tree's nodes while they agree and branches where it differs, until
+  // max_depth or the node budget runs out.
+  void propose_tree(std::span<const int32_t> committed, int max_nodes, int max_depth, Draft& out) override;
+
+  int tree_continuations = 8;
 
   // Start of the continuation of the most recent earlier occurrence of text's last n tokens, or -1.
   static int64_t find_continuation(std::span<const int32_t> text, int n);
 
  private:
   NgramOptions options_;
+  std::vector<int64_t> starts_;  // propose_tree: continuation starts found so far
+  std::vector<int32_t> path_;    // propose_tree: tokens of the node being extended, root first
 };
 
 }  // namespace tandem::speculative

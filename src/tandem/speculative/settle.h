@@ -49,6 +49,15 @@ struct Window {
                                               // distributions (Draft::sampled)
 };
 
+// A token tree one target forward verified for a sequence (settle_tree): window row 0 is the pending token,
+// row i + 1 draft node i, stored at cache positions n - 1 + row and rotated at n - 1 + its depth.
+struct TreeWindow {
+  std::span<const float> logits;    // [(drafts.size() + 1) * n_vocab], row r predicting the token after row r
+  std::span<const int32_t> drafts;  // the tree's tokens
+  std::span<const int32_t> parent;  // [drafts] TokenTree::parent
+  std::span<const sampling::Distribution> q;  // empty (deterministic drafts) or one per node (Draft::q)
+};
+
 // What a sequence brings to its rounds, borrowed for one settle() call.
 struct SettleTarget {
   std::vector<int32_t>& committed;  // the prompt and every committed token; grows by the tokens committed
@@ -88,10 +97,44 @@ class Settler {
     return out;
   }
 
+  // settle() for a token tree. Steps as above, with verification walking the tree from the pending token:
+  // greedy takes the child equal to the target's choice while there is one, so the accepted path is the
+  // target's greedy path; sampling runs recursive rejection sampling over each node's children (SpecInfer):
+  // child j is accepted with probability min(1, p'(x_j) / q_j(x_j)), where p' starts as the target's p and
+  // becomes normalize(max(0, p' - q_j)) after each rejection, and after the last rejection the target's token
+  // is drawn from p' (from p itself at a node without children). Every committed token is distributed as the
+  // target's sampler draws it; a chain-shaped tree settles exactly as settle() does. The gate learns nothing
+  // from trees. Step 5 keeps the accepted path's cache rows, moved to consecutive positions
+  // (KvCache::compact), and step 6 tells the drafter how many drafts of the path stayed committed.
+  template <typename OnToken>
+  SettleOutcome settle_tree(const TreeWindow& window, const SettleTarget& target, OnToken&& on_token) {
+    SettleOutcome out = judge_tree(window, target);
+    for (int i = 0; i <= out.accepted; ++i) {
+      const size_t k = static_cast<size_t>(i);
+      const int32_t token = i < out.accepted ? window.drafts[static_cast<size_t>(path_[k])] : token_;
+      target.committed.push_back(token);
+      ++out.committed;
+      if (!on_token(token, i == 0 ? 0 : path_[k - 1] + 1)) {
+        out.stopped = true;
+        break;
+      }
+    }
+    keep_tree(target, std::min(out.accepted, out.committed));
+    return out;
+  }
+
   // The target distribution of window row i (0 <= i <= drafted) from the last settle(); valid until the next.
+  // After settle_tree(): of the i-th node of the walked path (the pending token's at 0).
   const sampling::Distribution& target_distribution(int i) const { return p_[static_cast<size_t>(i)]; }
 
  private:
+  // Steps 1 to 3 of settle_tree(): the accepted path's nodes in path_, the target's token in token_.
+  SettleOutcome judge_tree(const TreeWindow& window, const SettleTarget& target);
+  // Steps 5 and 6 of settle_tree() for the first `accepted` nodes of path_.
+  void keep_tree(const SettleTarget& target, int accepted);
+  // p_[slot] = the sampler's transform of `row` over `text`, masked by the grammar's state when there is one.
+  void target_distribution(std::span<const float> row, const SettleTarget& target, size_t slot);
+
   // Steps 1 to 3; the target's token is left in token_.
   SettleOutcome judge(const Window& window, const SettleTarget& target);
   // Steps 5 and 6.
@@ -102,6 +145,10 @@ class Settler {
   sampling::TokenMask mask_;
   VerifyScratch scratch_;
   int32_t token_ = -1;
+  std::vector<int32_t> path_;           // settle_tree: the accepted path's nodes, root first
+  std::vector<int32_t> kept_rows_;      // settle_tree: window rows of the kept path, for KvCache::compact
+  sampling::Distribution residual_[2];  // settle_tree: p' and the next p' after a rejected child
+  int64_t tree_base_ = 0;               // settle_tree: the pending token's cache position
 };
 
 }  // namespace tandem::speculative
