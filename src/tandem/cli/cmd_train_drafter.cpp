@@ -1,5 +1,6 @@
-// tandem train-drafter: trains a drafter that reads the target's hidden states (speculative/eagle_train.h)
-// and writes it as a GGUF drafter checkpoint for `run` and `bench-spec --drafter`.
+// tandem train-drafter: trains a drafter that reads the target's hidden states (speculative/eagle_train.h,
+// speculative/dflash_train.h) and writes it as a GGUF drafter checkpoint for `run` and `bench-spec
+// --drafter`.
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -8,6 +9,7 @@
 #include "tandem/cli/commands.h"
 #include "tandem/cli/common.h"
 #include "tandem/speculative/calibration.h"
+#include "tandem/speculative/dflash_train.h"
 #include "tandem/speculative/eagle_train.h"
 #include "tandem/tokenizer/tokenizer.h"
 #include "tandem/util/error.h"
@@ -17,7 +19,7 @@ namespace tandem::cli {
 void add_train_drafter_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "train-drafter",
-      "Train a drafter that reads the target's hidden states (EAGLE-3 style) from the target's own "
+      "Train a drafter that reads the target's hidden states (EAGLE-3 or DFlash style) from the target's own "
       "continuations of prompts, and write it as a GGUF checkpoint for --drafter");
   struct Opts {
     ModelOptions model;
@@ -25,10 +27,11 @@ void add_train_drafter_command(CLI::App& app) {
     std::string out;
     std::string prompts;
     speculative::EagleTrainOptions train;
+    speculative::DflashTrainOptions dflash;
   };
   auto o = std::make_shared<Opts>();
   add_model_options(*cmd, o->model);
-  cmd->add_option("--kind", o->kind, "Drafter kind: eagle3 (default)");
+  cmd->add_option("--kind", o->kind, "Drafter kind: eagle3 (default) or dflash");
   cmd->add_option("-o,--output", o->out, "Where to write the drafter checkpoint (.gguf)")->required();
   cmd->add_option("--prompts", o->prompts,
                   "A text file of training prompts, one a line (default: a built-in set of story openings)");
@@ -38,8 +41,14 @@ void add_train_drafter_command(CLI::App& app) {
   cmd->add_option("--seed", o->train.seed, "Seed of the sampled text and the initial weights (default 1)");
   cmd->add_option("--unroll", o->train.unroll, "Draft steps unrolled in training (default 4)");
   cmd->add_option("--lr", o->train.lr, "Peak learning rate (default 0.003)");
+  cmd->add_option("--block", o->dflash.block, "dflash: rows per block, the draft depth (default 8)");
+  cmd->add_option("--layers", o->dflash.layers, "dflash: drafter decoder layers (default 1)");
+  cmd->add_option("--anchors", o->dflash.anchors, "dflash: blocks per training step (default 32)");
+  cmd->add_option("--gamma", o->dflash.gamma,
+                  "dflash: block row k's loss is weighted by exp(-k / gamma) (default 4)");
   cmd->callback([o] {
-    if (o->kind != speculative::kEagleKind) throw Error("unknown --kind '" + o->kind + "': expected eagle3");
+    if (o->kind != speculative::kEagleKind && o->kind != speculative::kDflashKind)
+      throw Error("unknown --kind '" + o->kind + "': expected eagle3 or dflash");
     auto target = model::Model::load(o->model.model_path, o->model.load_mode());
     auto tok = tokenizer::Tokenizer::from_gguf(target->file());
     ThreadPool pool(o->model.resolved_threads());
@@ -65,22 +74,36 @@ void add_train_drafter_command(CLI::App& app) {
       if (p.done == p.total) std::fprintf(stderr, "\n");
     };
 
-    speculative::EagleTrainResult r = speculative::train_eagle(*target, pool, o->train);
-    r.info.target_file_hash = speculative::file_fingerprint(o->model.model_path);
-    std::vector<train::Param*> params = r.source->drafter().params();
-    train::save_drafter(o->out, r.info, params);
+    const auto finish = [&](auto& r) {
+      r.info.target_file_hash = speculative::file_fingerprint(o->model.model_path);
+      std::vector<train::Param*> params = r.source->drafter().params();
+      train::save_drafter(o->out, r.info, params);
 
-    std::fprintf(
-        stderr,
-        "\ntext: %lld training and %lld held-out tokens; generate %.1f s, capture %.1f s, train %.1f s, "
-        "evaluate %.1f s; final loss %.4f\n",
-        static_cast<long long>(r.train_tokens), static_cast<long long>(r.heldout_tokens), r.generate_seconds,
-        r.capture_seconds, r.train_seconds, r.eval_seconds, r.final_loss);
-    std::printf("held-out acceptance by draft position:");
-    for (float a : r.info.acceptance) std::printf(" %.3f", a);
-    std::printf("\nwrote %s (taps", o->out.c_str());
-    for (int32_t l : r.info.tap_layers) std::printf(" %d", l);
-    std::printf(")\n");
+      std::fprintf(
+          stderr,
+          "\ntext: %lld training and %lld held-out tokens; generate %.1f s, capture %.1f s, train %.1f s, "
+          "evaluate %.1f s; final loss %.4f\n",
+          static_cast<long long>(r.train_tokens), static_cast<long long>(r.heldout_tokens),
+          r.generate_seconds, r.capture_seconds, r.train_seconds, r.eval_seconds, r.final_loss);
+      std::printf("held-out acceptance by draft position:");
+      for (float a : r.info.acceptance) std::printf(" %.3f", a);
+      std::printf("\nwrote %s (taps", o->out.c_str());
+      for (int32_t l : r.info.tap_layers) std::printf(" %d", l);
+      std::printf(")\n");
+    };
+    if (o->kind == speculative::kDflashKind) {
+      speculative::DflashTrainOptions& d = o->dflash;
+      d.data = {o->train.prompts, o->train.tokens, o->train.continuation, o->train.seed, o->train.is_eog};
+      d.steps = o->train.steps;
+      d.seed = o->train.seed;
+      d.lr = o->train.lr;
+      d.on_progress = o->train.on_progress;
+      speculative::DflashTrainResult r = speculative::train_dflash(*target, pool, d);
+      finish(r);
+    } else {
+      speculative::EagleTrainResult r = speculative::train_eagle(*target, pool, o->train);
+      finish(r);
+    }
   });
 }
 

@@ -1,5 +1,6 @@
 #include "tandem/cli/spec_common.h"
 
+#include "tandem/speculative/dflash_draft.h"
 #include "tandem/speculative/draft_model.h"
 #include "tandem/speculative/eagle_draft.h"
 #include "tandem/speculative/ngram.h"
@@ -76,9 +77,12 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
     s.source = std::make_unique<speculative::DraftModelSource>(*s.draft_model, target, pool, session_options);
     draft_hash = speculative::file_fingerprint(f.draft_model);
   } else if (!f.drafter.empty()) {
-    s.source =
-        speculative::EagleDraftSource::load(f.drafter, target, speculative::file_fingerprint(target_path),
-                                            pool, model::default_context(target, session_options.n_ctx));
+    const std::string hash = speculative::file_fingerprint(target_path);
+    const int64_t n_ctx = model::default_context(target, session_options.n_ctx);
+    if (train::load_drafter(f.drafter, {}).kind == speculative::kDflashKind)
+      s.source = speculative::DflashDraftSource::load(f.drafter, target, hash, pool, n_ctx);
+    else
+      s.source = speculative::EagleDraftSource::load(f.drafter, target, hash, pool, n_ctx);
   } else if (f.draft == "ngram") {
     s.source =
         std::make_unique<speculative::NgramSource>(speculative::NgramOptions{f.ngram_min, f.ngram_max});
