@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "tandem/speculative/eagle_draft.h"
+#include "tandem/tensor/quant.h"
 #include "tandem/train/layers.h"
 #include "tandem/util/error.h"
 
@@ -12,6 +13,8 @@ namespace tandem::speculative {
 namespace {
 
 constexpr int64_t kChunk = 64;  // context rows per forward when catching up with the target
+constexpr int64_t kQuantizeEntries = int64_t{1} << 20;
+enum LayerMatrix { kWq, kWk, kWv, kWo, kGate, kUp, kDown, kLayerMatrices };
 
 }  // namespace
 
@@ -73,8 +76,32 @@ void copy_target_weights(const model::Model& target, train::DflashDrafter& draft
   copy_target_matrix(target, "output.weight", drafter.head());
 }
 
+DflashDraftSource::Matrix DflashDraftSource::make_matrix(const train::Param& p) {
+  Matrix m;
+  m.view.rows = p.rows;
+  m.view.cols = p.cols;
+  if (p.cols % 32 != 0 || p.size() < kQuantizeEntries) {
+    m.view.type = DType::F32;
+    m.view.row_bytes = static_cast<size_t>(p.cols) * sizeof(float);
+    m.view.data = reinterpret_cast<const uint8_t*>(p.value.data());
+    return m;
+  }
+  m.view.type = DType::Q8_0;
+  m.view.row_bytes = row_bytes(DType::Q8_0, p.cols);
+  m.q8.resize(m.view.row_bytes * static_cast<size_t>(p.rows));
+  for (int64_t r = 0; r < p.rows; ++r)
+    quantize_row(DType::Q8_0, p.value.data() + r * p.cols,
+                 m.q8.data() + static_cast<size_t>(r) * m.view.row_bytes, p.cols);
+  m.view.data = m.q8.data();
+  return m;
+}
+
+void DflashDraftSource::matmul(const MatrixView& w, const float* x, int64_t rows, float* y) {
+  kernels::matmul(w, x, rows, y, compute_.pool, mm_scratch_);
+}
+
 DflashDraftSource::DflashDraftSource(std::unique_ptr<train::DflashDrafter> drafter, std::vector<int32_t> taps,
-                                     ThreadPool& pool, int64_t n_ctx)
+                                     ThreadPool& pool, int64_t n_ctx, const MatrixView* target_head)
     : drafter_(std::move(drafter)),
       cfg_(drafter_->config()),
       taps_layers_(std::move(taps)),
@@ -103,6 +130,29 @@ DflashDraftSource::DflashDraftSource(std::unique_ptr<train::DflashDrafter> draft
   inv_ = sized(rows, 1);
   scores_ = sized(pool.size(), n_ctx_ + B);
   logits_ = sized(B, cfg_.vocab);
+
+  const train::DflashDrafter& m = *drafter_;
+  fc_ = make_matrix(m.fc());
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    const train::DflashDrafter::Layer& L = m.layer(l);
+    for (const train::Param* p : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+      layer_mats_.push_back(make_matrix(*p));
+  }
+  if (target_head != nullptr) {
+    head_ = *target_head;
+  } else {
+    head_.type = DType::F32;
+    head_.rows = m.head().rows;
+    head_.cols = m.head().cols;
+    head_.row_bytes = static_cast<size_t>(head_.cols) * sizeof(float);
+    head_.data = reinterpret_cast<const uint8_t*>(m.head().value.data());
+  }
+  if (head_.rows != cfg_.vocab || head_.cols != d)
+    throw Error("the target's output head is [" + std::to_string(head_.rows) + ", " +
+                std::to_string(head_.cols) + "], the DFlash drafter needs [" + std::to_string(cfg_.vocab) +
+                ", " + std::to_string(d) + "]");
+  const int64_t max_cols = std::max({cfg_.n_taps * d, qw, cfg_.ffn, d});
+  mm_scratch_ = kernels::MatmulScratch(pool.size(), max_cols, rows);
 }
 
 std::unique_ptr<DflashDraftSource> DflashDraftSource::load(const std::string& path,
@@ -117,7 +167,8 @@ std::unique_ptr<DflashDraftSource> DflashDraftSource::load(const std::string& pa
   std::vector<train::Param*> params = drafter->params();
   info = train::load_drafter(path, params);
   copy_target_weights(target, *drafter);
-  return std::make_unique<DflashDraftSource>(std::move(drafter), info.tap_layers, pool, n_ctx);
+  return std::make_unique<DflashDraftSource>(std::move(drafter), info.tap_layers, pool, n_ctx,
+                                             &target.weights().output);
 }
 
 void DflashDraftSource::begin(std::span<const int32_t> /*prompt*/, const DraftSettings& settings) {
@@ -151,13 +202,14 @@ void DflashDraftSource::extend_context(int64_t n) {
   const train::Rope rope{cfg_.head_dim, cfg_.rope_theta, cfg_.rope_layout};
   train::Compute& c = compute_;
   for (int64_t i = 0; i < n; ++i) pos_[static_cast<size_t>(i)] = static_cast<int32_t>(ctx_len_ + i);
-  train::linear_forward(m.fc(), nullptr, taps_.data() + ctx_len_ * cfg_.n_taps * cfg_.d, n, g_.data(), c);
+  matmul(fc_.view, taps_.data() + ctx_len_ * cfg_.n_taps * cfg_.d, n, g_.data());
   train::rmsnorm_forward(m.context_norm(), cfg_.norm_eps, g_.data(), n, ctx_.data(), inv_.data(), c);
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     float* k = k_[static_cast<size_t>(l)].data() + ctx_len_ * kv_width_;
     float* v = v_[static_cast<size_t>(l)].data() + ctx_len_ * kv_width_;
-    train::linear_forward(m.layer(l).wk, nullptr, ctx_.data(), n, k, c);
-    train::linear_forward(m.layer(l).wv, nullptr, ctx_.data(), n, v, c);
+    const Matrix* mats = layer_mats_.data() + l * kLayerMatrices;
+    matmul(mats[kWk].view, ctx_.data(), n, k);
+    matmul(mats[kWv].view, ctx_.data(), n, v);
     train::rope_forward(rope, k, n, cfg_.n_kv_head, pos_.data(), c);
   }
   ctx_len_ += n;
@@ -186,9 +238,10 @@ void DflashDraftSource::run_block(int32_t anchor, int64_t first_pos, int64_t row
     float* kb = k_[static_cast<size_t>(l)].data() + ctx_len_ * kv_width_;
     float* vb = v_[static_cast<size_t>(l)].data() + ctx_len_ * kv_width_;
     train::rmsnorm_forward(L.attn_norm, eps, x_.data(), B, xn_.data(), inv_.data(), c);
-    train::linear_forward(L.wq, nullptr, xn_.data(), B, q_.data(), c);
-    train::linear_forward(L.wk, nullptr, xn_.data(), B, kb, c);
-    train::linear_forward(L.wv, nullptr, xn_.data(), B, vb, c);
+    const Matrix* mats = layer_mats_.data() + l * kLayerMatrices;
+    matmul(mats[kWq].view, xn_.data(), B, q_.data());
+    matmul(mats[kWk].view, xn_.data(), B, kb);
+    matmul(mats[kWv].view, xn_.data(), B, vb);
     train::rope_forward(rope, q_.data(), B, H, pos_.data(), c);
     train::rope_forward(rope, kb, B, Hkv, pos_.data(), c);
     // Every block row sees every context row and every block row.
@@ -217,18 +270,18 @@ void DflashDraftSource::run_block(int32_t anchor, int64_t first_pos, int64_t row
         }
       }
     });
-    train::linear_forward(L.wo, nullptr, att_.data(), B, h_.data(), c);
+    matmul(mats[kWo].view, att_.data(), B, h_.data());
     train::add_into(h_.data(), x_.data(), B * d, c);
     train::rmsnorm_forward(L.ffn_norm, eps, h_.data(), B, hn_.data(), inv_.data(), c);
-    train::linear_forward(L.w_gate, nullptr, hn_.data(), B, gate_.data(), c);
-    train::linear_forward(L.w_up, nullptr, hn_.data(), B, up_.data(), c);
+    matmul(mats[kGate].view, hn_.data(), B, gate_.data());
+    matmul(mats[kUp].view, hn_.data(), B, up_.data());
     train::swiglu_forward(gate_.data(), up_.data(), B * F, act_.data(), c);
-    train::linear_forward(L.w_down, nullptr, act_.data(), B, x_.data(), c);
+    matmul(mats[kDown].view, act_.data(), B, x_.data());
     train::add_into(x_.data(), h_.data(), B * d, c);
   }
   len_ = ctx_len_ + B;
   train::rmsnorm_forward(m.output_norm(), eps, x_.data(), rows, f_.data(), inv_.data(), c);
-  train::linear_forward(m.head(), nullptr, f_.data(), rows, logits_.data(), c);
+  matmul(head_, f_.data(), rows, logits_.data());
 }
 
 void DflashDraftSource::propose(std::span<const int32_t> committed, int max_depth, Draft& out) {

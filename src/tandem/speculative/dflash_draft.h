@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "tandem/kernels/matmul.h"
 #include "tandem/model/model.h"
 #include "tandem/speculative/draft_source.h"
 #include "tandem/train/checkpoint.h"
@@ -41,9 +42,12 @@ void copy_target_weights(const model::Model& target, train::DflashDrafter& draft
 class DflashDraftSource final : public DraftSource {
  public:
   // drafter: trained or loaded, its frozen weights set; taps: the target layers it reads, in training order.
-  // n_ctx: the longest sequence (positions) the source will see.
+  // n_ctx: the longest sequence (positions) the source will see. target_head: the target's output head in its
+  // own format (borrowed; it must outlive the source), used in place of the drafter's f32 copy; null: the
+  // copy. The drafter's large matrices (a million entries or more, rows a multiple of 32 wide) draft from a
+  // Q8_0 copy made here, so that a block costs about the bytes of its weights, a fraction of the target's.
   DflashDraftSource(std::unique_ptr<train::DflashDrafter> drafter, std::vector<int32_t> taps,
-                    ThreadPool& pool, int64_t n_ctx);
+                    ThreadPool& pool, int64_t n_ctx, const MatrixView* target_head = nullptr);
 
   // Loads a checkpoint written by `tandem train-drafter --kind dflash`, refusing one made for another target.
   static std::unique_ptr<DflashDraftSource> load(const std::string& path, const model::Model& target,
@@ -85,8 +89,20 @@ class DflashDraftSource final : public DraftSource {
   // its first `rows` rows in logits_.
   void run_block(int32_t anchor, int64_t first_pos, int64_t rows);
 
+  // A weight matrix as the drafting kernels read it: a view of the drafter's f32 values, or of a Q8_0 copy.
+  struct Matrix {
+    MatrixView view;
+    std::vector<uint8_t> q8;  // the Q8_0 copy, when made
+  };
+  static Matrix make_matrix(const train::Param& p);
+  void matmul(const MatrixView& w, const float* x, int64_t rows, float* y);
+
   std::unique_ptr<train::DflashDrafter> drafter_;
   train::DflashConfig cfg_;
+  Matrix fc_;
+  std::vector<Matrix> layer_mats_;  // per layer: wq, wk, wv, wo, w_gate, w_up, w_down
+  MatrixView head_;
+  kernels::MatmulScratch mm_scratch_;
   std::vector<int32_t> taps_layers_;
   std::vector<int64_t> layers_;
   train::Compute compute_;

@@ -165,7 +165,8 @@ DflashTrainResult train_dflash(const model::Model& target, ThreadPool& pool, con
   set_dflash_shape(res.info, cfg);
   res.info.step = o.steps;
   res.info.seed = o.seed;
-  res.source = std::make_unique<DflashDraftSource>(std::move(drafter), taps, pool, session.n_ctx());
+  res.source = std::make_unique<DflashDraftSource>(std::move(drafter), taps, pool, session.n_ctx(),
+                                                   &target.weights().output);
 
   t0 = std::chrono::steady_clock::now();
   DflashDraftSource& src = *res.source;
