@@ -18,13 +18,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-uint64_t next_u64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 // One step's batch: the whole sequence as context and blocks at distinct random anchors a in [1, n - 1],
 // block row k at position a + k learning the target's distribution there (for token a + k + 1); rows past
 // the sequence's last distribution count for nothing.
@@ -56,7 +49,7 @@ class BlockBatch {
     for (int64_t i = 0; i < A; ++i)
       std::swap(order_[static_cast<size_t>(i)],
                 order_[static_cast<size_t>(
-                    i + static_cast<int64_t>(next_u64(rng) % static_cast<uint64_t>(n - 1 - i)))]);
+                    i + static_cast<int64_t>(next_random(rng) % static_cast<uint64_t>(n - 1 - i)))]);
     for (int64_t b = 0; b < A; ++b) {
       const int64_t a = order_[static_cast<size_t>(b)];
       visible_[static_cast<size_t>(b)] = a;
@@ -146,7 +139,7 @@ DflashTrainResult train_dflash(const model::Model& target, ThreadPool& pool, con
   double recent = 0;
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < o.steps; ++step) {
-    const DrafterSequence& s = *train_set[next_u64(rng) % train_set.size()];
+    const DrafterSequence& s = *train_set[next_random(rng) % train_set.size()];
     const train::DflashBatch b = batch.set(s, max_anchors, V, rng);
     drafter->zero_grad();
     const train::LossStats st = drafter->forward_backward(b, c, true);

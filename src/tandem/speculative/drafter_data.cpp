@@ -85,6 +85,13 @@ void capture(model::Session& s, std::span<const int32_t> taps, int64_t k, Drafte
 
 }  // namespace
 
+uint64_t next_random(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 std::vector<const DrafterSequence*> DrafterData::training() const {
   std::vector<const DrafterSequence*> out;
   for (const DrafterSequence& s : sequences)

@@ -67,6 +67,10 @@ struct DrafterData {
 DrafterData make_drafter_data(model::Session& session, std::span<const int32_t> taps,
                               const DrafterDataOptions& o, const DrafterProgressFn& on_progress);
 
+// splitmix64: a portable stream of 64-bit values for the trainers' choices (sequences, anchors), the same
+// with every standard library.
+uint64_t next_random(uint64_t& state);
+
 // Held-out acceptance by draft position (docs/training.md): entry i is the fraction of anchors whose first
 // i + 1 greedy drafts match the text. set_taps hands a sequence's captured taps to `source` after begin().
 std::vector<float> heldout_acceptance(DraftSource& source,
