@@ -1,11 +1,14 @@
 // The DFlash block drafter end to end on stories260K: a small drafter trained in a few steps drafts for
 // speculative decoding whose greedy output equals plain greedy decoding token for token on every public
 // golden prompt at depths 1..8; after a speculative run (rounds rolled back), the drafter's context cache
-// equals a fresh source's over the same text; a drafter is refused by another target and another kind;
+// equals a fresh source's over the same text; sampled verification keeps the target's distribution; a drafter
+// is refused by another target and another kind;
 // training repeats bit for bit for a fixed seed.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -207,6 +210,67 @@ TEST(DflashDrafter, RefusedByAnotherTargetAndAnotherKind) {
   train::DrafterInfo info = t.result.info;
   info.kind = kEagleKind;
   EXPECT_THROW(dflash_config_of(info), Error);
+}
+
+// Sampled verification with the block's q: the first sampled token follows the target sampler's p
+// (one-sample chi-square at false-alarm rate 1e-4; Wilson-Hilferty quantile) over 1200 seeds. The prompt is
+// the golden prompt whose p spreads over the most tokens, so that the test has bins to look at.
+TEST(DflashDrafter, SampledFirstTokenFollowsTheTargetDistribution) {
+  Trained& t = trained();
+  DflashDraftSource& src = *t.result.source;
+  sampling::Params params;
+  params.temperature = 1.0f;
+  params.top_k = 0;
+  params.top_p = 0.95f;
+  params.min_p = 0.0f;
+  model::Session s(*t.target, *t.pool, model::SessionOptions{});
+  sampling::Sampler sampler(params);
+  std::vector<int32_t> prompt;
+  sampling::Distribution p, candidate;
+  for (const std::vector<int32_t>& g : golden_prompts()) {
+    s.truncate(0);
+    sampler.distribution(s.eval(g), g, candidate);
+    if (candidate.size() > p.size()) prompt = g, p = candidate;
+  }
+  ASSERT_GE(p.size(), 4u);
+  constexpr int kRuns = 1200;
+  std::map<int32_t, int> counts;
+  engine::SpecStats total;
+  for (int seed = 0; seed < kRuns; ++seed) {
+    engine::SpecOptions o;
+    o.generate.max_tokens = 4;
+    o.generate.sampling = params;
+    o.generate.sampling.seed = 1000 + static_cast<uint64_t>(seed);
+    o.draft_max = 4;
+    o.use_gate = false;
+    int32_t first = -1;
+    s.truncate(0);
+    total.add(engine::generate_speculative(
+        s, src, prompt, o, [&](int32_t x) { return first = x, false; }, nullptr));
+    ++counts[first];
+  }
+  EXPECT_GT(total.accepted, 0);
+  EXPECT_LT(total.accepted, total.drafted);
+  double chi2 = 0, pooled_expected = 0, pooled_observed = 0;
+  int bins = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double expected = kRuns * static_cast<double>(p.probs[i]);
+    const double observed = counts.count(p.ids[i]) ? counts[p.ids[i]] : 0;
+    counts.erase(p.ids[i]);
+    if (expected < 5) {
+      pooled_expected += expected, pooled_observed += observed;
+      continue;
+    }
+    chi2 += (observed - expected) * (observed - expected) / expected;
+    ++bins;
+  }
+  if (pooled_expected > 0) {
+    chi2 += (pooled_observed - pooled_expected) * (pooled_observed - pooled_expected) / pooled_expected;
+    ++bins;
+  }
+  EXPECT_TRUE(counts.empty()) << "a token outside the target's top-p set was sampled";
+  const double a = 2.0 / (9.0 * (bins - 1));
+  EXPECT_LT(chi2, (bins - 1) * std::pow(1.0 - a + 3.7190 * std::sqrt(a), 3.0));
 }
 
 TEST(DflashDrafter, TrainingRepeatsForAFixedSeed) {

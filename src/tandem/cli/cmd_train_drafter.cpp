@@ -1,6 +1,5 @@
-// tandem train-drafter: trains a drafter that reads the target's hidden states (speculative/eagle_train.h,
-// speculative/dflash_train.h) and writes it as a GGUF drafter checkpoint for `run` and `bench-spec
-// --drafter`.
+// tandem train-drafter: trains a drafter that reads the target's hidden states (speculative/eagle_train.h)
+// and writes it as a GGUF drafter checkpoint for `run` and `bench-spec --drafter`.
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -15,6 +14,50 @@
 #include "tandem/util/error.h"
 
 namespace tandem::cli {
+
+namespace {
+
+void print_dflash_progress(const speculative::DrafterTrainProgress& p) {
+  std::fprintf(stderr, "\r%-8s %6lld/%-6lld", p.phase, static_cast<long long>(p.done),
+               static_cast<long long>(p.total));
+  if (p.loss > 0) std::fprintf(stderr, "  loss %.4f", p.loss);
+  if (p.eta_seconds >= 0) std::fprintf(stderr, "  ETA %4.0f s", p.eta_seconds);
+  std::fprintf(stderr, "   ");
+  if (p.done == p.total) std::fprintf(stderr, "\n");
+}
+
+// Trains a DFlash drafter on the prompts `texts` with the options it shares with EAGLE-3, `shared`, writes it
+// to `out` and prints what it measured.
+void train_dflash_drafter(const model::Model& target, const std::string& target_path,
+                          const tokenizer::Tokenizer& tok, ThreadPool& pool,
+                          const std::vector<std::string>& texts, const speculative::EagleTrainOptions& shared,
+                          speculative::DflashTrainOptions d, const std::string& out) {
+  for (const std::string& t : texts) d.data.prompts.push_back(tok.encode(t, true, false));
+  d.data.tokens = shared.tokens;
+  d.data.continuation = shared.continuation;
+  d.data.seed = d.seed = shared.seed;
+  d.data.is_eog = [&tok](int32_t id) { return tok.is_eog(id); };
+  d.steps = shared.steps;
+  d.lr = shared.lr;
+  d.on_progress = print_dflash_progress;
+  speculative::DflashTrainResult r = speculative::train_dflash(target, pool, d);
+  r.info.target_file_hash = speculative::file_fingerprint(target_path);
+  std::vector<train::Param*> params = r.source->drafter().params();
+  train::save_drafter(out, r.info, params);
+  std::fprintf(
+      stderr,
+      "\ntext: %lld training and %lld held-out tokens; generate %.1f s, capture %.1f s, train %.1f s, "
+      "evaluate %.1f s; final loss %.4f\n",
+      static_cast<long long>(r.train_tokens), static_cast<long long>(r.heldout_tokens), r.generate_seconds,
+      r.capture_seconds, r.train_seconds, r.eval_seconds, r.final_loss);
+  std::printf("held-out acceptance by draft position:");
+  for (float a : r.info.acceptance) std::printf(" %.3f", a);
+  std::printf("\nwrote %s (block %lld, taps", out.c_str(), static_cast<long long>(d.block));
+  for (int32_t l : r.info.tap_layers) std::printf(" %d", l);
+  std::printf(")\n");
+}
+
+}  // namespace
 
 void add_train_drafter_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
@@ -32,6 +75,11 @@ void add_train_drafter_command(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   add_model_options(*cmd, o->model);
   cmd->add_option("--kind", o->kind, "Drafter kind: eagle3 (default) or dflash");
+  cmd->add_option("--block", o->dflash.block, "dflash: rows per block, the draft depth (default 8)");
+  cmd->add_option("--layers", o->dflash.layers, "dflash: drafter decoder layers (default 1)");
+  cmd->add_option("--anchors", o->dflash.anchors, "dflash: blocks per training step (default 32)");
+  cmd->add_option("--gamma", o->dflash.gamma,
+                  "dflash: block row k's loss is weighted by exp(-k / gamma) (default 4)");
   cmd->add_option("-o,--output", o->out, "Where to write the drafter checkpoint (.gguf)")->required();
   cmd->add_option("--prompts", o->prompts,
                   "A text file of training prompts, one a line (default: a built-in set of story openings)");
@@ -41,11 +89,6 @@ void add_train_drafter_command(CLI::App& app) {
   cmd->add_option("--seed", o->train.seed, "Seed of the sampled text and the initial weights (default 1)");
   cmd->add_option("--unroll", o->train.unroll, "Draft steps unrolled in training (default 4)");
   cmd->add_option("--lr", o->train.lr, "Peak learning rate (default 0.003)");
-  cmd->add_option("--block", o->dflash.block, "dflash: rows per block, the draft depth (default 8)");
-  cmd->add_option("--layers", o->dflash.layers, "dflash: drafter decoder layers (default 1)");
-  cmd->add_option("--anchors", o->dflash.anchors, "dflash: blocks per training step (default 32)");
-  cmd->add_option("--gamma", o->dflash.gamma,
-                  "dflash: block row k's loss is weighted by exp(-k / gamma) (default 4)");
   cmd->callback([o] {
     if (o->kind != speculative::kEagleKind && o->kind != speculative::kDflashKind)
       throw Error("unknown --kind '" + o->kind + "': expected eagle3 or dflash");
@@ -63,6 +106,9 @@ void add_train_drafter_command(CLI::App& app) {
         if (!line.empty()) texts.push_back(line);
       if (texts.empty()) throw Error("--prompts " + o->prompts + " holds no prompt (one a line)");
     }
+    if (o->kind == speculative::kDflashKind)
+      return train_dflash_drafter(*target, o->model.model_path, *tok, pool, texts, o->train, o->dflash,
+                                  o->out);
     for (const std::string& t : texts) o->train.prompts.push_back(tok->encode(t, true, false));
     o->train.is_eog = [&tok](int32_t id) { return tok->is_eog(id); };
     o->train.on_progress = [](const speculative::EagleTrainProgress& p) {
@@ -74,36 +120,22 @@ void add_train_drafter_command(CLI::App& app) {
       if (p.done == p.total) std::fprintf(stderr, "\n");
     };
 
-    const auto finish = [&](auto& r) {
-      r.info.target_file_hash = speculative::file_fingerprint(o->model.model_path);
-      std::vector<train::Param*> params = r.source->drafter().params();
-      train::save_drafter(o->out, r.info, params);
+    speculative::EagleTrainResult r = speculative::train_eagle(*target, pool, o->train);
+    r.info.target_file_hash = speculative::file_fingerprint(o->model.model_path);
+    std::vector<train::Param*> params = r.source->drafter().params();
+    train::save_drafter(o->out, r.info, params);
 
-      std::fprintf(
-          stderr,
-          "\ntext: %lld training and %lld held-out tokens; generate %.1f s, capture %.1f s, train %.1f s, "
-          "evaluate %.1f s; final loss %.4f\n",
-          static_cast<long long>(r.train_tokens), static_cast<long long>(r.heldout_tokens),
-          r.generate_seconds, r.capture_seconds, r.train_seconds, r.eval_seconds, r.final_loss);
-      std::printf("held-out acceptance by draft position:");
-      for (float a : r.info.acceptance) std::printf(" %.3f", a);
-      std::printf("\nwrote %s (taps", o->out.c_str());
-      for (int32_t l : r.info.tap_layers) std::printf(" %d", l);
-      std::printf(")\n");
-    };
-    if (o->kind == speculative::kDflashKind) {
-      speculative::DflashTrainOptions& d = o->dflash;
-      d.data = {o->train.prompts, o->train.tokens, o->train.continuation, o->train.seed, o->train.is_eog};
-      d.steps = o->train.steps;
-      d.seed = o->train.seed;
-      d.lr = o->train.lr;
-      d.on_progress = o->train.on_progress;
-      speculative::DflashTrainResult r = speculative::train_dflash(*target, pool, d);
-      finish(r);
-    } else {
-      speculative::EagleTrainResult r = speculative::train_eagle(*target, pool, o->train);
-      finish(r);
-    }
+    std::fprintf(
+        stderr,
+        "\ntext: %lld training and %lld held-out tokens; generate %.1f s, capture %.1f s, train %.1f s, "
+        "evaluate %.1f s; final loss %.4f\n",
+        static_cast<long long>(r.train_tokens), static_cast<long long>(r.heldout_tokens), r.generate_seconds,
+        r.capture_seconds, r.train_seconds, r.eval_seconds, r.final_loss);
+    std::printf("held-out acceptance by draft position:");
+    for (float a : r.info.acceptance) std::printf(" %.3f", a);
+    std::printf("\nwrote %s (taps", o->out.c_str());
+    for (int32_t l : r.info.tap_layers) std::printf(" %d", l);
+    std::printf(")\n");
   });
 }
 

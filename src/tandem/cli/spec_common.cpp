@@ -76,13 +76,14 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
     s.draft_model = model::Model::load(f.draft_model, target_options.load_mode());
     s.source = std::make_unique<speculative::DraftModelSource>(*s.draft_model, target, pool, session_options);
     draft_hash = speculative::file_fingerprint(f.draft_model);
+  } else if (!f.drafter.empty() && train::load_drafter(f.drafter, {}).kind == speculative::kDflashKind) {
+    s.source =
+        speculative::DflashDraftSource::load(f.drafter, target, speculative::file_fingerprint(target_path),
+                                             pool, model::default_context(target, session_options.n_ctx));
   } else if (!f.drafter.empty()) {
-    const std::string hash = speculative::file_fingerprint(target_path);
-    const int64_t n_ctx = model::default_context(target, session_options.n_ctx);
-    if (train::load_drafter(f.drafter, {}).kind == speculative::kDflashKind)
-      s.source = speculative::DflashDraftSource::load(f.drafter, target, hash, pool, n_ctx);
-    else
-      s.source = speculative::EagleDraftSource::load(f.drafter, target, hash, pool, n_ctx);
+    s.source =
+        speculative::EagleDraftSource::load(f.drafter, target, speculative::file_fingerprint(target_path),
+                                            pool, model::default_context(target, session_options.n_ctx));
   } else if (f.draft == "ngram") {
     s.source =
         std::make_unique<speculative::NgramSource>(speculative::NgramOptions{f.ngram_min, f.ngram_max});

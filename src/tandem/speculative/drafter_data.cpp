@@ -110,7 +110,7 @@ DrafterData make_drafter_data(model::Session& session, std::span<const int32_t> 
   };
   DrafterData data;
   const int64_t V = session.n_vocab();
-  data.k = V <= kFullVocab ? V : kTopK;
+  data.k = V <= kDrafterFullVocab ? V : kDrafterTopK;
 
   // Generate: greedy first for each prompt, then temperature-1 samples, round robin, until enough tokens.
   auto t0 = std::chrono::steady_clock::now();

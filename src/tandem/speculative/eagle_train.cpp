@@ -53,7 +53,84 @@ uint64_t next_u64(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
-using Sequence = DrafterSequence;
+// One sequence of training text and what the target said about it.
+struct Sequence {
+  std::vector<int32_t> tokens;  // [n] prompt and continuation
+  int64_t prompt = 0;           // prompt tokens
+  bool greedy = false;
+  bool heldout = false;
+  std::vector<float> taps;   // [n, n_taps * d]
+  std::vector<int32_t> ids;  // [n, kTopK] when the vocabulary is large, else empty
+  std::vector<float> probs;  // [n, k] (k: the vocabulary, or kTopK) the target's next-token distribution
+  std::vector<float> rest;   // [n] mass outside ids (top-k only)
+  int64_t n() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+std::vector<int32_t> generate(model::Session& s, std::span<const int32_t> prompt, int64_t max_tokens,
+                              const sampling::Params& params, uint64_t sequence,
+                              const std::function<bool(int32_t)>& is_eog) {
+  s.truncate(0);
+  std::vector<int32_t> text(prompt.begin(), prompt.end());
+  sampling::Sampler sampler(params);
+  std::span<const float> logits = s.eval(prompt);
+  for (int64_t i = 0; i < max_tokens && s.length() < s.n_ctx(); ++i) {
+    const int32_t x = sampler.sample(logits, text, sequence, text.size());
+    text.push_back(x);
+    if (is_eog && is_eog(x)) break;
+    logits = s.eval(std::span<const int32_t>(&x, 1));
+  }
+  return text;
+}
+
+void capture(model::Session& s, const std::vector<int32_t>& taps, int64_t k, Sequence& seq) {
+  const int64_t d = s.model().config().n_embd, width = static_cast<int64_t>(taps.size()) * d, V = s.n_vocab(),
+                n = seq.n();
+  seq.taps.assign(static_cast<size_t>(n * width), 0.0f);
+  std::vector<int64_t> next_row(taps.size(), 0);
+  const model::CaptureFn fn = [&](int64_t layer, const float* hidden, int64_t rows) {
+    for (size_t t = 0; t < taps.size(); ++t) {
+      if (taps[t] != layer) continue;
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(seq.taps.data() + (next_row[t] + r) * width + static_cast<int64_t>(t) * d, hidden + r * d,
+                    static_cast<size_t>(d) * sizeof(float));
+      next_row[t] += rows;
+    }
+  };
+  s.truncate(0);
+  const std::span<const float> logits = s.eval(seq.tokens, true, &fn);
+  seq.probs.assign(static_cast<size_t>(n * k), 0.0f);
+  if (k < V) {
+    seq.ids.assign(static_cast<size_t>(n * k), 0);
+    seq.rest.assign(static_cast<size_t>(n), 0.0f);
+  }
+  std::vector<double> p(static_cast<size_t>(V));
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  for (int64_t r = 0; r < n; ++r) {
+    const float* z = logits.data() + r * V;
+    const float top = *std::max_element(z, z + V);
+    double sum = 0;
+    for (int64_t i = 0; i < V; ++i) sum += p[static_cast<size_t>(i)] = std::exp(double(z[i]) - top);
+    float* out = seq.probs.data() + r * k;
+    if (k == V) {
+      for (int64_t i = 0; i < V; ++i) out[i] = static_cast<float>(p[static_cast<size_t>(i)] / sum);
+      continue;
+    }
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      return p[static_cast<size_t>(a)] > p[static_cast<size_t>(b)] ||
+             (p[static_cast<size_t>(a)] == p[static_cast<size_t>(b)] && a < b);
+    });
+    std::sort(order.begin(), order.begin() + k);  // ids ascending within a row
+    double kept = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      const double q = p[static_cast<size_t>(order[static_cast<size_t>(i)])] / sum;
+      seq.ids[static_cast<size_t>(r * k + i)] = order[static_cast<size_t>(i)];
+      out[i] = static_cast<float>(q);
+      kept += q;
+    }
+    seq.rest[static_cast<size_t>(r)] = static_cast<float>(std::max(0.0, 1.0 - kept));
+  }
+}
 
 // The rows of one training step: `unroll` blocks, block j holding positions q = j .. n - 2 (row base[j] +
 // q - j). Row (j, q) reads taps at q (j = 0) or the output hidden state of row (j - 1, q - 1), the token
@@ -172,19 +249,55 @@ EagleTrainResult train_eagle(const model::Model& target, ThreadPool& pool, const
   so.kv_type = cache::KvType::kF32;
   model::Session session(target, pool, so);
 
-  DrafterDataOptions data_options;
-  data_options.prompts = o.prompts;
-  data_options.tokens = o.tokens;
-  data_options.continuation = o.continuation;
-  data_options.seed = o.seed;
-  data_options.is_eog = o.is_eog;
-  const DrafterData data = make_drafter_data(session, taps, data_options, o.on_progress);
-  res.generate_seconds = data.generate_seconds;
-  res.capture_seconds = data.capture_seconds;
-  res.train_tokens = data.train_tokens;
-  res.heldout_tokens = data.heldout_tokens;
-  const int64_t max_n = data.max_n;
-  const std::vector<const Sequence*> train_set = data.training();
+  // Generate: greedy first for each prompt, then temperature-1 samples, round robin, until enough tokens.
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<Sequence> seqs;
+  const size_t n_prompts = o.prompts.size();
+  const size_t n_heldout_prompts = n_prompts >= 4 ? std::max<size_t>(1, n_prompts / 8) : 0;
+  int64_t generated = 0;
+  // The held-out prompts' greedy text comes first and outside the budget; the budget buys training text.
+  for (uint64_t round = 0; generated < o.tokens; ++round) {
+    for (size_t i = 0; i < n_prompts && generated < o.tokens; ++i) {
+      const bool heldout = i >= n_prompts - n_heldout_prompts;
+      if (heldout != (round == 0)) continue;
+      sampling::Params sp;
+      const bool greedy = round <= 1;
+      sp.temperature = greedy ? 0.0f : 1.0f;
+      sp.top_k = 0;
+      sp.top_p = 1.0f;
+      sp.seed = o.seed;
+      const auto& prompt = o.prompts[i];
+      if (static_cast<int64_t>(prompt.size()) + 2 > session.n_ctx())
+        throw Error("a training prompt of " + std::to_string(prompt.size()) +
+                    " tokens leaves no room in the target's context");
+      Sequence s;
+      s.tokens = generate(session, prompt, o.continuation, sp, round * n_prompts + i, o.is_eog);
+      s.prompt = static_cast<int64_t>(prompt.size());
+      s.greedy = greedy;
+      s.heldout = heldout;
+      if (!heldout) generated += s.n() - s.prompt;
+      if (s.n() >= 3) seqs.push_back(std::move(s));
+      const double rate = static_cast<double>(generated) / std::max(1e-9, seconds_since(t0));
+      report("generate", generated, o.tokens, 0, static_cast<double>(o.tokens - generated) / rate);
+    }
+    if (round > static_cast<uint64_t>(64 * o.tokens))
+      break;  // prompts that end at once (EOG) cannot fill the budget
+  }
+  res.generate_seconds = seconds_since(t0);
+
+  t0 = std::chrono::steady_clock::now();
+  int64_t max_n = 2;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    capture(session, taps, k, seqs[i]);
+    max_n = std::max(max_n, seqs[i].n());
+    (seqs[i].heldout ? res.heldout_tokens : res.train_tokens) += seqs[i].n();
+    report("capture", static_cast<int64_t>(i + 1), static_cast<int64_t>(seqs.size()), 0, -1);
+  }
+  res.capture_seconds = seconds_since(t0);
+  std::vector<const Sequence*> train_set;
+  for (const Sequence& s : seqs)
+    if (!s.heldout) train_set.push_back(&s);
+  if (train_set.empty()) throw Error("no training text: give more prompts or a larger --tokens");
 
   // Train.
   train::EagleConfig cfg = eagle_config_for(target, static_cast<int64_t>(taps.size()));
@@ -204,7 +317,7 @@ EagleTrainResult train_eagle(const model::Model& target, ThreadPool& pool, const
   UnrolledBatch batch(o.unroll, max_n, cfg.d, k);
   uint64_t rng = o.seed ^ 0x5eed5eedull;
   double recent = 0;
-  auto t0 = std::chrono::steady_clock::now();
+  t0 = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < o.steps; ++step) {
     const Sequence& s = *train_set[next_u64(rng) % train_set.size()];
     const int blocks = static_cast<int>(std::min<int64_t>(o.unroll, s.n() - 1));
@@ -233,10 +346,29 @@ EagleTrainResult train_eagle(const model::Model& target, ThreadPool& pool, const
 
   // Evaluate: greedy drafts from every position of the held-out greedy text.
   t0 = std::chrono::steady_clock::now();
-  EagleDraftSource& src = *res.source;
-  res.info.acceptance = heldout_acceptance(
-      src, [&src](const Sequence& s) { src.set_taps(0, s.taps); }, data.sequences, o.eval_depth,
-      o.on_progress);
+  std::vector<int64_t> hits(static_cast<size_t>(o.eval_depth), 0);
+  int64_t anchors = 0;
+  Draft draft;
+  DraftSettings ds;
+  ds.sampling.temperature = 0.0f;
+  for (const Sequence& s : seqs) {
+    if (!s.heldout || !s.greedy) continue;
+    EagleDraftSource& src = *res.source;
+    src.begin(std::span<const int32_t>(s.tokens).first(1), ds);
+    src.set_taps(0, s.taps);
+    for (int64_t n = std::max<int64_t>(2, s.prompt); n + o.eval_depth <= s.n(); ++n) {
+      const auto committed = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(n));
+      src.propose(committed, o.eval_depth, draft);
+      for (size_t i = 0; i < draft.tokens.size() && draft.tokens[i] == s.tokens[static_cast<size_t>(n) + i];
+           ++i)
+        ++hits[i];
+      src.accept(committed, 0);
+      ++anchors;
+    }
+    report("evaluate", anchors, anchors, 0, -1);
+  }
+  if (anchors > 0)
+    for (int64_t h : hits) res.info.acceptance.push_back(static_cast<float>(h) / static_cast<float>(anchors));
   res.eval_seconds = seconds_since(t0);
   return res;
 }
