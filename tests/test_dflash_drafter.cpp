@@ -6,7 +6,6 @@
 // training repeats bit for bit for a fixed seed.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -251,26 +250,9 @@ TEST(DflashDrafter, SampledFirstTokenFollowsTheTargetDistribution) {
   }
   EXPECT_GT(total.accepted, 0);
   EXPECT_LT(total.accepted, total.drafted);
-  double chi2 = 0, pooled_expected = 0, pooled_observed = 0;
-  int bins = 0;
-  for (size_t i = 0; i < p.size(); ++i) {
-    const double expected = kRuns * static_cast<double>(p.probs[i]);
-    const double observed = counts.count(p.ids[i]) ? counts[p.ids[i]] : 0;
-    counts.erase(p.ids[i]);
-    if (expected < 5) {
-      pooled_expected += expected, pooled_observed += observed;
-      continue;
-    }
-    chi2 += (observed - expected) * (observed - expected) / expected;
-    ++bins;
-  }
-  if (pooled_expected > 0) {
-    chi2 += (pooled_observed - pooled_expected) * (pooled_observed - pooled_expected) / pooled_expected;
-    ++bins;
-  }
-  EXPECT_TRUE(counts.empty()) << "a token outside the target's top-p set was sampled";
-  const double a = 2.0 / (9.0 * (bins - 1));
-  EXPECT_LT(chi2, (bins - 1) * std::pow(1.0 - a + 3.7190 * std::sqrt(a), 3.0));
+  const testing::ChiSquare c = testing::chi_square(p.ids, p.probs, counts, kRuns);
+  EXPECT_EQ(c.outside, 0) << "a token outside the target's top-p set was sampled";
+  EXPECT_LT(c.chi2, testing::chi2_critical_1e4(c.bins - 1));
 }
 
 TEST(DflashDrafter, TrainingRepeatsForAFixedSeed) {
