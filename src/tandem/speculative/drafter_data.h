@@ -2,8 +2,8 @@
 // drafter kind:
 //   generate  continuations of the prompts by the target, greedy and temperature-1 samples in turn;
 //   capture   a teacher-forced pass over each sequence records the tap layers' hidden states and the target's
-//             next-token distribution (in full for vocabularies of at most kDrafterFullVocab tokens, else the top
-//             kDrafterTopK with the rest's mass);
+//             next-token distribution (in full for vocabularies of at most kDrafterFullVocab tokens, else the
+//             top kDrafterTopK with the rest's mass);
 // and the held-out evaluation: the fraction of positions of the held-out greedy text whose first k + 1
 // greedy drafts all match the target's text. The data is the same bits for the same target, options and
 // thread count.
@@ -39,8 +39,9 @@ struct DrafterSequence {
   bool heldout = false;
   std::vector<float> taps;   // [n, n_taps * d] the tap layers side by side, in order
   std::vector<int32_t> ids;  // [n, kDrafterTopK] when the vocabulary is large, else empty
-  std::vector<float> probs;  // [n, k] (k: the vocabulary, or kDrafterTopK) the target's next-token distribution
-  std::vector<float> rest;   // [n] mass outside ids (top-k only)
+  std::vector<float>
+      probs;  // [n, k] (k: the vocabulary, or kDrafterTopK) the target's next-token distribution
+  std::vector<float> rest;  // [n] mass outside ids (top-k only)
   int64_t n() const { return static_cast<int64_t>(tokens.size()); }
 };
 
