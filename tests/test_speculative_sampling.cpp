@@ -33,12 +33,7 @@ const std::vector<int32_t> kText = {1,   403, 407, 261, 378, 432, 383, 286, 261,
                                     282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352, 266};
 constexpr int kRuns = 1200;
 
-// Upper 1e-4 quantile of chi-square with k degrees of freedom (Wilson-Hilferty approximation).
-double chi2_critical_1e4(int k) {
-  const double z = 3.7190;
-  const double a = 2.0 / (9.0 * k);
-  return k * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
-}
+using testing::chi2_critical_1e4;
 
 sampling::Params params_for(float temperature) {
   sampling::Params p;
@@ -131,26 +126,9 @@ TEST_P(SpeculativeSampling, FirstTokenFollowsTheTargetDistribution) {
     EXPECT_EQ(total.rounds, kRuns) << "every run verifies drafts";
     EXPECT_GT(total.accepted, 0) << source->kind();
     EXPECT_LT(total.accepted, total.drafted) << source->kind();
-    // Bins with expected count >= 5; the rest pooled into one.
-    double chi2 = 0, pooled_expected = 0, pooled_observed = 0;
-    int bins = 0;
-    for (size_t i = 0; i < p.size(); ++i) {
-      const double expected = kRuns * static_cast<double>(p.probs[i]);
-      const double observed = counts.count(p.ids[i]) ? counts[p.ids[i]] : 0;
-      counts.erase(p.ids[i]);
-      if (expected < 5) {
-        pooled_expected += expected, pooled_observed += observed;
-        continue;
-      }
-      chi2 += (observed - expected) * (observed - expected) / expected;
-      ++bins;
-    }
-    if (pooled_expected > 0) {
-      chi2 += (pooled_observed - pooled_expected) * (pooled_observed - pooled_expected) / pooled_expected;
-      ++bins;
-    }
-    EXPECT_TRUE(counts.empty()) << "a token outside the target's top-p set was sampled";
-    EXPECT_LT(chi2, chi2_critical_1e4(bins - 1)) << source->kind() << " at temperature " << GetParam();
+    const testing::ChiSquare c = testing::chi_square(p.ids, p.probs, counts, kRuns);
+    EXPECT_EQ(c.outside, 0) << "a token outside the target's top-p set was sampled";
+    EXPECT_LT(c.chi2, chi2_critical_1e4(c.bins - 1)) << source->kind() << " at temperature " << GetParam();
   }
 }
 

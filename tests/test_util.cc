@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -17,6 +18,39 @@ std::vector<float> normal_floats(int64_t n, uint32_t seed) {
   std::vector<float> x(static_cast<size_t>(n));
   for (auto& v : x) v = dist(rng);
   return x;
+}
+
+ChiSquare chi_square(const std::vector<int32_t>& ids, const std::vector<float>& probs,
+                     const std::map<int32_t, int>& counts, int runs) {
+  ChiSquare r;
+  double pooled_expected = 0, pooled_observed = 0;
+  int matched = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const double expected = runs * static_cast<double>(probs[i]);
+    const auto it = counts.find(ids[i]);
+    const double observed = it == counts.end() ? 0 : it->second;
+    matched += static_cast<int>(observed);
+    if (expected < 5) {
+      pooled_expected += expected, pooled_observed += observed;
+      continue;
+    }
+    r.chi2 += (observed - expected) * (observed - expected) / expected;
+    ++r.bins;
+  }
+  if (pooled_expected > 0) {
+    r.chi2 += (pooled_observed - pooled_expected) * (pooled_observed - pooled_expected) / pooled_expected;
+    ++r.bins;
+  }
+  int total = 0;
+  for (const auto& [id, n] : counts) total += n;
+  r.outside = total - matched;
+  return r;
+}
+
+double chi2_critical_1e4(int k) {
+  const double z = 3.7190;  // the standard normal's upper 1e-4 quantile
+  const double a = 2.0 / (9.0 * k);
+  return k * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
 }
 
 std::string shared_path(const std::string& relative) {

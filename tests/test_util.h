@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +23,20 @@ std::pair<std::string, int> run_command(const std::string& command);
 
 // n floats drawn from the standard normal distribution, the same for the same seed.
 std::vector<float> normal_floats(int64_t n, uint32_t seed);
+
+// Pearson's chi-square of draws against a distribution: `counts` maps each token drawn to its count over
+// `runs` draws, (ids, probs) is the distribution. Tokens whose expected count is below 5 are pooled into one
+// bin; `outside` counts the draws of tokens the distribution does not hold.
+struct ChiSquare {
+  double chi2 = 0;
+  int bins = 0;
+  int outside = 0;
+};
+ChiSquare chi_square(const std::vector<int32_t>& ids, const std::vector<float>& probs,
+                     const std::map<int32_t, int>& counts, int runs);
+
+// Upper 1e-4 quantile of chi-square with k degrees of freedom (Wilson-Hilferty approximation).
+double chi2_critical_1e4(int k);
 
 // A fresh directory per test (named after `prefix`, the process and the running test), removed with it.
 class TempDir {

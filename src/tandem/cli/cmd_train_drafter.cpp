@@ -8,16 +8,61 @@
 #include "tandem/cli/commands.h"
 #include "tandem/cli/common.h"
 #include "tandem/speculative/calibration.h"
+#include "tandem/speculative/dflash_train.h"
 #include "tandem/speculative/eagle_train.h"
 #include "tandem/tokenizer/tokenizer.h"
 #include "tandem/util/error.h"
 
 namespace tandem::cli {
 
+namespace {
+
+void print_dflash_progress(const speculative::DrafterTrainProgress& p) {
+  std::fprintf(stderr, "\r%-8s %6lld/%-6lld", p.phase, static_cast<long long>(p.done),
+               static_cast<long long>(p.total));
+  if (p.loss > 0) std::fprintf(stderr, "  loss %.4f", p.loss);
+  if (p.eta_seconds >= 0) std::fprintf(stderr, "  ETA %4.0f s", p.eta_seconds);
+  std::fprintf(stderr, "   ");
+  if (p.done == p.total) std::fprintf(stderr, "\n");
+}
+
+// Trains a DFlash drafter on the prompts `texts` with the options it shares with EAGLE-3, `shared`, writes it
+// to `out` and prints what it measured.
+void train_dflash_drafter(const model::Model& target, const std::string& target_path,
+                          const tokenizer::Tokenizer& tok, ThreadPool& pool,
+                          const std::vector<std::string>& texts, const speculative::EagleTrainOptions& shared,
+                          speculative::DflashTrainOptions d, const std::string& out) {
+  for (const std::string& t : texts) d.data.prompts.push_back(tok.encode(t, true, false));
+  d.data.tokens = shared.tokens;
+  d.data.continuation = shared.continuation;
+  d.data.seed = d.seed = shared.seed;
+  d.data.is_eog = [&tok](int32_t id) { return tok.is_eog(id); };
+  d.steps = shared.steps;
+  d.lr = shared.lr;
+  d.on_progress = print_dflash_progress;
+  speculative::DflashTrainResult r = speculative::train_dflash(target, pool, d);
+  r.info.target_file_hash = speculative::file_fingerprint(target_path);
+  std::vector<train::Param*> params = r.source->drafter().params();
+  train::save_drafter(out, r.info, params);
+  std::fprintf(
+      stderr,
+      "\ntext: %lld training and %lld held-out tokens; generate %.1f s, capture %.1f s, train %.1f s, "
+      "evaluate %.1f s; final loss %.4f\n",
+      static_cast<long long>(r.train_tokens), static_cast<long long>(r.heldout_tokens), r.generate_seconds,
+      r.capture_seconds, r.train_seconds, r.eval_seconds, r.final_loss);
+  std::printf("held-out acceptance by draft position:");
+  for (float a : r.info.acceptance) std::printf(" %.3f", a);
+  std::printf("\nwrote %s (block %lld, taps", out.c_str(), static_cast<long long>(d.block));
+  for (int32_t l : r.info.tap_layers) std::printf(" %d", l);
+  std::printf(")\n");
+}
+
+}  // namespace
+
 void add_train_drafter_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "train-drafter",
-      "Train a drafter that reads the target's hidden states (EAGLE-3 style) from the target's own "
+      "Train a drafter that reads the target's hidden states (EAGLE-3 or DFlash style) from the target's own "
       "continuations of prompts, and write it as a GGUF checkpoint for --drafter");
   struct Opts {
     ModelOptions model;
@@ -25,10 +70,16 @@ void add_train_drafter_command(CLI::App& app) {
     std::string out;
     std::string prompts;
     speculative::EagleTrainOptions train;
+    speculative::DflashTrainOptions dflash;
   };
   auto o = std::make_shared<Opts>();
   add_model_options(*cmd, o->model);
-  cmd->add_option("--kind", o->kind, "Drafter kind: eagle3 (default)");
+  cmd->add_option("--kind", o->kind, "Drafter kind: eagle3 (default) or dflash");
+  cmd->add_option("--block", o->dflash.block, "dflash: rows per block, the draft depth (default 8)");
+  cmd->add_option("--layers", o->dflash.layers, "dflash: drafter decoder layers (default 1)");
+  cmd->add_option("--anchors", o->dflash.anchors, "dflash: blocks per training step (default 32)");
+  cmd->add_option("--gamma", o->dflash.gamma,
+                  "dflash: block row k's loss is weighted by exp(-k / gamma) (default 4)");
   cmd->add_option("-o,--output", o->out, "Where to write the drafter checkpoint (.gguf)")->required();
   cmd->add_option("--prompts", o->prompts,
                   "A text file of training prompts, one a line (default: a built-in set of story openings)");
@@ -39,7 +90,8 @@ void add_train_drafter_command(CLI::App& app) {
   cmd->add_option("--unroll", o->train.unroll, "Draft steps unrolled in training (default 4)");
   cmd->add_option("--lr", o->train.lr, "Peak learning rate (default 0.003)");
   cmd->callback([o] {
-    if (o->kind != speculative::kEagleKind) throw Error("unknown --kind '" + o->kind + "': expected eagle3");
+    if (o->kind != speculative::kEagleKind && o->kind != speculative::kDflashKind)
+      throw Error("unknown --kind '" + o->kind + "': expected eagle3 or dflash");
     auto target = model::Model::load(o->model.model_path, o->model.load_mode());
     auto tok = tokenizer::Tokenizer::from_gguf(target->file());
     ThreadPool pool(o->model.resolved_threads());
@@ -54,6 +106,9 @@ void add_train_drafter_command(CLI::App& app) {
         if (!line.empty()) texts.push_back(line);
       if (texts.empty()) throw Error("--prompts " + o->prompts + " holds no prompt (one a line)");
     }
+    if (o->kind == speculative::kDflashKind)
+      return train_dflash_drafter(*target, o->model.model_path, *tok, pool, texts, o->train, o->dflash,
+                                  o->out);
     for (const std::string& t : texts) o->train.prompts.push_back(tok->encode(t, true, false));
     o->train.is_eog = [&tok](int32_t id) { return tok->is_eog(id); };
     o->train.on_progress = [](const speculative::EagleTrainProgress& p) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "tandem/speculative/dflash_draft.h"
 #include "tandem/speculative/draft_model.h"
 #include "tandem/speculative/eagle_draft.h"
 #include "tandem/speculative/ngram.h"
@@ -83,6 +84,10 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
     s.draft_model = model::Model::load(f.draft_model, target_options.load_mode());
     s.source = std::make_unique<speculative::DraftModelSource>(*s.draft_model, target, pool, session_options);
     draft_hash = speculative::file_fingerprint(f.draft_model);
+  } else if (!f.drafter.empty() && train::load_drafter(f.drafter, {}).kind == speculative::kDflashKind) {
+    s.source =
+        speculative::DflashDraftSource::load(f.drafter, target, speculative::file_fingerprint(target_path),
+                                             pool, model::default_context(target, session_options.n_ctx));
   } else if (!f.drafter.empty()) {
     s.source =
         speculative::EagleDraftSource::load(f.drafter, target, speculative::file_fingerprint(target_path),

@@ -20,7 +20,15 @@ const train::Param* find(std::span<train::Param* const> params, const char* name
   throw Error(std::string("the EAGLE drafter has no parameter ") + name);
 }
 
-void copy_matrix(const model::Model& target, const char* name, train::Param& dst) {
+std::string join(std::span<const int32_t> v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+}  // namespace
+
+void copy_target_matrix(const model::Model& target, const char* name, train::Param& dst) {
   const gguf::TensorInfo* t = target.file().tensor(name);
   if (t == nullptr) t = target.file().tensor("token_embd.weight");  // a tied head
   if (t == nullptr || t->ne[0] != dst.cols || t->ne[1] != dst.rows)
@@ -31,14 +39,6 @@ void copy_matrix(const model::Model& target, const char* name, train::Param& dst
     dequantize_row(t->type, t->data + static_cast<size_t>(r) * row_bytes, dst.value.data() + r * dst.cols,
                    dst.cols);
 }
-
-std::string join(std::span<const int32_t> v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s;
-}
-
-}  // namespace
 
 std::string vocabulary_hash(const gguf::File& file) {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -109,8 +109,8 @@ void set_eagle_shape(train::DrafterInfo& info, const train::EagleConfig& e) {
 }
 
 void copy_target_weights(const model::Model& target, train::EagleDrafter& drafter) {
-  copy_matrix(target, "token_embd.weight", drafter.embedding());
-  if (!drafter.config().train_head) copy_matrix(target, "output.weight", drafter.head());
+  copy_target_matrix(target, "token_embd.weight", drafter.embedding());
+  if (!drafter.config().train_head) copy_target_matrix(target, "output.weight", drafter.head());
 }
 
 void check_eagle_target(const train::DrafterInfo& info, const model::Model& target,

@@ -42,6 +42,10 @@ train::EagleConfig eagle_config_of(const train::DrafterInfo& info);
 // Records config's shape in info.
 void set_eagle_shape(train::DrafterInfo& info, const train::EagleConfig& config);
 
+// Copies the target's tensor `name` ([dst.rows, dst.cols]; output.weight falls back to the tied
+// token_embd.weight) into dst, dequantized to f32. Throws tandem::Error when the target has no such tensor.
+void copy_target_matrix(const model::Model& target, const char* name, train::Param& dst);
+
 // Copies the target's token embedding (and, unless the drafter trains its own, its output head) into the
 // drafter's frozen parameters, dequantized to f32.
 void copy_target_weights(const model::Model& target, train::EagleDrafter& drafter);

@@ -1,0 +1,129 @@
+// The DFlash-style block draft source (docs/speculative.md, "Drafters that read the target"): the block
+// drafter of train/dflash.h run for inference, reading the target's hidden states at its tap layers.
+//
+// State per generation: the taps of every position the target evaluated (captured during its forwards), and
+// per drafter layer the context keys and values of positions 0 .. context_length() - 1, computed once from
+// the taps of committed positions and kept. A proposal brings the context up to the last committed position
+// the target has evaluated (n - 2 for n committed tokens), then runs one forward over a block of
+// config().block rows, the last committed token followed by mask rows, and drafts the block's tokens, greedy
+// or sampled from each row's q (the rows are drafted in parallel: a row's q does not depend on the tokens
+// drawn before it). The block's keys and values are dropped when the round settles; a rollback drops the
+// context rows past the new committed text, so the cache always equals a fresh run's over that text.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tandem/kernels/matmul.h"
+#include "tandem/model/model.h"
+#include "tandem/speculative/draft_source.h"
+#include "tandem/train/checkpoint.h"
+#include "tandem/train/dflash.h"
+#include "tandem/util/thread_pool.h"
+
+namespace tandem::speculative {
+
+inline constexpr const char* kDflashKind = "dflash";
+
+// The drafter's shape for `target` (its width, attention heads and FFN width) with n_taps tap layers,
+// n_layers drafter layers and blocks of `block` rows.
+train::DflashConfig dflash_config_for(const model::Model& target, int64_t n_taps, int64_t n_layers,
+                                      int64_t block);
+// The shape a checkpoint records; throws tandem::Error when it is not a DFlash drafter.
+train::DflashConfig dflash_config_of(const train::DrafterInfo& info);
+// Records config's shape in info.
+void set_dflash_shape(train::DrafterInfo& info, const train::DflashConfig& config);
+// Copies the target's token embedding and output head into the drafter's frozen parameters (f32).
+void copy_target_weights(const model::Model& target, train::DflashDrafter& drafter);
+
+class DflashDraftSource final : public DraftSource {
+ public:
+  // drafter: trained or loaded, its frozen weights set; taps: the target layers it reads, in training order.
+  // n_ctx: the longest sequence (positions) the source will see. target_head: the target's output head in its
+  // own format (borrowed; it must outlive the source), used in place of the drafter's f32 copy; null: the
+  // copy. The drafter's large matrices (a million entries or more, rows a multiple of 32 wide) draft from a
+  // Q8_0 copy made here, so that a block costs about the bytes of its weights, a fraction of the target's.
+  DflashDraftSource(std::unique_ptr<train::DflashDrafter> drafter, std::vector<int32_t> taps,
+                    ThreadPool& pool, int64_t n_ctx, const MatrixView* target_head = nullptr);
+
+  // Loads a checkpoint written by `tandem train-drafter --kind dflash`, refusing one made for another target.
+  static std::unique_ptr<DflashDraftSource> load(const std::string& path, const model::Model& target,
+                                                 const std::string& target_file_hash, ThreadPool& pool,
+                                                 int64_t n_ctx);
+
+  std::string_view kind() const override { return kDflashKind; }
+  void begin(std::span<const int32_t> prompt, const DraftSettings& settings) override;
+  // Drafts min(max_depth, block) tokens; the whole block runs whatever the depth, so a draft does not depend
+  // on the depth asked for.
+  void propose(std::span<const int32_t> committed, int max_depth, Draft& out) override;
+  void accept(std::span<const int32_t> committed, int n_accepted) override;
+  std::span<const int64_t> target_layers() const override { return layers_; }
+  void on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
+                        int64_t first_pos) override;
+
+  // Sets the captured taps of rows at positions first_pos .. (rows [n, n_taps * d], the tap layers side by
+  // side in order), as on_target_hidden would from a target forward.
+  void set_taps(int64_t first_pos, std::span<const float> rows);
+  train::DflashDrafter& drafter() { return *drafter_; }
+  std::span<const int32_t> taps() const { return taps_layers_; }
+
+  // Context rows cached (positions 0 .. context_length() - 1), and the rows in each layer's key cache now:
+  // the context and, between propose() and accept(), the block.
+  int64_t context_length() const { return ctx_len_; }
+  int64_t cache_length() const { return len_; }
+  // Layer l's cached keys of rows [0, cache_length()), [cache_length(), n_kv_head * head_dim].
+  std::span<const float> cached_keys(int64_t l) const {
+    return {k_[static_cast<size_t>(l)].data(), static_cast<size_t>(len_ * kv_width_)};
+  }
+  std::span<const float> cached_values(int64_t l) const {
+    return {v_[static_cast<size_t>(l)].data(), static_cast<size_t>(len_ * kv_width_)};
+  }
+
+ private:
+  // Computes the context keys and values of positions ctx_len_ .. ctx_len_ + n - 1 from their taps.
+  void extend_context(int64_t n);
+  // Runs the block at positions first_pos .. first_pos + block - 1 after the context; leaves the logits of
+  // its first `rows` rows in logits_.
+  void run_block(int32_t anchor, int64_t first_pos, int64_t rows);
+
+  // A weight matrix as the drafting kernels read it: a view of the drafter's f32 values, or of a Q8_0 copy.
+  struct Matrix {
+    MatrixView view;
+    std::vector<uint8_t> q8;  // the Q8_0 copy, when made
+  };
+  static Matrix make_matrix(const train::Param& p);
+  void matmul(const MatrixView& w, const float* x, int64_t rows, float* y);
+
+  std::unique_ptr<train::DflashDrafter> drafter_;
+  train::DflashConfig cfg_;
+  Matrix fc_;
+  std::vector<Matrix> layer_mats_;  // per layer: wq, wk, wv, wo, w_gate, w_up, w_down
+  MatrixView head_;
+  kernels::MatmulScratch mm_scratch_;
+  std::vector<int32_t> taps_layers_;
+  std::vector<int64_t> layers_;
+  train::Compute compute_;
+  int64_t n_ctx_;
+  int64_t kv_width_;
+  sampling::Sampler sampler_{sampling::Params{}};
+  uint64_t sequence_ = 0;
+
+  std::vector<float> taps_;                 // [n_ctx, n_taps * d] the target's captured taps by position
+  std::vector<std::vector<float>> k_, v_;   // per layer [n_ctx + block, n_kv_head * head_dim], roped keys
+  int64_t ctx_len_ = 0;                     // context rows cached
+  int64_t len_ = 0;                         // rows in the key caches (context, then a proposal's block)
+  std::vector<int32_t> pos_;                // [chunk]
+  std::vector<float> g_, ctx_;              // [chunk, d]
+  std::vector<float> x_, xn_, h_, hn_, f_;  // [block, d]
+  std::vector<float> q_, att_;              // [block, n_head * head_dim]
+  std::vector<float> gate_, up_, act_;      // [block, ffn]
+  std::vector<float> inv_;                  // [chunk]
+  std::vector<float> scores_;               // [threads, n_ctx + block]
+  std::vector<float> logits_;               // [block, vocab]
+  std::vector<int32_t> history_;
+};
+
+}  // namespace tandem::speculative

@@ -1,0 +1,193 @@
+#include "tandem/speculative/drafter_data.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+
+#include "tandem/sampling/sampler.h"
+#include "tandem/util/error.h"
+
+namespace tandem::speculative {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<int32_t> generate(model::Session& s, std::span<const int32_t> prompt, int64_t max_tokens,
+                              const sampling::Params& params, uint64_t sequence,
+                              const std::function<bool(int32_t)>& is_eog) {
+  s.truncate(0);
+  std::vector<int32_t> text(prompt.begin(), prompt.end());
+  sampling::Sampler sampler(params);
+  std::span<const float> logits = s.eval(prompt);
+  for (int64_t i = 0; i < max_tokens && s.length() < s.n_ctx(); ++i) {
+    const int32_t x = sampler.sample(logits, text, sequence, text.size());
+    text.push_back(x);
+    if (is_eog && is_eog(x)) break;
+    logits = s.eval(std::span<const int32_t>(&x, 1));
+  }
+  return text;
+}
+
+void capture(model::Session& s, std::span<const int32_t> taps, int64_t k, DrafterSequence& seq) {
+  const int64_t d = s.model().config().n_embd, width = static_cast<int64_t>(taps.size()) * d, V = s.n_vocab(),
+                n = seq.n();
+  seq.taps.assign(static_cast<size_t>(n * width), 0.0f);
+  std::vector<int64_t> next_row(taps.size(), 0);
+  const model::CaptureFn fn = [&](int64_t layer, const float* hidden, int64_t rows) {
+    for (size_t t = 0; t < taps.size(); ++t) {
+      if (taps[t] != layer) continue;
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(seq.taps.data() + (next_row[t] + r) * width + static_cast<int64_t>(t) * d, hidden + r * d,
+                    static_cast<size_t>(d) * sizeof(float));
+      next_row[t] += rows;
+    }
+  };
+  s.truncate(0);
+  const std::span<const float> logits = s.eval(seq.tokens, true, &fn);
+  seq.probs.assign(static_cast<size_t>(n * k), 0.0f);
+  if (k < V) {
+    seq.ids.assign(static_cast<size_t>(n * k), 0);
+    seq.rest.assign(static_cast<size_t>(n), 0.0f);
+  }
+  std::vector<double> p(static_cast<size_t>(V));
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  for (int64_t r = 0; r < n; ++r) {
+    const float* z = logits.data() + r * V;
+    const float top = *std::max_element(z, z + V);
+    double sum = 0;
+    for (int64_t i = 0; i < V; ++i) sum += p[static_cast<size_t>(i)] = std::exp(double(z[i]) - top);
+    float* out = seq.probs.data() + r * k;
+    if (k == V) {
+      for (int64_t i = 0; i < V; ++i) out[i] = static_cast<float>(p[static_cast<size_t>(i)] / sum);
+      continue;
+    }
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      return p[static_cast<size_t>(a)] > p[static_cast<size_t>(b)] ||
+             (p[static_cast<size_t>(a)] == p[static_cast<size_t>(b)] && a < b);
+    });
+    std::sort(order.begin(), order.begin() + k);  // ids ascending within a row
+    double kept = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      const double q = p[static_cast<size_t>(order[static_cast<size_t>(i)])] / sum;
+      seq.ids[static_cast<size_t>(r * k + i)] = order[static_cast<size_t>(i)];
+      out[i] = static_cast<float>(q);
+      kept += q;
+    }
+    seq.rest[static_cast<size_t>(r)] = static_cast<float>(std::max(0.0, 1.0 - kept));
+  }
+}
+
+}  // namespace
+
+uint64_t next_random(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::vector<const DrafterSequence*> DrafterData::training() const {
+  std::vector<const DrafterSequence*> out;
+  for (const DrafterSequence& s : sequences)
+    if (!s.heldout) out.push_back(&s);
+  return out;
+}
+
+DrafterData make_drafter_data(model::Session& session, std::span<const int32_t> taps,
+                              const DrafterDataOptions& o, const DrafterProgressFn& on_progress) {
+  if (o.prompts.empty()) throw Error("training a drafter needs at least one prompt");
+  for (const auto& p : o.prompts)
+    if (p.empty()) throw Error("a training prompt is empty: every prompt needs at least one token");
+  if (o.tokens < 1 || o.continuation < 2) throw Error("train-drafter: --tokens must be positive");
+  const auto report = [&](const char* phase, int64_t done, int64_t total, double eta) {
+    if (on_progress) on_progress({phase, done, total, 0, eta});
+  };
+  DrafterData data;
+  const int64_t V = session.n_vocab();
+  data.k = V <= kDrafterFullVocab ? V : kDrafterTopK;
+
+  // Generate: greedy first for each prompt, then temperature-1 samples, round robin, until enough tokens.
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<DrafterSequence>& seqs = data.sequences;
+  const size_t n_prompts = o.prompts.size();
+  const size_t n_heldout_prompts = n_prompts >= 4 ? std::max<size_t>(1, n_prompts / 8) : 0;
+  int64_t generated = 0;
+  // The held-out prompts' greedy text comes first and outside the budget; the budget buys training text.
+  for (uint64_t round = 0; generated < o.tokens; ++round) {
+    for (size_t i = 0; i < n_prompts && generated < o.tokens; ++i) {
+      const bool heldout = i >= n_prompts - n_heldout_prompts;
+      if (heldout != (round == 0)) continue;
+      sampling::Params sp;
+      const bool greedy = round <= 1;
+      sp.temperature = greedy ? 0.0f : 1.0f;
+      sp.top_k = 0;
+      sp.top_p = 1.0f;
+      sp.seed = o.seed;
+      const auto& prompt = o.prompts[i];
+      if (static_cast<int64_t>(prompt.size()) + 2 > session.n_ctx())
+        throw Error("a training prompt of " + std::to_string(prompt.size()) +
+                    " tokens leaves no room in the target's context");
+      DrafterSequence s;
+      s.tokens = generate(session, prompt, o.continuation, sp, round * n_prompts + i, o.is_eog);
+      s.prompt = static_cast<int64_t>(prompt.size());
+      s.greedy = greedy;
+      s.heldout = heldout;
+      if (!heldout) generated += s.n() - s.prompt;
+      if (s.n() >= 3) seqs.push_back(std::move(s));
+      const double rate = static_cast<double>(generated) / std::max(1e-9, seconds_since(t0));
+      report("generate", generated, o.tokens, static_cast<double>(o.tokens - generated) / rate);
+    }
+    if (round > static_cast<uint64_t>(64 * o.tokens))
+      break;  // prompts that end at once (EOG) cannot fill the budget
+  }
+  data.generate_seconds = seconds_since(t0);
+
+  t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    capture(session, taps, data.k, seqs[i]);
+    data.max_n = std::max(data.max_n, seqs[i].n());
+    (seqs[i].heldout ? data.heldout_tokens : data.train_tokens) += seqs[i].n();
+    report("capture", static_cast<int64_t>(i + 1), static_cast<int64_t>(seqs.size()), -1);
+  }
+  data.capture_seconds = seconds_since(t0);
+  if (data.train_tokens == 0) throw Error("no training text: give more prompts or a larger --tokens");
+  return data;
+}
+
+std::vector<float> heldout_acceptance(DraftSource& src,
+                                      const std::function<void(const DrafterSequence&)>& set_taps,
+                                      std::span<const DrafterSequence> sequences, int depth,
+                                      const DrafterProgressFn& on_progress) {
+  std::vector<int64_t> hits(static_cast<size_t>(depth), 0);
+  int64_t anchors = 0;
+  Draft draft;
+  DraftSettings ds;
+  ds.sampling.temperature = 0.0f;
+  for (const DrafterSequence& s : sequences) {
+    if (!s.heldout || !s.greedy) continue;
+    src.begin(std::span<const int32_t>(s.tokens).first(1), ds);
+    set_taps(s);
+    for (int64_t n = std::max<int64_t>(2, s.prompt); n + depth <= s.n(); ++n) {
+      const auto committed = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(n));
+      src.propose(committed, depth, draft);
+      for (size_t i = 0; i < draft.tokens.size() && draft.tokens[i] == s.tokens[static_cast<size_t>(n) + i];
+           ++i)
+        ++hits[i];
+      src.accept(committed, 0);
+      ++anchors;
+    }
+    if (on_progress) on_progress({"evaluate", anchors, anchors, 0, -1});
+  }
+  std::vector<float> acceptance;
+  if (anchors > 0)
+    for (int64_t h : hits) acceptance.push_back(static_cast<float>(h) / static_cast<float>(anchors));
+  return acceptance;
+}
+
+}  // namespace tandem::speculative

@@ -1,0 +1,82 @@
+// Training data for the drafters that read the target's hidden states (docs/training.md), shared by every
+// drafter kind:
+//   generate  continuations of the prompts by the target, greedy and temperature-1 samples in turn;
+//   capture   a teacher-forced pass over each sequence records the tap layers' hidden states and the target's
+//             next-token distribution (in full for vocabularies of at most kDrafterFullVocab tokens, else the
+//             top kDrafterTopK with the rest's mass);
+// and the held-out evaluation: the fraction of positions of the held-out greedy text whose first k + 1
+// greedy drafts all match the target's text. The data is the same bits for the same target, options and
+// thread count.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "tandem/model/session.h"
+#include "tandem/speculative/draft_source.h"
+
+namespace tandem::speculative {
+
+inline constexpr int64_t kDrafterFullVocab = 4096;
+inline constexpr int64_t kDrafterTopK = 32;
+
+// Progress of a drafter's training, by phase.
+struct DrafterTrainProgress {
+  const char* phase = "";  // "generate", "capture", "train", "evaluate"
+  int64_t done = 0, total = 0;
+  double loss = 0;          // train: the mean loss of recent steps
+  double eta_seconds = -1;  // of the phase; < 0 when unknown
+};
+using DrafterProgressFn = std::function<void(const DrafterTrainProgress&)>;
+
+// One sequence of training text and what the target said about it.
+struct DrafterSequence {
+  std::vector<int32_t> tokens;  // [n] prompt and continuation
+  int64_t prompt = 0;           // prompt tokens
+  bool greedy = false;
+  bool heldout = false;
+  std::vector<float> taps;   // [n, n_taps * d] the tap layers side by side, in order
+  std::vector<int32_t> ids;  // [n, kDrafterTopK] when the vocabulary is large, else empty
+  std::vector<float>
+      probs;  // [n, k] (k: the vocabulary, or kDrafterTopK) the target's next-token distribution
+  std::vector<float> rest;  // [n] mass outside ids (top-k only)
+  int64_t n() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+struct DrafterDataOptions {
+  std::vector<std::vector<int32_t>> prompts;  // tokenized; at least one, none empty
+  int64_t tokens = 16384;                     // generated tokens of training text in all
+  int64_t continuation = 256;                 // tokens generated per sequence at most
+  uint64_t seed = 1;
+  std::function<bool(int32_t)> is_eog;  // ends a continuation early; may be empty
+};
+
+struct DrafterData {
+  std::vector<DrafterSequence> sequences;  // training and held-out (the last prompts' greedy text)
+  int64_t max_n = 2;                       // the longest sequence
+  int64_t k = 0;                           // entries per distribution row
+  int64_t train_tokens = 0, heldout_tokens = 0;
+  double generate_seconds = 0, capture_seconds = 0;
+  std::vector<const DrafterSequence*> training() const;
+};
+
+// Generates and captures the data on `session` (of the target, f32 cache advised), reading the tap layers
+// `taps`. Throws tandem::Error when a prompt is empty or leaves no room in the context, or no training text
+// results.
+DrafterData make_drafter_data(model::Session& session, std::span<const int32_t> taps,
+                              const DrafterDataOptions& o, const DrafterProgressFn& on_progress);
+
+// splitmix64: a portable stream of 64-bit values for the trainers' choices (sequences, anchors), the same
+// with every standard library.
+uint64_t next_random(uint64_t& state);
+
+// Held-out acceptance by draft position (docs/training.md): entry i is the fraction of anchors whose first
+// i + 1 greedy drafts match the text. set_taps hands a sequence's captured taps to `source` after begin().
+std::vector<float> heldout_acceptance(DraftSource& source,
+                                      const std::function<void(const DrafterSequence&)>& set_taps,
+                                      std::span<const DrafterSequence> sequences, int depth,
+                                      const DrafterProgressFn& on_progress);
+
+}  // namespace tandem::speculative

@@ -1,0 +1,273 @@
+// The DFlash block drafter end to end on stories260K: a small drafter trained in a few steps drafts for
+// speculative decoding whose greedy output equals plain greedy decoding token for token on every public
+// golden prompt at depths 1..8; after a speculative run (rounds rolled back), the drafter's context cache
+// equals a fresh source's over the same text; sampled verification keeps the target's distribution; a drafter
+// is refused by another target and another kind;
+// training repeats bit for bit for a fixed seed.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tandem/engine/generate.h"
+#include "tandem/engine/generate_speculative.h"
+#include "tandem/model/model.h"
+#include "tandem/model/session.h"
+#include "tandem/speculative/calibration.h"
+#include "tandem/speculative/dflash_train.h"
+#include "tandem/speculative/eagle_train.h"
+#include "tandem/tokenizer/tokenizer.h"
+#include "tandem/util/error.h"
+#include "test_util.h"
+
+namespace tandem::speculative {
+namespace {
+
+constexpr int64_t kTokens = 48;
+
+std::string target_path() {
+  return testing::shared_path("models/stories260K.gguf");
+}
+
+DflashTrainOptions small_options(const model::Model& m, int64_t steps) {
+  auto tok = tokenizer::Tokenizer::from_gguf(m.file());
+  DflashTrainOptions o;
+  const auto prompts = default_training_prompts();
+  for (size_t i = 0; i < 8; ++i) o.data.prompts.push_back(tok->encode(prompts[i], true, false));
+  o.data.tokens = 768;
+  o.data.continuation = 64;
+  o.data.seed = 5;
+  o.steps = steps;
+  o.seed = 5;
+  o.block = 8;
+  o.layers = 2;
+  o.anchors = 16;
+  return o;
+}
+
+// Threads: one, so that the tests keep their pace on a machine whose cores are shared.
+struct Trained {
+  std::unique_ptr<model::Model> target;
+  std::unique_ptr<ThreadPool> pool;
+  DflashTrainResult result;
+  std::string checkpoint;
+};
+
+Trained& trained() {
+  static Trained* t = [] {
+    auto* r = new Trained;
+    r->target = model::Model::load(target_path());
+    r->pool = std::make_unique<ThreadPool>(1);
+    r->result = train_dflash(*r->target, *r->pool, small_options(*r->target, 60));
+    r->result.info.target_file_hash = file_fingerprint(target_path());
+    r->checkpoint = ::testing::TempDir() + "dflash_drafter_test.gguf";
+    std::vector<train::Param*> params = r->result.source->drafter().params();
+    train::save_drafter(r->checkpoint, r->result.info, params);
+    return r;
+  }();
+  return *t;
+}
+
+std::vector<std::vector<int32_t>> golden_prompts() {
+  std::vector<std::vector<int32_t>> prompts;
+  std::ifstream in(testing::shared_path("golden/stories260K.public.jsonl"));
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty())
+      prompts.push_back(nlohmann::json::parse(line).at("prompt_ids").get<std::vector<int32_t>>());
+  return prompts;
+}
+
+std::vector<int32_t> run(const model::Model& m, ThreadPool& pool, DraftSource* source,
+                         std::span<const int32_t> prompt, int depth, engine::SpecStats* stats = nullptr) {
+  model::Session s(m, pool, model::SessionOptions{});
+  std::vector<int32_t> out;
+  const auto keep = [&](int32_t t) { return out.push_back(t), true; };
+  if (source == nullptr) {
+    engine::GenerateOptions g;
+    g.max_tokens = kTokens;
+    g.sampling.temperature = 0.0f;
+    engine::generate(s, prompt, g, keep, nullptr);
+    return out;
+  }
+  engine::SpecOptions o;
+  o.generate.max_tokens = kTokens;
+  o.generate.sampling.temperature = 0.0f;
+  o.draft_max = depth;
+  o.use_gate = false;
+  const engine::SpecStats st = engine::generate_speculative(s, *source, prompt, o, keep, nullptr);
+  if (stats) *stats = st;
+  return out;
+}
+
+TEST(DflashDrafter, GreedyOutputEqualsPlainGreedyAtEveryDepth) {
+  Trained& t = trained();
+  auto source = DflashDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool,
+                                        model::default_context(*t.target, 0));
+  EXPECT_EQ(source->drafter().config().block, 8);
+  int64_t accepted = 0;
+  for (const auto& prompt : golden_prompts()) {
+    const std::vector<int32_t> plain = run(*t.target, *t.pool, nullptr, prompt, 0);
+    for (int depth = 1; depth <= 8; ++depth) {
+      engine::SpecStats st;
+      EXPECT_EQ(run(*t.target, *t.pool, source.get(), prompt, depth, &st), plain)
+          << "depth " << depth << ", prompt of " << prompt.size() << " tokens";
+      accepted += st.accepted;
+    }
+  }
+  EXPECT_GT(accepted, 0) << "the trained drafter never had a draft accepted";
+}
+
+TEST(DflashDrafter, LoadedCheckpointDraftsLikeTheTrainedOne) {
+  Trained& t = trained();
+  auto loaded = DflashDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool,
+                                        model::default_context(*t.target, 0));
+  const std::vector<int32_t> prompt = golden_prompts().front();
+  engine::SpecStats a, b;
+  run(*t.target, *t.pool, t.result.source.get(), prompt, 6, &a);
+  run(*t.target, *t.pool, loaded.get(), prompt, 6, &b);
+  EXPECT_EQ(a.accepted, b.accepted);
+  EXPECT_EQ(a.target_forwards, b.target_forwards);
+}
+
+// Feeds `source` the target's taps of text[0 .. n - 2] from one plain forward, as a fresh generation would.
+void feed_taps(const Trained& t, DflashDraftSource& source, std::span<const int32_t> text) {
+  model::Session s(*t.target, *t.pool, model::SessionOptions{});
+  const auto layers = source.target_layers();
+  const model::CaptureFn fn = [&](int64_t layer, const float* h, int64_t rows) {
+    for (int64_t l : layers)
+      if (l == layer)
+        source.on_target_hidden(layer, {h, static_cast<size_t>(rows * t.target->config().n_embd)}, rows, 0);
+  };
+  s.eval(text.first(text.size() - 1), false, &fn);
+}
+
+TEST(DflashDrafter, RollbackLeavesTheCacheEqualToAFreshRun) {
+  Trained& t = trained();
+  DflashDraftSource& src = *t.result.source;
+  const std::vector<int32_t> prompt = golden_prompts().front();
+  // A speculative run: rounds whose drafts the target partly refused, each rolled back by accept().
+  engine::SpecStats st;
+  std::vector<int32_t> text = prompt;
+  for (int32_t x : run(*t.target, *t.pool, &src, prompt, 6, &st)) text.push_back(x);
+  ASSERT_GT(st.drafted, st.accepted) << "no draft was refused: nothing was rolled back";
+  // Bring the context up to the whole text, then compare with a fresh source that saw only that text.
+  Draft d;
+  src.propose(text, 3, d);
+  EXPECT_EQ(src.cache_length(), static_cast<int64_t>(text.size()) - 1 + src.drafter().config().block);
+  src.accept(text, 0);
+  ASSERT_EQ(src.context_length(), static_cast<int64_t>(text.size()) - 1);
+  ASSERT_EQ(src.cache_length(), src.context_length());
+
+  auto fresh = DflashDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool,
+                                       model::default_context(*t.target, 0));
+  DraftSettings greedy;
+  greedy.sampling.temperature = 0.0f;
+  fresh->begin(text, greedy);
+  feed_taps(t, *fresh, text);
+  Draft fd;
+  fresh->propose(text, 3, fd);
+  EXPECT_EQ(fd.tokens, d.tokens);
+  fresh->accept(text, 0);
+  ASSERT_EQ(fresh->cache_length(), src.cache_length());
+  for (int64_t l = 0; l < src.drafter().config().n_layers; ++l) {
+    const std::vector<float> ka(src.cached_keys(l).begin(), src.cached_keys(l).end());
+    const std::vector<float> kb(fresh->cached_keys(l).begin(), fresh->cached_keys(l).end());
+    const std::vector<float> va(src.cached_values(l).begin(), src.cached_values(l).end());
+    const std::vector<float> vb(fresh->cached_values(l).begin(), fresh->cached_values(l).end());
+    EXPECT_EQ(ka, kb) << "layer " << l << " keys";
+    EXPECT_EQ(va, vb) << "layer " << l << " values";
+  }
+
+  // A shorter text (a new generation over a prefix) drops the context rows past it.
+  const std::span<const int32_t> prefix = std::span<const int32_t>(text).first(prompt.size() + 4);
+  src.propose(prefix, 2, d);
+  src.accept(prefix, 0);
+  EXPECT_EQ(src.context_length(), static_cast<int64_t>(prefix.size()) - 1);
+}
+
+TEST(DflashDrafter, RefusedByAnotherTargetAndAnotherKind) {
+  Trained& t = trained();
+  auto other = model::Model::load(testing::shared_path("models/llama2xs-tok512.gguf"));
+  const std::string other_hash = file_fingerprint(testing::shared_path("models/llama2xs-tok512.gguf"));
+  try {
+    DflashDraftSource::load(t.checkpoint, *other, other_hash, *t.pool, 256);
+    FAIL() << "a drafter for stories260K was accepted by llama2xs";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another target file"), std::string::npos) << e.what();
+  }
+  try {
+    EagleDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool, 256);
+    FAIL() << "a DFlash checkpoint was loaded as an EAGLE drafter";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kind 'dflash'"), std::string::npos) << e.what();
+  }
+  train::DrafterInfo info = t.result.info;
+  info.kind = kEagleKind;
+  EXPECT_THROW(dflash_config_of(info), Error);
+}
+
+// Sampled verification with the block's q: the first sampled token follows the target sampler's p
+// (one-sample chi-square at false-alarm rate 1e-4; Wilson-Hilferty quantile) over 1200 seeds. The prompt is
+// the golden prompt whose p spreads over the most tokens, so that the test has bins to look at.
+TEST(DflashDrafter, SampledFirstTokenFollowsTheTargetDistribution) {
+  Trained& t = trained();
+  DflashDraftSource& src = *t.result.source;
+  sampling::Params params;
+  params.temperature = 1.0f;
+  params.top_k = 0;
+  params.top_p = 0.95f;
+  params.min_p = 0.0f;
+  model::Session s(*t.target, *t.pool, model::SessionOptions{});
+  sampling::Sampler sampler(params);
+  std::vector<int32_t> prompt;
+  sampling::Distribution p, candidate;
+  for (const std::vector<int32_t>& g : golden_prompts()) {
+    s.truncate(0);
+    sampler.distribution(s.eval(g), g, candidate);
+    if (candidate.size() > p.size()) prompt = g, p = candidate;
+  }
+  ASSERT_GE(p.size(), 4u);
+  constexpr int kRuns = 1200;
+  std::map<int32_t, int> counts;
+  engine::SpecStats total;
+  for (int seed = 0; seed < kRuns; ++seed) {
+    engine::SpecOptions o;
+    o.generate.max_tokens = 4;
+    o.generate.sampling = params;
+    o.generate.sampling.seed = 1000 + static_cast<uint64_t>(seed);
+    o.draft_max = 4;
+    o.use_gate = false;
+    int32_t first = -1;
+    s.truncate(0);
+    total.add(engine::generate_speculative(
+        s, src, prompt, o, [&](int32_t x) { return first = x, false; }, nullptr));
+    ++counts[first];
+  }
+  EXPECT_GT(total.accepted, 0);
+  EXPECT_LT(total.accepted, total.drafted);
+  const testing::ChiSquare c = testing::chi_square(p.ids, p.probs, counts, kRuns);
+  EXPECT_EQ(c.outside, 0) << "a token outside the target's top-p set was sampled";
+  EXPECT_LT(c.chi2, testing::chi2_critical_1e4(c.bins - 1));
+}
+
+TEST(DflashDrafter, TrainingRepeatsForAFixedSeed) {
+  Trained& t = trained();
+  DflashTrainOptions o = small_options(*t.target, 4);
+  o.data.tokens = 256;
+  DflashTrainResult a = train_dflash(*t.target, *t.pool, o);
+  DflashTrainResult b = train_dflash(*t.target, *t.pool, o);
+  const auto pa = a.source->drafter().params(), pb = b.source->drafter().params();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(pa[i]->value, pb[i]->value) << pa[i]->name;
+  o.seed = 6;
+  DflashTrainResult c = train_dflash(*t.target, *t.pool, o);
+  EXPECT_NE(pa[0]->value, c.source->drafter().params()[0]->value);
+}
+
+}  // namespace
+}  // namespace tandem::speculative
