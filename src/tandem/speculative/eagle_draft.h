@@ -51,6 +51,19 @@ void copy_target_weights(const model::Model& target, train::EagleDrafter& drafte
 void check_eagle_target(const train::DrafterInfo& info, const model::Model& target,
                         const std::string& target_file_hash);
 
+class EagleDraftSource;
+
+// The calibration key of a drafter file's drafting cost (Calibration::draft_per_token): its kind and
+// file_fingerprint(), so that each drafter, and no draft model, is charged its own measured cost.
+std::string eagle_cost_key(const std::string& drafter_path);
+
+// The cost of one drafted token relative to a target decode step of `decode_seconds`: the median over
+// `rounds` of a proposal of `depth` tokens (one real row and depth - 1 draft rows, as each round of
+// speculation runs) after a context of `context` positions, divided by depth. The source is begun anew
+// and left empty.
+double measure_eagle_draft_cost(EagleDraftSource& source, double decode_seconds, int64_t context = 64,
+                                int depth = 6, int rounds = 7);
+
 class EagleDraftSource final : public DraftSource {
  public:
   // drafter: trained or loaded, its frozen weights set; taps: the target layers it reads, in training order.
@@ -76,6 +89,7 @@ class EagleDraftSource final : public DraftSource {
   void set_taps(int64_t first_pos, std::span<const float> rows);
   train::EagleDrafter& drafter() { return *drafter_; }
   std::span<const int32_t> taps() const { return taps_layers_; }
+  int64_t n_ctx() const { return n_ctx_; }
 
   // Rows of the drafter's KV cache (real rows and the current proposal's draft rows).
   int64_t cache_length() const { return len_; }
