@@ -117,6 +117,59 @@ TEST(EagleDrafter, GreedyOutputEqualsPlainGreedyAtEveryDepth) {
   EXPECT_GT(accepted, 0) << "the trained drafter never had a draft accepted";
 }
 
+// Drafting runs the network training runs, at every depth of layers: the source's output hidden state of
+// the last real row (after 100 rows, so two chunks of its cache catch-up) equals the training forward's
+// under a causal mask, for drafters of 1, 2 and 3 layers.
+TEST(EagleDrafter, DraftingRunsTheTrainedNetworkAtEveryDepthOfLayers) {
+  Trained& t = trained();
+  constexpr int64_t n = 101;
+  for (int64_t layers = 1; layers <= 3; ++layers) {
+    train::EagleConfig cfg = eagle_config_for(*t.target, 3);
+    cfg.n_layer = layers;
+    auto drafter = std::make_unique<train::EagleDrafter>(cfg, n - 1);
+    drafter->init(static_cast<uint64_t>(7 + layers));
+    copy_target_weights(*t.target, *drafter);
+    ASSERT_EQ(drafter->params().size(), 14 + 9 * static_cast<size_t>(layers - 1));
+
+    const int64_t width = cfg.n_taps * cfg.d;
+    std::vector<float> taps(static_cast<size_t>(n * width));
+    for (size_t i = 0; i < taps.size(); ++i) taps[i] = std::sin(0.37f * static_cast<float>(i));
+    std::vector<int32_t> tokens(static_cast<size_t>(n)), pos(static_cast<size_t>(n - 1));
+    for (int64_t i = 0; i < n; ++i)
+      tokens[static_cast<size_t>(i)] = static_cast<int32_t>((13 * i + 5) % cfg.vocab);
+    for (int64_t i = 0; i + 1 < n; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    const train::AttentionMask mask = train::AttentionMask::causal(n - 1);
+    std::vector<float> probs(static_cast<size_t>((n - 1) * cfg.vocab), 1.0f / static_cast<float>(cfg.vocab));
+    train::EagleBatch b;
+    b.rows = n - 1;
+    b.taps = taps.data();
+    b.next_ids = tokens.data() + 1;
+    b.pos = pos.data();
+    b.mask = &mask;
+    b.targets.rows = n - 1;
+    b.targets.top_k = cfg.vocab;
+    b.targets.probs = probs.data();
+    train::Compute c(*t.pool);
+    drafter->forward_backward(b, c, false);
+    const std::vector<float> expected(drafter->output_hidden() + (n - 2) * cfg.d,
+                                      drafter->output_hidden() + (n - 1) * cfg.d);
+
+    EagleDraftSource source(std::move(drafter), default_eagle_taps(t.target->config().n_layer), *t.pool, 256);
+    DraftSettings settings;
+    settings.sampling.temperature = 0.0f;
+    source.begin(std::span<const int32_t>(tokens).first(1), settings);
+    source.set_taps(0, taps);
+    Draft draft;
+    source.propose(tokens, 1, draft);
+    ASSERT_EQ(draft.tokens.size(), 1u);
+    const std::span<const float> got = source.last_hidden();
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i)
+      EXPECT_NEAR(got[i], expected[i], 1e-4f * (1.0f + std::abs(expected[i])))
+          << layers << " layers, [" << i << "]";
+  }
+}
+
 TEST(EagleDrafter, LoadedCheckpointDraftsLikeTheTrainedOne) {
   Trained& t = trained();
   auto loaded = EagleDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool,

@@ -92,6 +92,7 @@ void add_train_drafter_command(CLI::App& app) {
   cmd->add_option("--unroll", o->train.unroll, "Draft steps unrolled in training (default 4)");
   cmd->add_option("--lr", o->train.lr, "Peak learning rate (default 0.003)");
   cmd->add_option("--ffn", o->train.ffn, "The drafter's feed-forward width (default: the target's)");
+  cmd->add_option("--layers", o->train.layers, "The drafter's decoder layers (default 1)");
   cmd->add_option("--eval-every", o->train.eval_every,
                   "Training steps between held-out evaluations on the progress line (default: a tenth of "
                   "--steps)");

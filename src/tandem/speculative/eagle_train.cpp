@@ -294,9 +294,11 @@ EagleTrainResult train_eagle(const model::Model& target, ThreadPool& pool, const
   if (o.prompts.empty()) throw Error("training a drafter needs at least one prompt");
   for (const auto& p : o.prompts)
     if (p.empty()) throw Error("a training prompt is empty: every prompt needs at least one token");
-  if (o.unroll < 1 || o.steps < 0 || o.tokens < 1 || o.continuation < 2 || o.eval_depth < 1 || o.ffn < 0)
+  if (o.unroll < 1 || o.steps < 0 || o.tokens < 1 || o.continuation < 2 || o.eval_depth < 1 || o.ffn < 0 ||
+      o.layers < 1)
     throw Error(
-        "train-drafter: --tokens must be positive, --unroll at least 1, --steps and --ffn not negative");
+        "train-drafter: --tokens must be positive, --unroll and --layers at least 1, --steps and --ffn not "
+        "negative");
   const auto report = [&](const EagleTrainProgress& p) {
     if (o.on_progress) o.on_progress(p);
   };
@@ -388,6 +390,7 @@ EagleTrainResult train_eagle(const model::Model& target, ThreadPool& pool, const
   const int64_t width = static_cast<int64_t>(taps.size()) * mc.n_embd;
   train::EagleConfig cfg = eagle_config_for(target, static_cast<int64_t>(taps.size()));
   if (o.ffn > 0) cfg.ffn = o.ffn;
+  cfg.n_layer = o.layers;
   auto owned = std::make_unique<train::EagleDrafter>(cfg, o.unroll * max_n);
   train::EagleDrafter& drafter = *owned;
   drafter.init(o.seed);

@@ -47,8 +47,9 @@ struct EagleTrainOptions {
   int64_t continuation = 256;                 // tokens generated per sequence at most
   int64_t steps = 800;
   uint64_t seed = 1;
-  int unroll = 4;   // training-time test steps (>= 1)
-  int64_t ffn = 0;  // the drafter's SwiGLU width (0: the target's)
+  int unroll = 4;      // training-time test steps (>= 1)
+  int64_t ffn = 0;     // the drafter's SwiGLU width (0: the target's)
+  int64_t layers = 1;  // the drafter's decoder layers
   double lr = 3e-3;
   double clip = 1.0;
   int eval_depth = 8;
