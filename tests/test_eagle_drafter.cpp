@@ -5,6 +5,7 @@
 // resumed (in the library, and by SIGINT to `tandem train-drafter`) ends with the weights of a run never
 // stopped; `tandem info` describes a drafter.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -29,6 +30,11 @@ namespace tandem::speculative {
 namespace {
 
 constexpr int64_t kTokens = 48;
+
+// A file in the temporary directory that no other process running these tests at the same time uses.
+std::string private_temp_file(const std::string& name) {
+  return ::testing::TempDir() + std::to_string(getpid()) + "_" + name;
+}
 
 std::string target_path() {
   return testing::shared_path("models/stories260K.gguf");
@@ -61,7 +67,7 @@ Trained& trained() {
     r->pool = std::make_unique<ThreadPool>(2);
     r->result = train_eagle(*r->target, *r->pool, small_options(*r->target, 40));
     r->result.info.target_file_hash = file_fingerprint(target_path());
-    r->checkpoint = ::testing::TempDir() + "eagle_drafter_test.gguf";
+    r->checkpoint = private_temp_file("eagle_drafter_test.gguf");
     std::vector<train::Param*> params = r->result.source->drafter().params();
     train::save_drafter(r->checkpoint, r->result.info, params);
     return r;
@@ -255,7 +261,7 @@ TEST(EagleDrafter, StoppedAndResumedTrainingReachesTheSameWeights) {
   EagleTrainOptions o = small_options(*t.target, 6);
   o.tokens = 256;
   o.target_file_hash = file_fingerprint(target_path());
-  o.checkpoint = ::testing::TempDir() + "eagle_resume_test.gguf";
+  o.checkpoint = private_temp_file("eagle_resume_test.gguf");
   const EagleTrainResult whole = train_eagle(*t.target, *t.pool, o);
   ASSERT_FALSE(whole.stopped);
 
