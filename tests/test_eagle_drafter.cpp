@@ -286,6 +286,14 @@ TEST(EagleDrafter, StoppedAndResumedTrainingReachesTheSameWeights) {
   for (size_t i = 0; i < pw.size(); ++i) EXPECT_EQ(pw[i]->value, pr[i]->value) << pw[i]->name;
   EXPECT_EQ(whole.info.acceptance, rest.info.acceptance);
 
+  o.layers = 2;  // not the shape it was started with
+  try {
+    train_eagle(*t.target, *t.pool, o);
+    FAIL() << "resumed with another --layers";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--layers 1"), std::string::npos) << e.what();
+  }
+  o.layers = 1;
   o.seed = 9;  // not the options it was started with
   try {
     train_eagle(*t.target, *t.pool, o);

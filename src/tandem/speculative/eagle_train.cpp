@@ -417,7 +417,8 @@ EagleTrainResult train_eagle(const model::Model& target, ThreadPool& pool, const
   uint64_t rng = o.seed ^ 0x5eed5eedull;
   int64_t first_step = 0;
   if (o.resume) {
-    const train::DrafterInfo saved = train::load_drafter(o.checkpoint, params, &opt);
+    // The metadata first: a drafter of another shape would fail on its tensors with a less useful message.
+    const train::DrafterInfo saved = train::load_drafter(o.checkpoint, {});
     const auto refuse = [&](const std::string& what) {
       throw Error("cannot resume from " + o.checkpoint + ": " + what);
     };
@@ -428,6 +429,10 @@ EagleTrainResult train_eagle(const model::Model& target, ThreadPool& pool, const
     if (saved.seed != o.seed || saved.total_steps != o.steps)
       refuse("it was started with --seed " + std::to_string(saved.seed) + " and --steps " +
              std::to_string(saved.total_steps) + "; resume with the options it was started with");
+    if (saved.layer_count != cfg.n_layer || saved.ffn != cfg.ffn)
+      refuse("it was started with --layers " + std::to_string(saved.layer_count) + " and --ffn " +
+             std::to_string(saved.ffn) + "; resume with the options it was started with");
+    train::load_drafter(o.checkpoint, params, &opt);
     first_step = saved.step;
     rng = saved.data_position;
   }
