@@ -1,9 +1,13 @@
 // The EAGLE-3 drafter end to end on stories260K: a small drafter trained in a few steps drafts for
 // speculative decoding whose greedy output equals plain greedy decoding token for token on every public
 // golden prompt at depths 1..8; a drafter is refused by another target, saying what differs; training repeats
-// bit for bit for a fixed seed; a probe proposal leaves the drafter's cache as it was.
+// bit for bit for a fixed seed; a probe proposal leaves the drafter's cache as it was; training stopped and
+// resumed (in the library, and by SIGINT to `tandem train-drafter`) ends with the weights of a run never
+// stopped; `tandem info` describes a drafter.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -26,6 +30,11 @@ namespace tandem::speculative {
 namespace {
 
 constexpr int64_t kTokens = 48;
+
+// A file in the temporary directory that no other process running these tests at the same time uses.
+std::string private_temp_file(const std::string& name) {
+  return ::testing::TempDir() + std::to_string(getpid()) + "_" + name;
+}
 
 std::string target_path() {
   return testing::shared_path("models/stories260K.gguf");
@@ -58,7 +67,7 @@ Trained& trained() {
     r->pool = std::make_unique<ThreadPool>(2);
     r->result = train_eagle(*r->target, *r->pool, small_options(*r->target, 40));
     r->result.info.target_file_hash = file_fingerprint(target_path());
-    r->checkpoint = ::testing::TempDir() + "eagle_drafter_test.gguf";
+    r->checkpoint = private_temp_file("eagle_drafter_test.gguf");
     std::vector<train::Param*> params = r->result.source->drafter().params();
     train::save_drafter(r->checkpoint, r->result.info, params);
     return r;
@@ -112,6 +121,59 @@ TEST(EagleDrafter, GreedyOutputEqualsPlainGreedyAtEveryDepth) {
     }
   }
   EXPECT_GT(accepted, 0) << "the trained drafter never had a draft accepted";
+}
+
+// Drafting runs the network training runs, at every depth of layers: the source's output hidden state of
+// the last real row (after 100 rows, so two chunks of its cache catch-up) equals the training forward's
+// under a causal mask, for drafters of 1, 2 and 3 layers.
+TEST(EagleDrafter, DraftingRunsTheTrainedNetworkAtEveryDepthOfLayers) {
+  Trained& t = trained();
+  constexpr int64_t n = 101;
+  for (int64_t layers = 1; layers <= 3; ++layers) {
+    train::EagleConfig cfg = eagle_config_for(*t.target, 3);
+    cfg.n_layer = layers;
+    auto drafter = std::make_unique<train::EagleDrafter>(cfg, n - 1);
+    drafter->init(static_cast<uint64_t>(7 + layers));
+    copy_target_weights(*t.target, *drafter);
+    ASSERT_EQ(drafter->params().size(), 14 + 9 * static_cast<size_t>(layers - 1));
+
+    const int64_t width = cfg.n_taps * cfg.d;
+    std::vector<float> taps(static_cast<size_t>(n * width));
+    for (size_t i = 0; i < taps.size(); ++i) taps[i] = std::sin(0.37f * static_cast<float>(i));
+    std::vector<int32_t> tokens(static_cast<size_t>(n)), pos(static_cast<size_t>(n - 1));
+    for (int64_t i = 0; i < n; ++i)
+      tokens[static_cast<size_t>(i)] = static_cast<int32_t>((13 * i + 5) % cfg.vocab);
+    for (int64_t i = 0; i + 1 < n; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    const train::AttentionMask mask = train::AttentionMask::causal(n - 1);
+    std::vector<float> probs(static_cast<size_t>((n - 1) * cfg.vocab), 1.0f / static_cast<float>(cfg.vocab));
+    train::EagleBatch b;
+    b.rows = n - 1;
+    b.taps = taps.data();
+    b.next_ids = tokens.data() + 1;
+    b.pos = pos.data();
+    b.mask = &mask;
+    b.targets.rows = n - 1;
+    b.targets.top_k = cfg.vocab;
+    b.targets.probs = probs.data();
+    train::Compute c(*t.pool);
+    drafter->forward_backward(b, c, false);
+    const std::vector<float> expected(drafter->output_hidden() + (n - 2) * cfg.d,
+                                      drafter->output_hidden() + (n - 1) * cfg.d);
+
+    EagleDraftSource source(std::move(drafter), default_eagle_taps(t.target->config().n_layer), *t.pool, 256);
+    DraftSettings settings;
+    settings.sampling.temperature = 0.0f;
+    source.begin(std::span<const int32_t>(tokens).first(1), settings);
+    source.set_taps(0, taps);
+    Draft draft;
+    source.propose(tokens, 1, draft);
+    ASSERT_EQ(draft.tokens.size(), 1u);
+    const std::span<const float> got = source.last_hidden();
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i)
+      EXPECT_NEAR(got[i], expected[i], 1e-4f * (1.0f + std::abs(expected[i])))
+          << layers << " layers, [" << i << "]";
+  }
 }
 
 TEST(EagleDrafter, LoadedCheckpointDraftsLikeTheTrainedOne) {
@@ -192,6 +254,134 @@ TEST(EagleDrafter, TrainingRepeatsForAFixedSeed) {
   o.seed = 6;
   EagleTrainResult c = train_eagle(*t.target, *t.pool, o);
   EXPECT_NE(pa[0]->value, c.source->drafter().params()[0]->value);
+}
+
+TEST(EagleDrafter, StoppedAndResumedTrainingReachesTheSameWeights) {
+  Trained& t = trained();
+  EagleTrainOptions o = small_options(*t.target, 6);
+  o.tokens = 256;
+  o.target_file_hash = file_fingerprint(target_path());
+  o.checkpoint = private_temp_file("eagle_resume_test.gguf");
+  const EagleTrainResult whole = train_eagle(*t.target, *t.pool, o);
+  ASSERT_FALSE(whole.stopped);
+
+  int64_t trained_steps = 0;
+  o.on_progress = [&](const EagleTrainProgress& p) {
+    if (std::string(p.phase) == "train") trained_steps = p.done;
+  };
+  o.stop = [&] { return trained_steps >= 3; };
+  const EagleTrainResult first = train_eagle(*t.target, *t.pool, o);
+  ASSERT_TRUE(first.stopped);
+  EXPECT_EQ(first.source, nullptr);
+  const train::DrafterInfo saved = train::load_drafter(o.checkpoint, {});
+  EXPECT_EQ(saved.step, 3);
+  EXPECT_EQ(saved.total_steps, 6);
+
+  o.stop = nullptr;
+  o.resume = true;
+  const EagleTrainResult rest = train_eagle(*t.target, *t.pool, o);
+  ASSERT_FALSE(rest.stopped);
+  const auto pw = whole.source->drafter().params(), pr = rest.source->drafter().params();
+  ASSERT_EQ(pw.size(), pr.size());
+  for (size_t i = 0; i < pw.size(); ++i) EXPECT_EQ(pw[i]->value, pr[i]->value) << pw[i]->name;
+  EXPECT_EQ(whole.info.acceptance, rest.info.acceptance);
+
+  o.layers = 2;  // not the shape it was started with
+  try {
+    train_eagle(*t.target, *t.pool, o);
+    FAIL() << "resumed with another --layers";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--layers 1"), std::string::npos) << e.what();
+  }
+  o.layers = 1;
+  o.seed = 9;  // not the options it was started with
+  try {
+    train_eagle(*t.target, *t.pool, o);
+    FAIL() << "resumed with another --seed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--seed"), std::string::npos) << e.what();
+  }
+}
+
+// The command itself: SIGINT while it trains leaves a resumable checkpoint and a clean exit; --resume then
+// writes the file an uninterrupted run writes, byte for byte.
+TEST(EagleDrafter, InterruptedCommandResumesToTheSameFile) {
+  const testing::TempDir dir("eagle_sigint");
+  const std::string tandem(TANDEM_BINARY), base = tandem + " train-drafter -m '" + target_path() +
+                                                  "' -t 1 --tokens 512 --steps 150 --unroll 2 --seed 3 -o ";
+  const std::string whole = dir.file("whole.gguf"), cut = dir.file("cut.gguf"), log = dir.file("log");
+  ASSERT_EQ(testing::run_command(base + "'" + whole + "' 2>/dev/null").second, 0);
+  // Wait (at most 60 s) for the training phase, then interrupt it.
+  const auto [out, rc] = testing::run_command(
+      base + "'" + cut + "' 2>'" + log + "' & pid=$!; for i in $(seq 600); do grep -q 'train ' '" + log +
+      "' && break; sleep 0.1; done; kill -INT $pid; wait $pid; echo \"rc=$?\"; cat '" + log + "'");
+  ASSERT_EQ(rc, 0) << out;
+  ASSERT_NE(out.find("rc=0"), std::string::npos) << out;
+  ASSERT_NE(out.find("interrupted at step"), std::string::npos) << out;
+  const auto [info, info_rc] = testing::run_command(tandem + " info -m '" + cut + "'");
+  EXPECT_NE(info.find("optimizer state stored (resumable)"), std::string::npos) << info;
+  ASSERT_EQ(testing::run_command(base + "'" + cut + "' --resume 2>/dev/null").second, 0);
+  const auto [diff, diff_rc] = testing::run_command("cmp '" + whole + "' '" + cut + "'");
+  EXPECT_EQ(diff_rc, 0) << diff;
+}
+
+// The gate plans with each drafter's own measured cost, calibrated under its kind and file (not the zero
+// cost of a lookup, nor a draft model's).
+TEST(EagleDrafter, CalibrationKeepsTheDrafterItsOwnCost) {
+  Trained& t = trained();
+  const double cost = measure_eagle_draft_cost(*t.result.source, 1e-3);
+  EXPECT_GT(cost, 0.0);
+  EXPECT_TRUE(std::isfinite(cost));
+  EXPECT_EQ(t.result.source->cache_length(), 0);
+
+  const testing::TempDir dir("eagle_calibration");
+  {
+    std::ofstream prompts(dir.file("prompts.txt"));
+    prompts << "Once upon a time\n";
+  }
+  const auto [out, rc] =
+      testing::run_command("XDG_CACHE_HOME='" + dir.file("cache") + "' " + std::string(TANDEM_BINARY) +
+                           " bench-spec -m '" + target_path() + "' --drafter '" + t.checkpoint +
+                           "' -t 1 -n 8 --draft-max 3 --prompts '" + dir.file("prompts.txt") + "' 2>&1");
+  ASSERT_EQ(rc, 0) << out;
+  std::ifstream in(dir.file("cache") + "/tandem/calibration.json");
+  ASSERT_TRUE(in) << out;
+  const nlohmann::json j = nlohmann::json::parse(in);
+  const std::string key = eagle_cost_key(t.checkpoint);
+  bool found = false;
+  for (const auto& entry : j.at("entries")) {
+    if (!entry.contains("draft_per_token") || !entry["draft_per_token"].contains(key)) continue;
+    found = true;
+    EXPECT_GT(entry["draft_per_token"][key].get<double>(), 0.0);
+  }
+  EXPECT_TRUE(found) << key << " not in " << j.dump();
+}
+
+TEST(EagleDrafter, InfoShowsKindTargetTapsSizeAndAcceptance) {
+  Trained& t = trained();
+  const auto [out, rc] = testing::run_command(std::string(TANDEM_BINARY) + " info -m '" + t.checkpoint + "'");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("kind eagle3"), std::string::npos) << out;
+  EXPECT_NE(out.find("file hash " + t.result.info.target_file_hash), std::string::npos) << out;
+  EXPECT_NE(out.find("vocabulary hash " + t.result.info.target_vocab_hash), std::string::npos) << out;
+  std::string taps = "taps: target layers";
+  for (int32_t l : t.result.info.tap_layers) {
+    taps += ' ';
+    taps += std::to_string(l);
+  }
+  taps += '\n';
+  EXPECT_NE(out.find(taps), std::string::npos) << out;
+  int64_t params = 0;
+  for (const train::Param* p : t.result.source->drafter().params())
+    if (p->trainable()) params += p->size();
+  EXPECT_NE(out.find("size: " + std::to_string(params) + " trained parameters"), std::string::npos) << out;
+  ASSERT_FALSE(t.result.info.acceptance.empty());
+  char first[32];
+  std::snprintf(first, sizeof first, " %.3f", t.result.info.acceptance[0]);
+  EXPECT_NE(
+      out.find("held-out acceptance by draft position (first k drafts all accepted):" + std::string(first)),
+      std::string::npos)
+      << out;
 }
 
 }  // namespace

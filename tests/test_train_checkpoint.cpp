@@ -53,6 +53,8 @@ DrafterInfo info_for(const EagleConfig& cfg) {
   info.own_head = cfg.train_head;
   info.step = 3;
   info.seed = 42;
+  info.total_steps = 10;
+  info.data_position = 0xF00DFACE12345678ull;  // past int64's range: a generator's state uses all 64 bits
   return info;
 }
 
@@ -113,6 +115,8 @@ TEST(TrainCheckpoint, RoundTripResumesExactly) {
   EXPECT_TRUE(got.own_head);
   EXPECT_EQ(got.step, 3);
   EXPECT_EQ(got.seed, 42u);
+  EXPECT_EQ(got.total_steps, 10);
+  EXPECT_EQ(got.data_position, 0xF00DFACE12345678ull);
   EXPECT_EQ(b.opt.steps(), 3);
   for (size_t i = 0; i < a.ps.size(); ++i) {
     if (a.ps[i]->trainable()) {

@@ -134,8 +134,12 @@ EagleConfig tiny() {
   return cfg;
 }
 
-TEST(TrainEagle, WholeDrafterGradient) {
+// One layer, and three (the first plus two plain layers).
+class WholeDrafterGradient : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(WholeDrafterGradient, MatchesFiniteDifferences) {
   EagleConfig cfg;
+  cfg.n_layer = GetParam();
   cfg.d = 6;
   cfg.n_head = 2;
   cfg.n_kv_head = 1;
@@ -183,6 +187,8 @@ TEST(TrainEagle, WholeDrafterGradient) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(TrainEagle, WholeDrafterGradient, ::testing::Values(1, 3));
 
 // The loss starts near ln(32) = 3.47 (chance) and must fall below 0.15, with the drafter's argmax right on
 // more than 97% of rows, within 150 steps of 128 rows.

@@ -7,9 +7,63 @@
 #include "tandem/gguf/reader.h"
 #include "tandem/model/model.h"
 #include "tandem/model/session.h"
+#include "tandem/train/checkpoint.h"
 #include "tandem/util/error.h"
 
 namespace tandem::cli {
+namespace {
+
+// A drafter checkpoint (docs/training.md): what it drafts for, what it reads and how well it did on held-out
+// text when it was trained.
+void print_drafter(const gguf::File& f) {
+  const train::DrafterInfo info = train::load_drafter(f.path(), {});
+  std::printf(
+      "drafter: kind %s, %lld layer%s, width %lld, %lld heads (%lld KV), head size %lld, FFN %lld, "
+      "vocab %lld, block %lld\n",
+      info.kind.c_str(), static_cast<long long>(info.layer_count), info.layer_count == 1 ? "" : "s",
+      static_cast<long long>(info.d), static_cast<long long>(info.n_head),
+      static_cast<long long>(info.n_kv_head), static_cast<long long>(info.head_dim),
+      static_cast<long long>(info.ffn), static_cast<long long>(info.vocab),
+      static_cast<long long>(info.block_size));
+  std::printf("target: file hash %s, vocabulary hash %s\n", info.target_file_hash.c_str(),
+              info.target_vocab_hash.c_str());
+  std::printf("taps: target layers");
+  for (int32_t l : info.tap_layers) std::printf(" %d", l);
+  std::printf("\n");
+  int64_t params = 0, optimizer_values = 0;
+  size_t bytes = 0;
+  for (const auto& t : f.tensors()) {
+    const int64_t n = t.elements();
+    if (t.name.rfind("adam.", 0) == 0) {
+      optimizer_values += n;
+      continue;
+    }
+    params += n;
+    bytes += t.bytes;
+  }
+  const int64_t shared = info.vocab * info.d * (info.own_head ? 1 : 2);
+  std::printf(
+      "size: %lld trained parameters (%.1f KiB), plus the target's %s (%lld parameters, not stored)\n",
+      static_cast<long long>(params), static_cast<double>(bytes) / 1024.0,
+      info.own_head ? "embedding" : "embedding and head", static_cast<long long>(shared));
+  std::printf("training: %lld steps, seed %llu%s\n", static_cast<long long>(info.step),
+              static_cast<unsigned long long>(info.seed),
+              optimizer_values > 0 ? ", optimizer state stored (resumable)" : "");
+  if (info.acceptance.empty()) {
+    std::printf("held-out acceptance: not measured\n");
+    return;
+  }
+  std::printf("held-out acceptance by draft position (first k drafts all accepted):");
+  double expected = 1.0;
+  for (float a : info.acceptance) {
+    std::printf(" %.3f", a);
+    expected += a;
+  }
+  std::printf("\nexpected tokens per target forward at depth %zu (greedy): %.2f\n", info.acceptance.size(),
+              expected);
+}
+
+}  // namespace
 
 void add_info_command(CLI::App& app) {
   auto* cmd =
@@ -23,6 +77,10 @@ void add_info_command(CLI::App& app) {
     std::printf("file: %s (GGUF v%u, %.1f MiB)\n", path->c_str(), f.version(), f.file_size() / 1048576.0);
     std::string arch(f.get_string("general.architecture").value_or("(none)"));
     std::printf("architecture: %s\n", arch.c_str());
+    if (arch == train::kDrafterArchitecture) {
+      print_drafter(f);
+      return;
+    }
     if (auto name = f.get_string("general.name"))
       std::printf("name: %.*s\n", int(name->size()), name->data());
     for (const auto& [key, v] : f.metadata()) {

@@ -1,9 +1,14 @@
 // tandem train-drafter: trains a drafter that reads the target's hidden states (speculative/eagle_train.h)
 // and writes it as a GGUF drafter checkpoint for `run` and `bench-spec --drafter`.
+#include <pthread.h>
+
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "tandem/cli/commands.h"
 #include "tandem/cli/common.h"
@@ -14,6 +19,54 @@
 #include "tandem/util/error.h"
 
 namespace tandem::cli {
+namespace {
+
+// SIGINT and SIGTERM are blocked in every thread (the pool's threads inherit the mask, so it must exist
+// before them) and taken by one watcher thread with sigwait(), which only raises a flag the training loop
+// polls: no handler runs asynchronously and no global flag is needed.
+class InterruptWatcher {
+ public:
+  InterruptWatcher() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set_, &previous_);
+    thread_ = std::thread([this] {
+      int sig = 0;
+      sigwait(&set_, &sig);
+      if (!done_.load()) interrupted_.store(true);
+    });
+  }
+  ~InterruptWatcher() {
+    done_.store(true);
+    if (!interrupted_.load()) pthread_kill(thread_.native_handle(), SIGTERM);  // wakes sigwait
+    thread_.join();
+    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+  }
+  InterruptWatcher(const InterruptWatcher&) = delete;
+  InterruptWatcher& operator=(const InterruptWatcher&) = delete;
+  bool interrupted() const { return interrupted_.load(); }
+
+ private:
+  sigset_t set_{}, previous_{};
+  std::atomic<bool> interrupted_{false}, done_{false};
+  std::thread thread_;
+};
+
+void print_progress(const speculative::EagleTrainProgress& p) {
+  std::fprintf(stderr, "\r%-8s %6lld/%-6lld tokens %7lld", p.phase, static_cast<long long>(p.done),
+               static_cast<long long>(p.total), static_cast<long long>(p.tokens));
+  if (p.loss > 0) std::fprintf(stderr, "  loss %.4f", p.loss);
+  if (!p.acceptance.empty()) {
+    std::fprintf(stderr, "  held-out");
+    for (size_t i = 0; i < p.acceptance.size() && i < 6; ++i) std::fprintf(stderr, " %.2f", p.acceptance[i]);
+  }
+  if (p.eta_seconds >= 0) std::fprintf(stderr, "  ETA %4.0f s", p.eta_seconds);
+  std::fprintf(stderr, "   ");
+  if (p.done == p.total) std::fprintf(stderr, "\n");
+}
+
+}  // namespace
 
 namespace {
 
@@ -76,7 +129,6 @@ void add_train_drafter_command(CLI::App& app) {
   add_model_options(*cmd, o->model);
   cmd->add_option("--kind", o->kind, "Drafter kind: eagle3 (default) or dflash");
   cmd->add_option("--block", o->dflash.block, "dflash: rows per block, the draft depth (default 8)");
-  cmd->add_option("--layers", o->dflash.layers, "dflash: drafter decoder layers (default 1)");
   cmd->add_option("--anchors", o->dflash.anchors, "dflash: blocks per training step (default 32)");
   cmd->add_option("--gamma", o->dflash.gamma,
                   "dflash: block row k's loss is weighted by exp(-k / gamma) (default 4)");
@@ -89,11 +141,21 @@ void add_train_drafter_command(CLI::App& app) {
   cmd->add_option("--seed", o->train.seed, "Seed of the sampled text and the initial weights (default 1)");
   cmd->add_option("--unroll", o->train.unroll, "Draft steps unrolled in training (default 4)");
   cmd->add_option("--lr", o->train.lr, "Peak learning rate (default 0.003)");
-  cmd->callback([o] {
+  cmd->add_option("--ffn", o->train.ffn, "The drafter's feed-forward width (default: the target's)");
+  CLI::Option* layers =
+      cmd->add_option("--layers", o->train.layers, "The drafter's decoder layers (default 1)");
+  cmd->add_option("--eval-every", o->train.eval_every,
+                  "Training steps between held-out evaluations on the progress line (default: a tenth of "
+                  "--steps)");
+  cmd->add_flag("--resume", o->train.resume,
+                "Continue the training that Ctrl-C interrupted, from the checkpoint it left at -o (give the "
+                "options it was started with)");
+  cmd->callback([o, layers] {
     if (o->kind != speculative::kEagleKind && o->kind != speculative::kDflashKind)
       throw Error("unknown --kind '" + o->kind + "': expected eagle3 or dflash");
     auto target = model::Model::load(o->model.model_path, o->model.load_mode());
     auto tok = tokenizer::Tokenizer::from_gguf(target->file());
+    InterruptWatcher interrupt;
     ThreadPool pool(o->model.resolved_threads());
 
     std::vector<std::string> texts;
@@ -106,22 +168,29 @@ void add_train_drafter_command(CLI::App& app) {
         if (!line.empty()) texts.push_back(line);
       if (texts.empty()) throw Error("--prompts " + o->prompts + " holds no prompt (one a line)");
     }
+    if (o->kind == speculative::kDflashKind && layers->count() > 0) o->dflash.layers = o->train.layers;
     if (o->kind == speculative::kDflashKind)
       return train_dflash_drafter(*target, o->model.model_path, *tok, pool, texts, o->train, o->dflash,
                                   o->out);
     for (const std::string& t : texts) o->train.prompts.push_back(tok->encode(t, true, false));
     o->train.is_eog = [&tok](int32_t id) { return tok->is_eog(id); };
-    o->train.on_progress = [](const speculative::EagleTrainProgress& p) {
-      std::fprintf(stderr, "\r%-8s %6lld/%-6lld", p.phase, static_cast<long long>(p.done),
-                   static_cast<long long>(p.total));
-      if (p.loss > 0) std::fprintf(stderr, "  loss %.4f", p.loss);
-      if (p.eta_seconds >= 0) std::fprintf(stderr, "  ETA %4.0f s", p.eta_seconds);
-      std::fprintf(stderr, "   ");
-      if (p.done == p.total) std::fprintf(stderr, "\n");
-    };
+    o->train.on_progress = print_progress;
+    o->train.stop = [&interrupt] { return interrupt.interrupted(); };
+    o->train.checkpoint = o->out;
+    o->train.target_file_hash = speculative::file_fingerprint(o->model.model_path);
 
     speculative::EagleTrainResult r = speculative::train_eagle(*target, pool, o->train);
-    r.info.target_file_hash = speculative::file_fingerprint(o->model.model_path);
+    if (r.stopped) {
+      if (r.info.step > 0 || r.info.total_steps > 0)
+        std::fprintf(stderr,
+                     "\ninterrupted at step %lld of %lld: saved %s; continue with the same options and "
+                     "--resume\n",
+                     static_cast<long long>(r.info.step), static_cast<long long>(r.info.total_steps),
+                     o->out.c_str());
+      else
+        std::fprintf(stderr, "\ninterrupted before training began: nothing saved\n");
+      return;
+    }
     std::vector<train::Param*> params = r.source->drafter().params();
     train::save_drafter(o->out, r.info, params);
 

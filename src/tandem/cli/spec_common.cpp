@@ -92,6 +92,7 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
     s.source =
         speculative::EagleDraftSource::load(f.drafter, target, speculative::file_fingerprint(target_path),
                                             pool, model::default_context(target, session_options.n_ctx));
+    draft_hash = speculative::eagle_cost_key(f.drafter);
   } else if (f.draft == "ngram") {
     s.source =
         std::make_unique<speculative::NgramSource>(speculative::NgramOptions{f.ngram_min, f.ngram_max});
@@ -119,6 +120,8 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
     co.max_rows = std::max(widest, cal ? static_cast<int>(cal->verify.size()) - 1 : 0);
     co.repeats = 3;
     cal = speculative::calibrate(target, target_path, s.draft_model.get(), f.draft_model, pool, co);
+    if (auto* eagle = dynamic_cast<speculative::EagleDraftSource*>(s.source.get()))
+      cal->draft_per_token[draft_hash] = speculative::measure_eagle_draft_cost(*eagle, cal->decode_seconds);
     speculative::store_calibration(cache_path, *cal);
   }
   if (cal) {
@@ -129,8 +132,12 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
         stderr,
         "note: no calibration for this model, CPU and thread count; the gate assumes each extra verify "
         "row costs 0.25 of a decode step (run `tandem calibrate -m %s%s%s`)\n",
-        target_path.c_str(), draft_hash.empty() ? "" : " --draft-model ", f.draft_model.c_str());
-    s.options.costs = speculative::CostModel::linear(0.25, draft_hash.empty() ? 0.0 : 0.5);
+        target_path.c_str(), f.draft_model.empty() ? "" : " --draft-model ", f.draft_model.c_str());
+    // An EAGLE drafter is one layer of the target's shape and its head: about two of its n_layer layers.
+    const double drafter_cost = 2.0 / static_cast<double>(std::max<int64_t>(2, target.config().n_layer));
+    s.options.costs = speculative::CostModel::linear(0.25, !f.draft_model.empty() ? 0.5
+                                                           : !f.drafter.empty()   ? drafter_cost
+                                                                                  : 0.0);
   }
   return s;
 }

@@ -1,9 +1,12 @@
 #include "tandem/speculative/eagle_draft.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+
+#include "tandem/speculative/calibration.h"
 
 #include "tandem/tensor/quant.h"
 #include "tandem/train/layers.h"
@@ -89,13 +92,14 @@ train::EagleConfig eagle_config_of(const train::DrafterInfo& info) {
   e.rope_layout = info.rope_layout == "halves" ? train::RopeLayout::kHalves : train::RopeLayout::kInterleaved;
   e.norm_eps = info.norm_eps;
   e.train_head = info.own_head;
+  e.n_layer = info.layer_count;
   return e;
 }
 
 void set_eagle_shape(train::DrafterInfo& info, const train::EagleConfig& e) {
   info.kind = kEagleKind;
   info.block_size = 1;
-  info.layer_count = 1;
+  info.layer_count = e.n_layer;
   info.d = e.d;
   info.n_head = e.n_head;
   info.n_kv_head = e.n_kv_head;
@@ -162,6 +166,14 @@ EagleDraftSource::EagleDraftSource(std::unique_ptr<train::EagleDrafter> drafter,
   w_down_ = find(params, "blk.0.ffn_down.weight");
   out_norm_ = find(params, "output_norm.weight");
   head_ = find(params, "output.weight");
+  for (int64_t l = 1; l < cfg_.n_layer; ++l) {
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    const auto weight = [&](const char* what) { return find(params, (blk + what + ".weight").c_str()); };
+    plain_.push_back({weight("attn_norm"), weight("attn_q"), weight("attn_k"), weight("attn_v"),
+                      weight("attn_output"), weight("ffn_norm"), weight("ffn_gate"), weight("ffn_up"),
+                      weight("ffn_down"), std::vector<float>(static_cast<size_t>(n_ctx_ * kv_width_), 0.0f),
+                      std::vector<float>(static_cast<size_t>(n_ctx_ * kv_width_), 0.0f)});
+  }
 
   const int64_t d = cfg_.d, qw = cfg_.n_head * cfg_.head_dim;
   const auto sized = [](int64_t rows, int64_t width) {
@@ -224,8 +236,7 @@ void EagleDraftSource::set_taps(int64_t first_pos, std::span<const float> rows) 
 
 void EagleDraftSource::forward(int64_t n, const float* given_g, const int32_t* next_ids, bool want_logits) {
   const int64_t d = cfg_.d, H = cfg_.n_head, Hkv = cfg_.n_kv_head, hd = cfg_.head_dim, F = cfg_.ffn;
-  const int64_t qw = H * hd, group = H / Hkv;
-  const float eps = cfg_.norm_eps, scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float eps = cfg_.norm_eps;
   train::Compute& c = compute_;
   for (int64_t i = 0; i < n; ++i) pos_[static_cast<size_t>(i)] = static_cast<int32_t>(len_ + i);
 
@@ -249,15 +260,55 @@ void EagleDraftSource::forward(int64_t n, const float* given_g, const int32_t* n
   train::rope_forward(rope, q_.data(), n, H, pos_.data(), c);
   train::rope_forward(rope, k, n, Hkv, pos_.data(), c);
 
-  // Causal attention over the cache: row i (cache row len_ + i) sees rows 0 .. len_ + i.
+  attend(q_.data(), k_.data(), v_.data(), n);
+  train::linear_forward(*wo_, nullptr, att_.data(), n, h1_.data(), c);
+  train::add_into(h1_.data(), g_.data(), n * d, c);
+  train::rmsnorm_forward(*ffn_norm_, eps, h1_.data(), n, n2_.data(), inv_.data(), c);
+  train::linear_forward(*w_gate_, nullptr, n2_.data(), n, gate_.data(), c);
+  train::linear_forward(*w_up_, nullptr, n2_.data(), n, up_.data(), c);
+  train::swiglu_forward(gate_.data(), up_.data(), n * F, act_.data(), c);
+  train::linear_forward(*w_down_, nullptr, act_.data(), n, h2_.data(), c);
+  train::add_into(h2_.data(), h1_.data(), n * d, c);
+  // The plain layers, in place on h2_ (ne_ is free for their normalized input).
+  for (PlainLayer& l : plain_) {
+    float* lk = l.k.data() + len_ * kv_width_;
+    float* lv = l.v.data() + len_ * kv_width_;
+    train::rmsnorm_forward(*l.attn_norm, eps, h2_.data(), n, ne_.data(), inv_.data(), c);
+    train::linear_forward(*l.wq, nullptr, ne_.data(), n, q_.data(), c);
+    train::linear_forward(*l.wk, nullptr, ne_.data(), n, lk, c);
+    train::linear_forward(*l.wv, nullptr, ne_.data(), n, lv, c);
+    train::rope_forward(rope, q_.data(), n, H, pos_.data(), c);
+    train::rope_forward(rope, lk, n, Hkv, pos_.data(), c);
+    attend(q_.data(), l.k.data(), l.v.data(), n);
+    train::linear_forward(*l.wo, nullptr, att_.data(), n, h1_.data(), c);
+    train::add_into(h1_.data(), h2_.data(), n * d, c);
+    train::rmsnorm_forward(*l.ffn_norm, eps, h1_.data(), n, n2_.data(), inv_.data(), c);
+    train::linear_forward(*l.w_gate, nullptr, n2_.data(), n, gate_.data(), c);
+    train::linear_forward(*l.w_up, nullptr, n2_.data(), n, up_.data(), c);
+    train::swiglu_forward(gate_.data(), up_.data(), n * F, act_.data(), c);
+    train::linear_forward(*l.w_down, nullptr, act_.data(), n, h2_.data(), c);
+    train::add_into(h2_.data(), h1_.data(), n * d, c);
+  }
+  len_ += n;
+
+  const float* last = h2_.data() + (n - 1) * d;
+  std::copy(last, last + d, g_last_.begin());
+  if (!want_logits) return;
+  train::rmsnorm_forward(*out_norm_, eps, last, 1, f_.data(), inv_.data(), c);
+  train::linear_forward(*head_, nullptr, f_.data(), 1, logits_.data(), c);
+}
+
+void EagleDraftSource::attend(const float* q, const float* k_cache, const float* v_cache, int64_t n) {
+  const int64_t H = cfg_.n_head, hd = cfg_.head_dim, qw = H * hd, group = H / cfg_.n_kv_head;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t visible = len_ + i + 1;
     for (int64_t h = 0; h < H; ++h) {
-      const float* qh = q_.data() + i * qw + h * hd;
+      const float* qh = q + i * qw + h * hd;
       const int64_t kvh = h / group;
       float top = -INFINITY;
       for (int64_t j = 0; j < visible; ++j) {
-        const float* kj = k_.data() + j * kv_width_ + kvh * hd;
+        const float* kj = k_cache + j * kv_width_ + kvh * hd;
         float s = 0.0f;
         for (int64_t x = 0; x < hd; ++x) s += qh[x] * kj[x];
         scores_[static_cast<size_t>(j)] = s * scale;
@@ -273,26 +324,11 @@ void EagleDraftSource::forward(int64_t n, const float* given_g, const int32_t* n
       std::fill(out, out + hd, 0.0f);
       for (int64_t j = 0; j < visible; ++j) {
         const float w = scores_[static_cast<size_t>(j)] / sum;
-        const float* vj = v_.data() + j * kv_width_ + kvh * hd;
+        const float* vj = v_cache + j * kv_width_ + kvh * hd;
         for (int64_t x = 0; x < hd; ++x) out[x] += w * vj[x];
       }
     }
   }
-  len_ += n;
-
-  train::linear_forward(*wo_, nullptr, att_.data(), n, h1_.data(), c);
-  train::add_into(h1_.data(), g_.data(), n * d, c);
-  train::rmsnorm_forward(*ffn_norm_, eps, h1_.data(), n, n2_.data(), inv_.data(), c);
-  train::linear_forward(*w_gate_, nullptr, n2_.data(), n, gate_.data(), c);
-  train::linear_forward(*w_up_, nullptr, n2_.data(), n, up_.data(), c);
-  train::swiglu_forward(gate_.data(), up_.data(), n * F, act_.data(), c);
-  train::linear_forward(*w_down_, nullptr, act_.data(), n, h2_.data(), c);
-  train::add_into(h2_.data(), h1_.data(), n * d, c);
-  const float* last = h2_.data() + (n - 1) * d;
-  std::copy(last, last + d, g_last_.begin());
-  if (!want_logits) return;
-  train::rmsnorm_forward(*out_norm_, eps, last, 1, f_.data(), inv_.data(), c);
-  train::linear_forward(*head_, nullptr, f_.data(), 1, logits_.data(), c);
 }
 
 void EagleDraftSource::propose(std::span<const int32_t> committed, int max_depth, Draft& out) {
@@ -326,6 +362,36 @@ void EagleDraftSource::propose(std::span<const int32_t> committed, int max_depth
 
 void EagleDraftSource::accept(std::span<const int32_t> /*committed*/, int /*n_accepted*/) {
   len_ = real_len_;
+}
+
+std::string eagle_cost_key(const std::string& drafter_path) {
+  return std::string(kEagleKind) + ":" + file_fingerprint(drafter_path);
+}
+
+double measure_eagle_draft_cost(EagleDraftSource& source, double decode_seconds, int64_t context, int depth,
+                                int rounds) {
+  if (!(decode_seconds > 0) || context < 2 || depth < 1 || rounds < 1)
+    throw Error("measuring the EAGLE drafter's cost needs a positive decode time, context and depth");
+  const int64_t n = std::min<int64_t>(context, source.n_ctx() - depth);
+  std::vector<int32_t> committed(static_cast<size_t>(std::max<int64_t>(n, 2)));
+  const int64_t vocab = source.drafter().config().vocab;
+  for (size_t i = 0; i < committed.size(); ++i) committed[i] = static_cast<int32_t>((7 * i + 1) % vocab);
+  DraftSettings settings;
+  settings.sampling.temperature = 0.0f;
+  source.begin(committed, settings);
+  Draft draft;
+  source.propose(committed, depth, draft);  // the real rows, once, as the target's prompt would
+  source.accept(committed, 0);
+  std::vector<double> seconds;
+  for (int r = 0; r < rounds; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    source.propose(committed, depth, draft);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    source.accept(committed, 0);
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + rounds / 2, seconds.end());
+  source.begin({}, settings);
+  return seconds[static_cast<size_t>(rounds / 2)] / depth / decode_seconds;
 }
 
 }  // namespace tandem::speculative

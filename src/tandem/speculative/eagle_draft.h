@@ -55,6 +55,19 @@ void copy_target_weights(const model::Model& target, train::EagleDrafter& drafte
 void check_eagle_target(const train::DrafterInfo& info, const model::Model& target,
                         const std::string& target_file_hash);
 
+class EagleDraftSource;
+
+// The calibration key of a drafter file's drafting cost (Calibration::draft_per_token): its kind and
+// file_fingerprint(), so that each drafter, and no draft model, is charged its own measured cost.
+std::string eagle_cost_key(const std::string& drafter_path);
+
+// The cost of one drafted token relative to a target decode step of `decode_seconds`: the median over
+// `rounds` of a proposal of `depth` tokens (one real row and depth - 1 draft rows, as each round of
+// speculation runs) after a context of `context` positions, divided by depth. The source is begun anew
+// and left empty.
+double measure_eagle_draft_cost(EagleDraftSource& source, double decode_seconds, int64_t context = 64,
+                                int depth = 6, int rounds = 7);
+
 class EagleDraftSource final : public DraftSource {
  public:
   // drafter: trained or loaded, its frozen weights set; taps: the target layers it reads, in training order.
@@ -80,7 +93,10 @@ class EagleDraftSource final : public DraftSource {
   void set_taps(int64_t first_pos, std::span<const float> rows);
   train::EagleDrafter& drafter() { return *drafter_; }
   std::span<const int32_t> taps() const { return taps_layers_; }
+  int64_t n_ctx() const { return n_ctx_; }
 
+  // The output hidden state (before the final norm) of the last row the latest proposal ran, [d].
+  std::span<const float> last_hidden() const { return g_last_; }
   // Rows of the drafter's KV cache (real rows and the current proposal's draft rows).
   int64_t cache_length() const { return len_; }
   // The cached keys of rows [0, cache_length()), [cache_length(), n_kv_head * head_dim].
@@ -91,6 +107,16 @@ class EagleDraftSource final : public DraftSource {
   // null), appending their keys and values; leaves the last row's output hidden state in g_last_ and, when
   // want_logits, its logits in logits_.
   void forward(int64_t n, const float* given_g, const int32_t* next_ids, bool want_logits);
+  // Causal attention of n rows of roped queries q [n, n_head * head_dim] over cache rows 0 .. len_ + i
+  // (row i), into att_.
+  void attend(const float* q, const float* k_cache, const float* v_cache, int64_t n);
+
+  // A plain decoder layer after the first (train::EagleDrafter's blk.N, N >= 1): its weights, borrowed,
+  // and its cache, [n_ctx, n_kv_head * head_dim] each.
+  struct PlainLayer {
+    const train::Param *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w_gate, *w_up, *w_down;
+    std::vector<float> k, v;
+  };
 
   std::unique_ptr<train::EagleDrafter> drafter_;
   train::EagleConfig cfg_;
@@ -107,7 +133,8 @@ class EagleDraftSource final : public DraftSource {
       *w_up_, *w_down_, *out_norm_, *head_;
 
   std::vector<float> taps_;   // [n_ctx, n_taps * d] the target's captured taps by position
-  std::vector<float> k_, v_;  // [n_ctx, n_kv_head * head_dim] the drafter's cache, roped keys
+  std::vector<float> k_, v_;  // [n_ctx, n_kv_head * head_dim] the first layer's cache, roped keys
+  std::vector<PlainLayer> plain_;
   int64_t len_ = 0;           // rows in the cache
   int64_t real_len_ = 0;      // rows computed from the target's taps: positions 0 .. real_len_ - 1
   std::vector<int32_t> pos_;  // [chunk]

@@ -34,7 +34,10 @@ std::span<const char* const> default_training_prompts();
 struct EagleTrainProgress {
   const char* phase = "";  // "generate", "capture", "train", "evaluate"
   int64_t done = 0, total = 0;
-  double loss = 0;          // train: the mean loss of recent steps
+  int64_t tokens = 0;  // generate, capture: tokens of text so far; train: rows trained on so far
+  double loss = 0;     // train: the mean loss of recent steps
+  // The latest held-out acceptance by draft position (train, evaluate); empty until measured.
+  std::span<const float> acceptance;
   double eta_seconds = -1;  // of the phase; < 0 when unknown
 };
 
@@ -44,12 +47,26 @@ struct EagleTrainOptions {
   int64_t continuation = 256;                 // tokens generated per sequence at most
   int64_t steps = 800;
   uint64_t seed = 1;
-  int unroll = 4;  // training-time test steps (>= 1)
+  int unroll = 4;      // training-time test steps (>= 1)
+  int64_t ffn = 0;     // the drafter's SwiGLU width (0: the target's)
+  int64_t layers = 1;  // the drafter's decoder layers
   double lr = 3e-3;
   double clip = 1.0;
   int eval_depth = 8;
+  int64_t eval_every = 0;      // training steps between held-out evaluations (0: a tenth of the steps)
+  int64_t eval_anchors = 256;  // held-out positions drafted from in those (the final evaluation uses all)
   std::function<bool(int32_t)> is_eog;  // ends a continuation early; may be empty
   std::function<void(const EagleTrainProgress&)> on_progress;
+
+  // Interruption: `stop` is polled once per generated sequence and per training step. When it returns true
+  // during training, the state (weights, AdamW's moments, the step and the position in the training data)
+  // is saved to `checkpoint` and train_eagle returns with `stopped` set; before training, it returns with
+  // nothing saved. With `resume`, training continues from `checkpoint`, which must have been written for
+  // the same target and options: the result is the same bits as a run that was never interrupted.
+  std::function<bool()> stop;
+  std::string checkpoint;
+  bool resume = false;
+  std::string target_file_hash;  // file_fingerprint() of the target, recorded in `checkpoint`
 };
 
 struct EagleTrainResult {
@@ -58,6 +75,7 @@ struct EagleTrainResult {
   int64_t train_tokens = 0, heldout_tokens = 0;
   double generate_seconds = 0, capture_seconds = 0, train_seconds = 0, eval_seconds = 0;
   double final_loss = 0;
+  bool stopped = false;  // interrupted (see EagleTrainOptions::stop); source is then null
 };
 
 EagleTrainResult train_eagle(const model::Model& target, ThreadPool& pool, const EagleTrainOptions& options);

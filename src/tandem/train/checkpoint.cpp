@@ -91,6 +91,8 @@ void save_drafter(const std::string& path, const DrafterInfo& info, std::span<Pa
   w.add_bool(key("own_head"), info.own_head);
   w.add_u64(key("train.step"), static_cast<uint64_t>(info.step));
   w.add_u64(key("train.seed"), info.seed);
+  w.add_u64(key("train.total_steps"), static_cast<uint64_t>(info.total_steps));
+  w.add_u64(key("train.data_position"), info.data_position);
   if (opt != nullptr) w.add_u64(key("train.adam_steps"), static_cast<uint64_t>(opt->steps()));
   for (const Param* p : params)
     if (p->trainable()) w.add_tensor(p->name, DType::F32, dims(*p), bytes(p->value));
@@ -148,6 +150,13 @@ DrafterInfo load_drafter(const std::string& path, std::span<Param* const> params
   info.own_head = f.get_bool(key("own_head")).value_or(false);
   info.step = integer("train.step");
   info.seed = static_cast<uint64_t>(integer("train.seed"));
+  info.total_steps = f.get_int(key("train.total_steps")).value_or(0);
+  // The whole u64 range (a generator's state), which get_int refuses past int64's.
+  if (const gguf::Value* v = f.find(key("train.data_position"))) {
+    if (v->type != gguf::ValueType::U64)
+      throw Error(where + ": " + key("train.data_position") + " must be a u64");
+    info.data_position = v->u;
+  }
   validate(info, path);
 
   for (Param* p : params)

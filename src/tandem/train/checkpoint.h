@@ -42,6 +42,8 @@ struct DrafterInfo {
   // Training provenance.
   int64_t step = 0;
   uint64_t seed = 0;
+  int64_t total_steps = 0;     // the run's planned steps (its schedule); 0 when not recorded
+  uint64_t data_position = 0;  // where the run's walk through its training data stands after `step`
 };
 
 // Writes the trainable parameters (by name, f32, [rows, cols] as GGUF ne {cols, rows}, vectors 1-D), the

@@ -52,7 +52,8 @@ EagleDrafter::EagleDrafter(const EagleConfig& config, int64_t max_rows)
       out_norm_("output_norm.weight", config.d, 1, true, false),
       head_("output.weight", config.vocab, config.d, config.train_head, true) {
   if (cfg_.d <= 0 || cfg_.n_head <= 0 || cfg_.n_kv_head <= 0 || cfg_.n_head % cfg_.n_kv_head != 0 ||
-      cfg_.head_dim <= 0 || cfg_.head_dim % 2 != 0 || cfg_.ffn <= 0 || cfg_.vocab <= 0 || cfg_.n_taps <= 0)
+      cfg_.head_dim <= 0 || cfg_.head_dim % 2 != 0 || cfg_.ffn <= 0 || cfg_.vocab <= 0 || cfg_.n_taps <= 0 ||
+      cfg_.n_layer < 1)
     throw Error(
         "EAGLE drafter shape: widths must be positive, the head size even and n_head a multiple of "
         "n_kv_head");
@@ -65,11 +66,79 @@ EagleDrafter::EagleDrafter(const EagleConfig& config, int64_t max_rows)
   for (auto* b : {&k_, &v_, &dk_, &dv_}) *b = buffer(R, kw);
   for (auto* b : {&gate_, &up_, &act_, &dgate_, &dup_, &dact_}) *b = buffer(R, cfg_.ffn);
   for (auto* b : {&inv_e_, &inv_g_, &inv_h1_, &inv_h2_}) *b = buffer(R, 1);
+  for (int64_t l = 1; l < cfg_.n_layer; ++l) layers_.push_back(std::make_unique<Layer>(l, cfg_, R));
+  if (!layers_.empty()) dnx_ = dx_ = buffer(R, d);
+}
+
+EagleDrafter::Layer::Layer(int64_t index, const EagleConfig& c, int64_t max_rows)
+    : attn_norm("blk." + std::to_string(index) + ".attn_norm.weight", c.d, 1, true, false),
+      wq("blk." + std::to_string(index) + ".attn_q.weight", c.n_head * c.head_dim, c.d, true, true),
+      wk("blk." + std::to_string(index) + ".attn_k.weight", c.n_kv_head * c.head_dim, c.d, true, true),
+      wv("blk." + std::to_string(index) + ".attn_v.weight", c.n_kv_head * c.head_dim, c.d, true, true),
+      wo("blk." + std::to_string(index) + ".attn_output.weight", c.d, c.n_head * c.head_dim, true, true),
+      ffn_norm("blk." + std::to_string(index) + ".ffn_norm.weight", c.d, 1, true, false),
+      w_gate("blk." + std::to_string(index) + ".ffn_gate.weight", c.ffn, c.d, true, true),
+      w_up("blk." + std::to_string(index) + ".ffn_up.weight", c.ffn, c.d, true, true),
+      w_down("blk." + std::to_string(index) + ".ffn_down.weight", c.d, c.ffn, true, true) {
+  const int64_t qw = c.n_head * c.head_dim, kw = c.n_kv_head * c.head_dim;
+  for (auto* b : {&nx, &h1, &n2, &out}) *b = buffer(max_rows, c.d);
+  for (auto* b : {&q, &att_out}) *b = buffer(max_rows, qw);
+  for (auto* b : {&k, &v}) *b = buffer(max_rows, kw);
+  for (auto* b : {&gate, &up, &act}) *b = buffer(max_rows, c.ffn);
+  for (auto* b : {&inv_x, &inv_h1}) *b = buffer(max_rows, 1);
 }
 
 std::vector<Param*> EagleDrafter::params() {
-  return {&fc_, &emb_,      &emb_norm_, &hidden_norm_, &wq_,     &wk_,       &wv_,
-          &wo_, &ffn_norm_, &w_gate_,   &w_up_,        &w_down_, &out_norm_, &head_};
+  std::vector<Param*> all = {&fc_, &emb_, &emb_norm_, &hidden_norm_, &wq_,   &wk_,
+                             &wv_, &wo_,  &ffn_norm_, &w_gate_,      &w_up_, &w_down_};
+  for (const auto& l : layers_)
+    all.insert(all.end(), {&l->attn_norm, &l->wq, &l->wk, &l->wv, &l->wo, &l->ffn_norm, &l->w_gate, &l->w_up,
+                           &l->w_down});
+  all.insert(all.end(), {&out_norm_, &head_});
+  return all;
+}
+
+void EagleDrafter::layer_forward(Layer& l, const float* x, const EagleBatch& b, Compute& c) {
+  const int64_t R = b.rows, d = cfg_.d;
+  const float eps = cfg_.norm_eps;
+  const size_t n_probs = static_cast<size_t>(cfg_.n_head * b.mask->n_scores());
+  if (l.probs.size() < n_probs) l.probs.resize(n_probs);
+  rmsnorm_forward(l.attn_norm, eps, x, R, l.nx.data(), l.inv_x.data(), c);
+  linear_forward(l.wq, nullptr, l.nx.data(), R, l.q.data(), c);
+  linear_forward(l.wk, nullptr, l.nx.data(), R, l.k.data(), c);
+  linear_forward(l.wv, nullptr, l.nx.data(), R, l.v.data(), c);
+  rope_forward(rope_, l.q.data(), R, cfg_.n_head, b.pos, c);
+  rope_forward(rope_, l.k.data(), R, cfg_.n_kv_head, b.pos, c);
+  attention_forward(att_, *b.mask, l.q.data(), l.k.data(), l.v.data(), l.att_out.data(), l.probs.data(), c);
+  linear_forward(l.wo, nullptr, l.att_out.data(), R, l.h1.data(), c);
+  add_into(l.h1.data(), x, R * d, c);
+  rmsnorm_forward(l.ffn_norm, eps, l.h1.data(), R, l.n2.data(), l.inv_h1.data(), c);
+  linear_forward(l.w_gate, nullptr, l.n2.data(), R, l.gate.data(), c);
+  linear_forward(l.w_up, nullptr, l.n2.data(), R, l.up.data(), c);
+  swiglu_forward(l.gate.data(), l.up.data(), R * cfg_.ffn, l.act.data(), c);
+  linear_forward(l.w_down, nullptr, l.act.data(), R, l.out.data(), c);
+  add_into(l.out.data(), l.h1.data(), R * d, c);
+}
+
+void EagleDrafter::layer_backward(Layer& l, const float* x, const EagleBatch& b, float* dy, float* dx,
+                                  Compute& c) {
+  const int64_t R = b.rows, d = cfg_.d;
+  linear_backward(l.w_down, nullptr, l.act.data(), dy, R, dact_.data(), false, c);
+  swiglu_backward(l.gate.data(), l.up.data(), dact_.data(), R * cfg_.ffn, dgate_.data(), dup_.data(), c);
+  linear_backward(l.w_gate, nullptr, l.n2.data(), dgate_.data(), R, dn2_.data(), false, c);
+  linear_backward(l.w_up, nullptr, l.n2.data(), dup_.data(), R, dn2_.data(), true, c);
+  // h1 feeds the FFN's norm and the residual: dh1 = dy + norm backward, built in dy.
+  rmsnorm_backward(l.ffn_norm, l.h1.data(), l.inv_h1.data(), dn2_.data(), R, dy, true, c);
+  linear_backward(l.wo, nullptr, l.att_out.data(), dy, R, datt_.data(), false, c);
+  attention_backward(att_, *b.mask, l.q.data(), l.k.data(), l.v.data(), l.probs.data(), datt_.data(),
+                     dq_.data(), dk_.data(), dv_.data(), c);
+  rope_backward(rope_, dq_.data(), R, cfg_.n_head, b.pos, c);
+  rope_backward(rope_, dk_.data(), R, cfg_.n_kv_head, b.pos, c);
+  linear_backward(l.wq, nullptr, l.nx.data(), dq_.data(), R, dnx_.data(), false, c);
+  linear_backward(l.wk, nullptr, l.nx.data(), dk_.data(), R, dnx_.data(), true, c);
+  linear_backward(l.wv, nullptr, l.nx.data(), dv_.data(), R, dnx_.data(), true, c);
+  std::memcpy(dx, dy, static_cast<size_t>(R * d) * sizeof(float));
+  rmsnorm_backward(l.attn_norm, x, l.inv_x.data(), dnx_.data(), R, dx, true, c);
 }
 
 void EagleDrafter::init(uint64_t seed) {
@@ -132,13 +201,26 @@ LossStats EagleDrafter::forward_backward(const EagleBatch& b, Compute& c, bool b
   swiglu_forward(gate_.data(), up_.data(), R * F, act_.data(), c);
   linear_forward(w_down_, nullptr, act_.data(), R, h2_.data(), c);
   add_into(h2_.data(), h1_.data(), R * d, c);
-  rmsnorm_forward(out_norm_, eps, h2_.data(), R, f_.data(), inv_h2_.data(), c);
+  const float* x = h2_.data();
+  for (const auto& l : layers_) {
+    layer_forward(*l, x, b, c);
+    x = l->out.data();
+  }
+  rmsnorm_forward(out_norm_, eps, x, R, f_.data(), inv_h2_.data(), c);
   const LossStats stats =
       head_soft_cross_entropy(head_, f_.data(), b.targets, backward ? df_.data() : nullptr, c);
   if (!backward) return stats;
 
-  // Backward, in reverse.
-  rmsnorm_backward(out_norm_, h2_.data(), inv_h2_.data(), df_.data(), R, dh2_.data(), false, c);
+  // Backward, in reverse. The plain layers pass the gradient of their input down to dh2 (the first
+  // layer's output), alternating between dx_ and dg_ (free until the first layer's pass).
+  float* dout = layers_.empty() ? dh2_.data() : dx_.data();
+  rmsnorm_backward(out_norm_, x, inv_h2_.data(), df_.data(), R, dout, false, c);
+  for (size_t i = layers_.size(); i-- > 0;) {
+    const float* input = i == 0 ? h2_.data() : layers_[i - 1]->out.data();
+    float* din = i == 0 ? dh2_.data() : (dout == dx_.data() ? dg_.data() : dx_.data());
+    layer_backward(*layers_[i], input, b, dout, din, c);
+    dout = din;
+  }
   linear_backward(w_down_, nullptr, act_.data(), dh2_.data(), R, dact_.data(), false, c);
   swiglu_backward(gate_.data(), up_.data(), dact_.data(), R * F, dgate_.data(), dup_.data(), c);
   linear_backward(w_gate_, nullptr, n2_.data(), dgate_.data(), R, dn2_.data(), false, c);

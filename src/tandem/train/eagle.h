@@ -1,15 +1,16 @@
 // An EAGLE-3-style drafter (docs/training.md): the target's hidden states at its tap layers, concatenated,
 // are projected to the model width (g = fc(taps)); one Llama decoder layer whose q/k/v read
 // RMSNorm(embedding of the next token) ++ RMSNorm(g), with g as the residual; post-attention RMSNorm, SwiGLU
-// MLP, a final RMSNorm and the output head, trained with soft cross-entropy against the target's
-// distribution. The embedding is the target's and frozen; the head is the target's (frozen) or the
-// drafter's own (trainable).
+// MLP; then n_layer - 1 plain pre-norm Llama decoder layers of the same shape; a final RMSNorm and the
+// output head, trained with soft cross-entropy against the target's distribution. The embedding is the
+// target's and frozen; the head is the target's (frozen) or the drafter's own (trainable).
 //
 // forward_backward runs one batch of rows (one or more sequences under one attention mask) and keeps every
 // activation it needs in buffers sized once for max_rows.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "tandem/train/attention.h"
@@ -26,7 +27,8 @@ struct EagleConfig {
   int64_t head_dim = 8;
   int64_t ffn = 172;
   int64_t vocab = 512;
-  int64_t n_taps = 3;  // tapped target layers
+  int64_t n_taps = 3;   // tapped target layers
+  int64_t n_layer = 1;  // decoder layers (>= 1): the first reads the embedding and g, the rest plain
   float rope_theta = 10000.0f;
   RopeLayout rope_layout = RopeLayout::kInterleaved;
   float norm_eps = 1e-5f;
@@ -70,9 +72,30 @@ class EagleDrafter {
 
   // The last batch's output hidden states before the final norm, [batch.rows, d]: the g that the next
   // unrolled step (or draft) reads.
-  const float* output_hidden() const { return h2_.data(); }
+  const float* output_hidden() const { return layers_.empty() ? h2_.data() : layers_.back()->out.data(); }
 
  private:
+  // Decoder layers 1 .. n_layer - 1 (names blk.N.*): input x [rows, d] (layer 0's output or the previous
+  // layer's), out = h1 + SwiGLU(RMSNorm(h1)) with h1 = x + attention(RMSNorm(x)).
+  struct Layer {
+    Layer(int64_t index, const EagleConfig& c, int64_t max_rows);
+    Param attn_norm;                     // [d]
+    Param wq, wk, wv;                    // [n_head * head_dim, d], [n_kv_head * head_dim, d] (k, v)
+    Param wo;                            // [d, n_head * head_dim]
+    Param ffn_norm;                      // [d]
+    Param w_gate, w_up;                  // [ffn, d]
+    Param w_down;                        // [d, ffn]
+    std::vector<float> nx, h1, n2, out;  // [max_rows, d]
+    std::vector<float> q, att_out;       // [max_rows, n_head * head_dim]
+    std::vector<float> k, v;             // [max_rows, n_kv_head * head_dim]
+    std::vector<float> gate, up, act;    // [max_rows, ffn]
+    std::vector<float> inv_x, inv_h1;    // [max_rows]
+    std::vector<float> probs;            // [n_head, mask scores]
+  };
+  void layer_forward(Layer& l, const float* x, const EagleBatch& b, Compute& c);
+  // dy: the gradient of l.out (consumed); dx: the gradient of its input (overwritten).
+  void layer_backward(Layer& l, const float* x, const EagleBatch& b, float* dy, float* dx, Compute& c);
+
   EagleConfig cfg_;
   int64_t max_rows_;
   AttentionShape att_;
@@ -103,6 +126,8 @@ class EagleDrafter {
   std::vector<float> dgate_, dup_, dact_;               // ffn
   std::vector<float> datt_, dq_, dk_, dv_;              // like q, k, v
   std::vector<float> du_, dne_, dng_;                   // 2d, d, d
+  std::vector<std::unique_ptr<Layer>> layers_;          // n_layer - 1
+  std::vector<float> dnx_, dx_;                         // d: scratch of the plain layers' backward
 };
 
 }  // namespace tandem::train
