@@ -1,0 +1,247 @@
+// Speculation under load in the scheduler: batched drafting proposes exactly what each drafter proposes
+// alone and rolls each sequence's drafter back on its own, greedy output with speculation on equals the
+// output with it off request by request under 8 concurrent streams, and a sequence whose gate stopped
+// drafting drafts again once its drafter's acceptance recovers (probes).
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "tandem/engine/cache_pool.h"
+#include "tandem/engine/scheduler.h"
+#include "tandem/model/graph.h"
+#include "tandem/speculative/draft_model.h"
+#include "tandem/speculative/ngram.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace tandem;
+using engine::Event;
+using engine::Scheduler;
+
+constexpr int64_t kCtx = 256;
+
+struct Fixture {
+  Fixture()
+      : model(model::Model::load(tandem::testing::shared_path("models/stories260K.gguf"))),
+        draft(model::Model::load(tandem::testing::shared_path("models/llama2xs-tok512.gguf"))),
+        pool(2) {}
+  std::unique_ptr<model::Model> model, draft;
+  ThreadPool pool;
+};
+
+std::vector<int32_t> collect(engine::Stream& s) {
+  std::vector<int32_t> tokens;
+  Event ev;
+  for (;;) {
+    if (!s.next(ev, std::chrono::milliseconds(60000))) {
+      ADD_FAILURE() << "no event within a minute";
+      return tokens;
+    }
+    if (ev.kind != Event::Kind::kToken) {
+      EXPECT_NE(ev.finish, engine::Finish::kError) << ev.error;
+      return tokens;
+    }
+    tokens.push_back(ev.token.id);
+  }
+}
+
+engine::Request request(std::vector<int32_t> prompt, int64_t max_tokens) {
+  engine::Request r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0.0f;
+  r.stop_at_eog = false;
+  return r;
+}
+
+// Eight greedy requests with prompts of 2 to 77 tokens (several take more than one chunk of the row budget),
+// some repeating themselves so that n-gram lookup finds continuations.
+std::vector<engine::Request> workload() {
+  std::vector<engine::Request> rs;
+  for (int i = 0; i < 8; ++i) {
+    std::vector<int32_t> prompt = {1};
+    for (int j = 0; j < 1 + i * 11; ++j)
+      prompt.push_back(static_cast<int32_t>(260 + (i * 37 + j * 13) % 240));
+    rs.push_back(request(prompt, 24 + 3 * i));
+  }
+  return rs;
+}
+
+// Runs every request at once (8 running) and returns each one's tokens, in request order.
+std::vector<std::vector<int32_t>> serve_all(model::Graph& graph, const model::Config& config,
+                                            const engine::SchedulerOptions& options,
+                                            engine::DraftFactory drafts,
+                                            engine::SchedulerStats* stats = nullptr) {
+  engine::SlotCachePool caches(config, kCtx, cache::KvType::kF16, options.max_running);
+  Scheduler s(graph, caches, nullptr, options, std::move(drafts));
+  std::vector<std::shared_ptr<engine::Stream>> streams;
+  for (engine::Request& r : workload()) {
+    Scheduler::Admit a{};
+    std::string why;
+    streams.push_back(s.submit(std::move(r), a, &why));
+    EXPECT_EQ(a, Scheduler::Admit::kOk) << why;
+  }
+  std::vector<std::vector<int32_t>> out;
+  for (auto& st : streams) out.push_back(st ? collect(*st) : std::vector<int32_t>{});
+  s.stop();
+  if (stats) *stats = s.stats();
+  return out;
+}
+
+engine::SchedulerOptions options(int max_draft) {
+  engine::SchedulerOptions o;
+  o.max_running = 8;
+  o.max_waiting = 8;
+  o.max_rows = 64;
+  o.max_draft = max_draft;
+  return o;
+}
+
+const engine::SchedulerStats::Drafter* drafter(const engine::SchedulerStats& s, std::string_view kind) {
+  for (const auto& d : s.drafters)
+    if (d.kind == kind) return &d;
+  return nullptr;
+}
+
+TEST(SchedulerSpec, GreedyOutputWithSpeculationEqualsPlainUnderEightStreams) {
+  Fixture f;
+  model::Graph graph(*f.model, f.pool, model::GraphOptions{64, 16});
+  const auto plain = serve_all(graph, f.model->config(), options(0), {});
+  ASSERT_EQ(plain.size(), 8u);
+  for (size_t i = 0; i < plain.size(); ++i) ASSERT_EQ(plain[i].size(), 24u + 3 * i);
+
+  speculative::DraftModelBatch batch(*f.draft, f.pool, 8, 64);
+  const model::SessionOptions dso{kCtx, cache::KvType::kF16, 16};
+  engine::SchedulerStats model_stats;
+  const auto with_model = serve_all(
+      graph, f.model->config(), options(6),
+      [&] {
+        return std::make_unique<speculative::DraftModelSource>(*f.draft, *f.model, f.pool, dso, &batch);
+      },
+      &model_stats);
+  engine::SchedulerStats ngram_stats;
+  const auto with_ngram = serve_all(
+      graph, f.model->config(), options(6), [] { return std::make_unique<speculative::NgramSource>(); },
+      &ngram_stats);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(with_model[i], plain[i]) << "request " << i << " with the batched draft model";
+    EXPECT_EQ(with_ngram[i], plain[i]) << "request " << i << " with n-gram drafting";
+  }
+  // The draft model drafts for this text and the target accepts much of it; the gates' decisions are counted
+  // per drafter kind.
+  EXPECT_GT(model_stats.accepted, 0u);
+  EXPECT_GT(model_stats.verify_windows, 0u);
+  EXPECT_GE(model_stats.verify_tokens, model_stats.verify_windows + model_stats.accepted);
+  const auto* d = drafter(model_stats, "model");
+  ASSERT_NE(d, nullptr);
+  EXPECT_GT(d->drafting, 0u);
+  EXPECT_EQ(d->drafted, model_stats.drafted);
+  EXPECT_EQ(d->accepted, model_stats.accepted);
+  EXPECT_NE(drafter(ngram_stats, "ngram"), nullptr);
+}
+
+// Proposes for several sequences of different lengths in one batch, and compares each proposal and the
+// drafter state it leaves with a source that proposes alone; then rolls each sequence back to a different
+// accepted prefix and proposes again.
+TEST(SchedulerSpec, BatchedDraftModelProposesAsAloneAndRollsBackPerSequence) {
+  Fixture f;
+  const model::SessionOptions dso{kCtx, cache::KvType::kF16, 16};
+  speculative::DraftModelBatch batch(*f.draft, f.pool, 4, 16);
+  std::vector<std::vector<int32_t>> texts;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> t = {1};
+    for (int j = 0; j < 3 + i * 14; ++j) t.push_back(static_cast<int32_t>(300 + (i * 7 + j * 5) % 200));
+    texts.push_back(t);
+  }
+  std::vector<std::unique_ptr<speculative::DraftModelSource>> batched, alone;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    batched.push_back(
+        std::make_unique<speculative::DraftModelSource>(*f.draft, *f.model, f.pool, dso, &batch));
+    alone.push_back(std::make_unique<speculative::DraftModelSource>(*f.draft, *f.model, f.pool, dso));
+    sampling::Params p;
+    p.temperature = 0.0f;
+    batched[i]->begin(texts[i], {p, i});
+    alone[i]->begin(texts[i], {p, i});
+  }
+  std::vector<speculative::Draft> got(texts.size()), want(texts.size());
+  for (int round = 0; round < 3; ++round) {
+    std::vector<speculative::DraftRequest> requests;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      const int depth = 2 + static_cast<int>(i) + round;
+      requests.push_back({batched[i].get(), texts[i], depth, &got[i]});
+      alone[i]->propose(texts[i], depth, want[i]);
+    }
+    batched[0]->propose_batch(requests);
+    for (size_t i = 0; i < texts.size(); ++i) {
+      ASSERT_EQ(got[i].tokens, want[i].tokens) << "sequence " << i << ", round " << round;
+      ASSERT_EQ(batched[i]->cached(), alone[i]->cached()) << "sequence " << i << ", round " << round;
+      // Sequence i keeps i of its drafts and the target adds a token of its own.
+      const auto keep = std::min<size_t>(i, got[i].tokens.size());
+      texts[i].insert(texts[i].end(), got[i].tokens.begin(), got[i].tokens.begin() + static_cast<long>(keep));
+      texts[i].push_back(static_cast<int32_t>(260 + round * 3 + static_cast<int>(i)));
+      batched[i]->accept(texts[i], static_cast<int>(keep));
+      alone[i]->accept(texts[i], static_cast<int>(keep));
+      EXPECT_EQ(batched[i]->cached(), alone[i]->cached()) << "sequence " << i << " after rollback";
+      EXPECT_LE(batched[i]->cached(), static_cast<int64_t>(texts[i].size()));
+    }
+  }
+}
+
+// Proposes wrong tokens until the committed text reaches `recover_at` tokens, then the target's own
+// continuation.
+class RecoveringDraft final : public speculative::DraftSource {
+ public:
+  RecoveringDraft(std::vector<int32_t> full, size_t recover_at) : full_(std::move(full)), at_(recover_at) {}
+  std::string_view kind() const override { return "recovering"; }
+  void begin(std::span<const int32_t>, const speculative::DraftSettings&) override {}
+  void propose(std::span<const int32_t> committed, int max_depth, speculative::Draft& out) override {
+    out.clear();
+    for (size_t at = committed.size(); at < full_.size() && static_cast<int>(out.tokens.size()) < max_depth;
+         ++at)
+      out.tokens.push_back(committed.size() < at_ ? (full_[at] + 1) % 512 : full_[at]);
+  }
+  void accept(std::span<const int32_t>, int) override {}
+
+ private:
+  std::vector<int32_t> full_;
+  size_t at_;
+};
+
+TEST(SchedulerSpec, ASequenceWhoseDrafterRecoversDraftsAgain) {
+  Fixture f;
+  model::Graph graph(*f.model, f.pool, model::GraphOptions{32, 16});
+  const auto req = request({1, 403, 407, 261, 378}, 120);
+  std::vector<int32_t> plain;
+  {
+    engine::SlotCachePool caches(f.model->config(), kCtx, cache::KvType::kF16, 1);
+    Scheduler s(graph, caches, nullptr, {1, 4, 32, 0});
+    Scheduler::Admit a{};
+    plain = collect(*s.submit(req, a));
+  }
+  ASSERT_EQ(plain.size(), 120u);
+  std::vector<int32_t> full = req.prompt;
+  full.insert(full.end(), plain.begin(), plain.end());
+  engine::SchedulerOptions o{1, 4, 32, 4};
+  o.gate.probe_interval = 2;
+  o.gate.max_probe_interval = 4;
+  // Rows priced at a tenth of a step whatever the machine's timings, so the test depends on acceptance only.
+  o.costs = speculative::CostModel::linear(0.1, 0.0);
+  o.gate.timing_samples = 1 << 30;
+  const size_t recover_at = req.prompt.size() + 40;
+  engine::SlotCachePool caches(f.model->config(), kCtx, cache::KvType::kF16, 1);
+  Scheduler s(graph, caches, nullptr, o, [&] { return std::make_unique<RecoveringDraft>(full, recover_at); });
+  Scheduler::Admit a{};
+  EXPECT_EQ(collect(*s.submit(req, a)), plain);
+  s.stop();
+  const auto stats = s.stats();
+  const auto* d = drafter(stats, "recovering");
+  ASSERT_NE(d, nullptr);
+  // The gate gave up on the bad drafter, probed it while idle, and drafted again once it recovered: every
+  // accepted draft comes after the recovery.
+  EXPECT_GT(d->off, 0u);
+  EXPECT_GT(d->probing, 0u);
+  EXPECT_GT(stats.accepted, 20u);
+}
+
+}  // namespace
