@@ -9,6 +9,7 @@
 #include "tandem/engine/cache_pool.h"
 #include "tandem/engine/scheduler.h"
 #include "tandem/model/graph.h"
+#include "tandem/server/metrics.h"
 #include "tandem/speculative/draft_model.h"
 #include "tandem/speculative/ngram.h"
 #include "test_util.h"
@@ -139,6 +140,14 @@ TEST(SchedulerSpec, GreedyOutputWithSpeculationEqualsPlainUnderEightStreams) {
   EXPECT_EQ(d->drafted, model_stats.drafted);
   EXPECT_EQ(d->accepted, model_stats.accepted);
   EXPECT_NE(drafter(ngram_stats, "ngram"), nullptr);
+  const std::string metrics = server::Metrics().render(model_stats);
+  EXPECT_NE(metrics.find("tandem_gate_decisions_total{drafter=\"model\",decision=\"drafting\"} " +
+                         std::to_string(d->drafting) + "\n"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("tandem_verify_windows_total " + std::to_string(model_stats.verify_windows) + "\n"),
+            std::string::npos);
+  EXPECT_NE(metrics.find("tandem_tree_nodes_verified_total 0\n"), std::string::npos);
 }
 
 // Proposes for several sequences of different lengths in one batch, and compares each proposal and the
