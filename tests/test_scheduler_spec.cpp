@@ -5,13 +5,21 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
 
 #include "tandem/engine/cache_pool.h"
+#include "tandem/engine/generate_speculative.h"
 #include "tandem/engine/scheduler.h"
 #include "tandem/model/graph.h"
+#include "tandem/model/session.h"
 #include "tandem/server/metrics.h"
+#include "tandem/speculative/calibration.h"
 #include "tandem/speculative/draft_model.h"
+#include "tandem/speculative/eagle_draft.h"
+#include "tandem/speculative/eagle_train.h"
 #include "tandem/speculative/ngram.h"
+#include "tandem/tokenizer/tokenizer.h"
+#include "tandem/train/checkpoint.h"
 #include "test_util.h"
 
 namespace {
@@ -251,6 +259,127 @@ TEST(SchedulerSpec, ASequenceWhoseDrafterRecoversDraftsAgain) {
   EXPECT_GT(d->off, 0u);
   EXPECT_GT(d->probing, 0u);
   EXPECT_GT(stats.accepted, 20u);
+}
+
+// Forwards every call to `inner` and logs its proposals (committed length, depth asked, tokens) under the
+// prompt it began with.
+class RecordingSource final : public speculative::DraftSource {
+ public:
+  using Log = std::map<std::vector<int32_t>, std::vector<std::vector<int32_t>>>;
+  RecordingSource(std::unique_ptr<speculative::DraftSource> inner, Log& log)
+      : inner_(std::move(inner)), log_(log) {}
+  std::string_view kind() const override { return inner_->kind(); }
+  void begin(std::span<const int32_t> prompt, const speculative::DraftSettings& settings) override {
+    entries_ = &log_[std::vector<int32_t>(prompt.begin(), prompt.end())];
+    inner_->begin(prompt, settings);
+  }
+  void propose(std::span<const int32_t> committed, int max_depth, speculative::Draft& out) override {
+    inner_->propose(committed, max_depth, out);
+    std::vector<int32_t> e = {static_cast<int32_t>(committed.size()), max_depth};
+    e.insert(e.end(), out.tokens.begin(), out.tokens.end());
+    entries_->push_back(std::move(e));
+  }
+  void accept(std::span<const int32_t> committed, int n_accepted) override {
+    inner_->accept(committed, n_accepted);
+  }
+  std::span<const int64_t> target_layers() const override { return inner_->target_layers(); }
+  void on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
+                        int64_t first_pos) override {
+    inner_->on_target_hidden(layer, hidden, n_rows, first_pos);
+  }
+
+ private:
+  std::unique_ptr<speculative::DraftSource> inner_;
+  Log& log_;
+  std::vector<std::vector<int32_t>>* entries_ = nullptr;
+};
+
+// A drafter that reads the target's hidden states drafts in the scheduler from the rows the scheduler
+// captures: with every round drafting the deepest window (flat costs, no timings, no margin: any round beats
+// a plain step), each sequence under 8 concurrent streams proposes after a given text exactly what it
+// proposes after that text alone in `run`, and the output equals plain output request by request. `run` here
+// evaluates prompts in forwards of 16 rows, so its prompts of 24 to 79 tokens are captured over several
+// forwards.
+TEST(SchedulerSpec, EagleDrafterDraftsFromCapturedRowsAsAlone) {
+  Fixture f;
+  // A briefly trained drafter: its proposals, not its quality, are compared.
+  speculative::EagleTrainOptions to;
+  {
+    auto tok = tokenizer::Tokenizer::from_gguf(f.model->file());
+    const auto texts = speculative::default_training_prompts();
+    for (size_t i = 0; i < 4; ++i) to.prompts.push_back(tok->encode(texts[i], true, false));
+  }
+  to.tokens = 256;
+  to.continuation = 64;
+  to.steps = 12;
+  to.unroll = 2;
+  to.seed = 3;
+  speculative::EagleTrainResult trained = speculative::train_eagle(*f.model, f.pool, to);
+  const std::string target_hash =
+      speculative::file_fingerprint(tandem::testing::shared_path("models/stories260K.gguf"));
+  trained.info.target_file_hash = target_hash;
+  const std::string checkpoint = ::testing::TempDir() + "scheduler_spec_eagle.gguf";
+  std::vector<train::Param*> params = trained.source->drafter().params();
+  train::save_drafter(checkpoint, trained.info, params);
+  auto load = [&] {
+    return speculative::EagleDraftSource::load(checkpoint, *f.model, target_hash, f.pool, kCtx);
+  };
+
+  constexpr int kDepth = 4;
+  RecordingSource::Log alone_log, served_log;
+  int64_t accepted_alone = 0;
+  std::vector<std::vector<int32_t>> alone;
+  for (const engine::Request& r : workload()) {
+    model::Session session(*f.model, f.pool, model::SessionOptions{kCtx, cache::KvType::kF16, 16});
+    RecordingSource source(load(), alone_log);
+    engine::SpecOptions so;
+    so.generate.max_tokens = r.max_tokens;
+    so.generate.sampling.temperature = 0.0f;
+    so.draft_max = kDepth;
+    so.use_gate = false;
+    std::vector<int32_t> out;
+    const engine::SpecStats st = engine::generate_speculative(
+        session, source, r.prompt, so, [&](int32_t t) { return out.push_back(t), true; }, nullptr);
+    accepted_alone += st.accepted;
+    alone.push_back(std::move(out));
+  }
+  ASSERT_GT(accepted_alone, 0) << "the drafter never had a draft accepted";
+
+  model::Graph graph(*f.model, f.pool, model::GraphOptions{64, 16});
+  const auto plain = serve_all(graph, f.model->config(), options(0), {});
+  engine::SchedulerOptions o = options(kDepth);
+  o.gate.margin = 0.0;
+  o.gate.timing_samples = 1 << 30;
+  engine::SchedulerStats stats;
+  const auto spec = serve_all(
+      graph, f.model->config(), o, [&] { return std::make_unique<RecordingSource>(load(), served_log); },
+      &stats);
+  // `run` verifies its first drafts with the prompt's last token and the scheduler takes the first token from
+  // the prompt's forward, so their rounds fall on different committed lengths at first; wherever both propose
+  // at the same committed length (so after the same text), the proposals must be equal.
+  ASSERT_EQ(served_log.size(), alone_log.size());
+  for (const auto& [prompt, proposals] : alone_log) {
+    std::map<std::pair<int32_t, int32_t>, const std::vector<int32_t>*> alone_at;
+    for (const auto& e : proposals) alone_at[{e[0], e[1]}] = &e;
+    const auto& served = served_log[prompt];
+    size_t compared = 0;
+    for (const auto& e : served) {
+      const auto it = alone_at.find({e[0], e[1]});
+      if (it == alone_at.end()) continue;
+      ++compared;
+      EXPECT_EQ(e, *it->second) << "the request with a " << prompt.size()
+                                << "-token prompt (committed length, depth, drafts)";
+    }
+    EXPECT_GE(compared * 2, served.size()) << "the request with a " << prompt.size() << "-token prompt";
+  }
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(alone[i], plain[i]) << "request " << i << " alone";
+    EXPECT_EQ(spec[i], plain[i]) << "request " << i << " with the EAGLE-3 drafter";
+  }
+  EXPECT_GT(stats.accepted, 0u);
+  const auto* d = drafter(stats, speculative::kEagleKind);
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->accepted, stats.accepted);
 }
 
 }  // namespace
