@@ -1,11 +1,15 @@
 // Speculation under load in the scheduler: batched drafting proposes exactly what each drafter proposes
 // alone and rolls each sequence's drafter back on its own, greedy output with speculation on equals the
 // output with it off request by request under 8 concurrent streams, and a sequence whose gate stopped
-// drafting drafts again once its drafter's acceptance recovers (probes).
+// drafting drafts again once its drafter's acceptance recovers (probes); a drafter that reads the target's
+// hidden states drafts from the scheduler's captures as it does alone; `tandem bench-serve` reports both
+// modes.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <map>
+
+#include <nlohmann/json.hpp>
 
 #include "tandem/engine/cache_pool.h"
 #include "tandem/engine/generate_speculative.h"
@@ -380,6 +384,50 @@ TEST(SchedulerSpec, EagleDrafterDraftsFromCapturedRowsAsAlone) {
   const auto* d = drafter(stats, speculative::kEagleKind);
   ASSERT_NE(d, nullptr);
   EXPECT_EQ(d->accepted, stats.accepted);
+}
+
+// `tandem bench-serve --json` on the real tiny model: each stream count has both modes' figures, the plain
+// runs never draft, and the command's own check that every run's greedy output equals the first plain run's
+// passed (it exits non-zero otherwise). Bad flags are refused saying what to pass.
+TEST(SchedulerSpec, BenchServeReportsBothModesPerStreamCount) {
+  const std::string tandem(TANDEM_BINARY);
+  const std::string cache = "XDG_CACHE_HOME='" + ::testing::TempDir() + "bench_serve_cache' ";
+  const std::string model = " -m '" + tandem::testing::shared_path("models/stories260K.gguf") + "' -t 2";
+  const auto [out, rc] = tandem::testing::run_command(
+      cache + tandem + " bench-serve" + model +
+      " --draft replay --accept 0.9 --streams 1,3 --prompt-tokens 8 --max-tokens 24 --repeats 2 --json "
+      "2>&1");
+  ASSERT_EQ(rc, 0) << out;
+  const size_t last = out.find_last_of('\n', out.size() - 2);
+  const nlohmann::json j = nlohmann::json::parse(out.substr(last == std::string::npos ? 0 : last + 1));
+  EXPECT_EQ(j["draft"], "replay");
+  EXPECT_EQ(j["accept"].get<double>(), 0.9);
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const nlohmann::json& r = j["results"][i];
+    EXPECT_EQ(r["streams"].get<int>(), i == 0 ? 1 : 3);
+    ASSERT_EQ(r["speedups"].size(), 2u);
+    for (const char* mode : {"plain", "spec"}) {
+      const nlohmann::json& m = r[mode];
+      EXPECT_GT(m["aggregate_tps"].get<double>(), 0.0) << mode;
+      EXPECT_GT(m["stream_tps"].get<double>(), 0.0) << mode;
+      EXPECT_GT(m["ttft_p50_s"].get<double>(), 0.0) << mode;
+      EXPECT_GE(m["ttft_p99_s"].get<double>(), m["ttft_p50_s"].get<double>()) << mode;
+    }
+    EXPECT_EQ(r["plain"]["acceptance"].get<double>(), 0.0);
+    EXPECT_EQ(r["plain"]["tokens_per_forward"].get<double>(), 1.0);
+    EXPECT_GE(r["spec"]["tokens_per_forward"].get<double>(), 1.0);
+    EXPECT_LE(r["spec"]["acceptance"].get<double>(), 1.0);
+  }
+
+  const auto [bad, bad_rc] =
+      tandem::testing::run_command(cache + tandem + " bench-serve" + model + " --draft eagle 2>&1");
+  EXPECT_NE(bad_rc, 0);
+  EXPECT_NE(bad.find("--draft takes replay or ngram"), std::string::npos) << bad;
+  const auto [narrow, narrow_rc] = tandem::testing::run_command(cache + tandem + " bench-serve" + model +
+                                                                " --draft ngram --streams 8 --rows 4 2>&1");
+  EXPECT_NE(narrow_rc, 0);
+  EXPECT_NE(narrow.find("--rows must be at least the largest --streams"), std::string::npos) << narrow;
 }
 
 }  // namespace
