@@ -407,10 +407,12 @@ TEST(SchedulerSpec, BenchServeReportsBothModesPerStreamCount) {
     const nlohmann::json& r = j["results"][i];
     EXPECT_EQ(r["streams"].get<int>(), i == 0 ? 1 : 3);
     ASSERT_EQ(r["speedups"].size(), 2u);
+    ASSERT_EQ(r["cpu_speedups"].size(), 2u);
     for (const char* mode : {"plain", "spec"}) {
       const nlohmann::json& m = r[mode];
       EXPECT_GT(m["aggregate_tps"].get<double>(), 0.0) << mode;
       EXPECT_GT(m["stream_tps"].get<double>(), 0.0) << mode;
+      EXPECT_GT(m["cpu_tps"].get<double>(), 0.0) << mode;
       EXPECT_GT(m["ttft_p50_s"].get<double>(), 0.0) << mode;
       EXPECT_GE(m["ttft_p99_s"].get<double>(), m["ttft_p50_s"].get<double>()) << mode;
     }

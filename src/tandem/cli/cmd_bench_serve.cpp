@@ -1,8 +1,10 @@
 // tandem bench-serve: plain and speculative serving of the same workload in one run, through the scheduler
 // that `tandem serve` runs (without HTTP), at several numbers of concurrent streams. For each stream count
 // the two modes alternate, --repeats times each, on the same greedy requests; each run reports aggregate and
-// per-stream tok/s, time to first token (p50 / p99), acceptance and tokens per target forward, and the
-// summary keeps each mode's median run by aggregate tok/s.
+// per-stream tok/s, time to first token (p50 / p99), acceptance, tokens per target forward and tokens per
+// second of the process's CPU time; the summary keeps each mode's median run by aggregate tok/s and the
+// median of the paired speed-ups, by wall time and by CPU time (on a machine shared with other work the
+// latter is the steadier).
 //
 // --draft replay --accept X proposes each request's own greedy continuation (from the first plain run),
 // corrupting each proposed token with probability 1 - X: a drafter of known acceptance, so the serving
@@ -11,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <map>
 #include <thread>
 
@@ -77,6 +80,7 @@ class ReplayByPrompt final : public speculative::DraftSource {
 struct RunResult {
   double seconds = 0, aggregate_tps = 0, stream_tps = 0, ttft_p50 = 0, ttft_p99 = 0;
   double acceptance = 0, tokens_per_forward = 0;
+  double cpu_seconds = 0, cpu_tps = 0;  // the process's CPU time over the run, and tokens per CPU second
   uint64_t generated = 0;
   std::vector<std::vector<int32_t>> outputs;  // by stream
 };
@@ -100,6 +104,14 @@ std::vector<int32_t> make_prompt(int stream, int length, uint64_t seed, int64_t 
   return p;
 }
 
+// CPU time of every thread of the process. On a machine shared with other work, wall time also counts the
+// time the threads waited for a core; CPU time counts the work done (and the pool's spinning).
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 RunResult run_once(model::Graph& graph, const model::Model& model, const BenchServeOptions& o, int n,
                    const std::vector<std::vector<int32_t>>& prompts, int max_draft,
                    const speculative::CostModel& costs, engine::DraftFactory drafts) {
@@ -115,6 +127,7 @@ RunResult run_once(model::Graph& graph, const model::Model& model, const BenchSe
   so.costs = costs;
   engine::Scheduler scheduler(graph, caches, nullptr, so, std::move(drafts));
   std::vector<std::shared_ptr<engine::Stream>> streams;
+  const double cpu_start = process_cpu_seconds();
   const auto start = Clock::now();
   for (int i = 0; i < n; ++i) {
     engine::Request r;
@@ -169,9 +182,11 @@ RunResult run_once(model::Graph& graph, const model::Model& model, const BenchSe
     res.outputs.push_back(std::move(r.tokens));
   }
   res.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  res.cpu_seconds = process_cpu_seconds() - cpu_start;
   scheduler.stop();
   const engine::SchedulerStats s = scheduler.stats();
   res.aggregate_tps = static_cast<double>(res.generated) / res.seconds;
+  res.cpu_tps = res.cpu_seconds > 0 ? static_cast<double>(res.generated) / res.cpu_seconds : 0.0;
   res.stream_tps = percentile(per_stream, 0.5);
   res.ttft_p50 = percentile(ttft, 0.5);
   res.ttft_p99 = percentile(ttft, 0.99);
@@ -196,7 +211,9 @@ nlohmann::json to_json(const RunResult& r) {
           {"ttft_p99_s", r.ttft_p99},
           {"acceptance", r.acceptance},
           {"tokens_per_forward", r.tokens_per_forward},
-          {"seconds", r.seconds}};
+          {"seconds", r.seconds},
+          {"cpu_seconds", r.cpu_seconds},
+          {"cpu_tps", r.cpu_tps}};
 }
 
 void bench_serve(const BenchServeOptions& o) {
@@ -235,8 +252,8 @@ void bench_serve(const BenchServeOptions& o) {
                                   16};
 
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("%7s %5s %10s %10s %9s %9s %7s %9s %8s\n", "streams", "mode", "agg tok/s", "strm tok/s",
-              "ttft p50", "ttft p99", "accept", "tok/fwd", "speed-up");
+  std::printf("%7s %5s %10s %10s %9s %9s %7s %9s %10s %8s %8s\n", "streams", "mode", "agg tok/s",
+              "strm tok/s", "ttft p50", "ttft p99", "accept", "tok/fwd", "tok/cpu-s", "speed-up", "by cpu");
   for (int n : o.streams) {
     std::vector<RunResult> plain, spec;
     std::vector<std::vector<int32_t>> prompts;
@@ -287,27 +304,31 @@ void bench_serve(const BenchServeOptions& o) {
                 [](const RunResult& a, const RunResult& b) { return a.aggregate_tps < b.aggregate_tps; });
       return v[v.size() / 2];
     };
-    std::vector<double> ratios;
-    for (size_t i = 0; i < plain.size(); ++i)
+    std::vector<double> ratios, cpu_ratios;
+    for (size_t i = 0; i < plain.size(); ++i) {
       ratios.push_back(spec[i].aggregate_tps / plain[i].aggregate_tps);
-    const double ratio = percentile(ratios, 0.5);
+      cpu_ratios.push_back(spec[i].cpu_tps / plain[i].cpu_tps);
+    }
+    const double ratio = percentile(ratios, 0.5), cpu_ratio = percentile(cpu_ratios, 0.5);
     const RunResult p = median(plain), s = median(spec);
-    auto line = [&](const char* mode, const RunResult& r, double speedup) {
-      std::printf("%7d %5s %10.2f %10.2f %8.3fs %8.3fs %7.3f %9.2f", n, mode, r.aggregate_tps, r.stream_tps,
-                  r.ttft_p50, r.ttft_p99, r.acceptance, r.tokens_per_forward);
-      if (speedup > 0)
-        std::printf(" %7.3fx\n", speedup);
+    auto line = [&](const char* mode, const RunResult& r, bool speedups) {
+      std::printf("%7d %5s %10.2f %10.2f %8.3fs %8.3fs %7.3f %9.2f %10.2f", n, mode, r.aggregate_tps,
+                  r.stream_tps, r.ttft_p50, r.ttft_p99, r.acceptance, r.tokens_per_forward, r.cpu_tps);
+      if (speedups)
+        std::printf(" %7.3fx %7.3fx\n", ratio, cpu_ratio);
       else
         std::printf("\n");
     };
-    line("plain", p, 0);
-    line("spec", s, ratio);
+    line("plain", p, false);
+    line("spec", s, true);
     std::fflush(stdout);
     rows.push_back({{"streams", n},
                     {"plain", to_json(p)},
                     {"spec", to_json(s)},
                     {"speedup_median", ratio},
-                    {"speedups", ratios}});
+                    {"speedups", ratios},
+                    {"cpu_speedup_median", cpu_ratio},
+                    {"cpu_speedups", cpu_ratios}});
   }
   if (o.json) {
     nlohmann::json j = {{"model", o.model.model_path},
