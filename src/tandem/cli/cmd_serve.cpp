@@ -26,7 +26,9 @@
 #include "tandem/server/http.h"
 #include "tandem/server/metrics.h"
 #include "tandem/speculative/calibration.h"
+#include "tandem/speculative/dflash_draft.h"
 #include "tandem/speculative/draft_model.h"
+#include "tandem/speculative/eagle_draft.h"
 #include "tandem/speculative/ngram.h"
 #include "tandem/tokenizer/tokenizer.h"
 #include "tandem/util/error.h"
@@ -37,7 +39,7 @@ namespace {
 
 struct ServeOptions {
   ModelOptions model;
-  std::string draft_model, draft;
+  std::string draft_model, draft, drafter;
   std::string host = "127.0.0.1";
   int port = 8080;
   int parallel = 4;
@@ -156,9 +158,56 @@ bool warm_up_embeddings(engine::EmbeddingBatcher& embeddings, const tokenizer::T
          engine::EmbeddingBatcher::Admit::kOk;
 }
 
+// Drafters that are costly to build (an EAGLE-3 drafter holds f32 copies of the target's embedding and head)
+// are built once per running slot and lent to sequences: a lent source forwards every call to its pooled one
+// and gives it back when its sequence ends. The scheduler's thread is the only user.
+class SourceLender {
+ public:
+  explicit SourceLender(std::vector<std::unique_ptr<speculative::DraftSource>> sources)
+      : free_(std::move(sources)) {}
+
+  // Null when every source is lent (the scheduler runs at most as many sequences as there are sources).
+  std::unique_ptr<speculative::DraftSource> lend() {
+    if (free_.empty()) return nullptr;
+    std::unique_ptr<speculative::DraftSource> s = std::move(free_.back());
+    free_.pop_back();
+    return std::make_unique<Lent>(*this, std::move(s));
+  }
+
+ private:
+  class Lent final : public speculative::DraftSource {
+   public:
+    Lent(SourceLender& owner, std::unique_ptr<speculative::DraftSource> s)
+        : owner_(owner), s_(std::move(s)) {}
+    ~Lent() override { owner_.free_.push_back(std::move(s_)); }
+    Lent(const Lent&) = delete;
+    Lent& operator=(const Lent&) = delete;
+    std::string_view kind() const override { return s_->kind(); }
+    void begin(std::span<const int32_t> prompt, const speculative::DraftSettings& settings) override {
+      s_->begin(prompt, settings);
+    }
+    void propose(std::span<const int32_t> committed, int max_depth, speculative::Draft& out) override {
+      s_->propose(committed, max_depth, out);
+    }
+    void accept(std::span<const int32_t> committed, int n_accepted) override {
+      s_->accept(committed, n_accepted);
+    }
+    std::span<const int64_t> target_layers() const override { return s_->target_layers(); }
+    void on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
+                          int64_t first_pos) override {
+      s_->on_target_hidden(layer, hidden, n_rows, first_pos);
+    }
+
+   private:
+    SourceLender& owner_;
+    std::unique_ptr<speculative::DraftSource> s_;
+  };
+  std::vector<std::unique_ptr<speculative::DraftSource>> free_;
+};
+
 void serve(const ServeOptions& o) {
   if (!o.draft.empty() && o.draft != "ngram")
-    throw Error("--draft takes 'ngram' (or use --draft-model FILE)");
+    throw Error("--draft takes 'ngram' (or use --draft-model FILE or --drafter FILE)");
   std::signal(SIGPIPE, SIG_IGN);  // a client that disconnects must not end the process
   ensure_descriptors(o.connections.max_connections);
   bound_allocator_retention();
@@ -211,38 +260,60 @@ void serve(const ServeOptions& o) {
   so.max_running = o.parallel;
   so.max_waiting = o.queue;
   so.max_rows = o.rows;
-  const bool speculate = !o.draft.empty() || !o.draft_model.empty();
+  const bool speculate = !o.draft.empty() || !o.draft_model.empty() || !o.drafter.empty();
   if (encoder && speculate)
-    throw Error("--draft and --draft-model speed up generation, but '" + o.model.model_path +
+    throw Error("--draft, --draft-model and --drafter speed up generation, but '" + o.model.model_path +
                 "' is an encoder (" + config.arch + ") that makes embeddings only; drop them");
   so.max_draft = speculate ? (o.max_draft > 0 ? o.max_draft : 6) : 0;
   so.gate = o.gate;
   std::unique_ptr<model::Model> draft;
+  std::unique_ptr<speculative::DraftModelBatch> draft_batch;
+  std::unique_ptr<SourceLender> lender;
   engine::DraftFactory drafts;
   std::string draft_hash;
   if (!o.draft_model.empty()) {
     draft = model::Model::load(o.draft_model, o.model.load_mode());
     speculative::check_same_vocabulary(*model, *draft);
     draft_hash = speculative::file_fingerprint(o.draft_model);
+    // One drafter forward proposes for every sequence that drafts in an iteration.
+    draft_batch = std::make_unique<speculative::DraftModelBatch>(*draft, pool, o.parallel, o.rows);
     model::SessionOptions dso{n_ctx, o.model.resolved_kv_type(), 16};
-    drafts = [&, dso] { return std::make_unique<speculative::DraftModelSource>(*draft, *model, pool, dso); };
+    drafts = [&, dso] {
+      return std::make_unique<speculative::DraftModelSource>(*draft, *model, pool, dso, draft_batch.get());
+    };
+  } else if (!o.drafter.empty()) {
+    const std::string target_hash = speculative::file_fingerprint(o.model.model_path);
+    const bool dflash = train::load_drafter(o.drafter, {}).kind == speculative::kDflashKind;
+    std::vector<std::unique_ptr<speculative::DraftSource>> sources;
+    for (int i = 0; i < o.parallel; ++i)
+      if (dflash)
+        sources.push_back(speculative::DflashDraftSource::load(o.drafter, *model, target_hash, pool, n_ctx));
+      else
+        sources.push_back(speculative::EagleDraftSource::load(o.drafter, *model, target_hash, pool, n_ctx));
+    lender = std::make_unique<SourceLender>(std::move(sources));
+    drafts = [&] { return lender->lend(); };
   } else if (o.draft == "ngram") {
     drafts = [] { return std::make_unique<speculative::NgramSource>(); };
   }
   if (speculate) {
-    // The gate prices rounds for the current batch from the verify costs `tandem calibrate` measured for this
-    // model, CPU and thread count; without them, each extra row is assumed to cost 0.15 of a decode step.
-    const auto cal = speculative::cached_calibration(o.model.model_path, pool.size());
-    so.costs = cal ? cal->cost_model(draft_hash) : speculative::CostModel::linear(0.15, 0.0);
-    // A drafted token costs about one draft decode step: the weight bytes it reads, relative to the target's.
-    if (draft && !(cal && cal->draft_per_token.count(draft_hash)))
-      so.costs.draft_per_token =
-          static_cast<double>(draft->weight_bytes_per_token()) / model->weight_bytes_per_token();
-    if (!cal)
-      std::fprintf(stderr,
-                   "note: no calibration for this model, CPU and thread count; the gate assumes each extra "
-                   "verify row costs 0.15 of a decode step (run `tandem calibrate -m %s -t %d`)\n",
-                   o.model.model_path.c_str(), pool.size());
+    // The gate prices each round against the forward it joins, from the forwards' live timings and, for row
+    // counts not yet timed, the verify costs measured on this machine (measured now and cached when missing).
+    const std::string cache_path = speculative::calibration_file_path();
+    auto cal = speculative::cached_calibration(o.model.model_path, pool.size());
+    if (!cal || (draft && !cal->draft_per_token.count(draft_hash))) {
+      std::fprintf(stderr, "serve: calibrating verify costs on this machine (cached in %s)...\n",
+                   cache_path.c_str());
+      speculative::CalibrateOptions co;
+      co.max_rows = static_cast<int>(std::min<int64_t>(o.rows, 17));
+      co.repeats = 3;
+      cal = speculative::calibrate(*model, o.model.model_path, draft.get(), o.draft_model, pool, co);
+      try {
+        speculative::store_calibration(cache_path, *cal);
+      } catch (const Error& e) {
+        std::fprintf(stderr, "note: %s; the calibration is used for this run only\n", e.what());
+      }
+    }
+    so.costs = cal->cost_model(draft_hash);
   }
 
   const tokenizer::Tokenizer& tk = *tok;
@@ -300,7 +371,10 @@ void serve(const ServeOptions& o) {
                  "forward, drafting %s\n",
                  http.model_name.c_str(), std::string(chat.name()).c_str(), static_cast<long long>(n_ctx),
                  o.parallel, o.queue, static_cast<long long>(o.rows),
-                 speculate ? (draft ? "with a draft model" : "by n-gram lookup") : "off");
+                 speculate ? (draft    ? "with a draft model"
+                              : lender ? "with a drafter that reads the target"
+                                       : "by n-gram lookup")
+                           : "off");
   std::fprintf(stderr, "serve: replica '%s' warming up on %s:%d (/health answers 503 \"starting\")\n",
                srv.replica_name().c_str(), o.host.c_str(), port);
   // A failed warm-up leaves /health at "starting", so a balancer keeps sending elsewhere.
@@ -399,7 +473,9 @@ void add_serve_command(CLI::App& app) {
                   "Seconds a client may take no response bytes before it is dropped (default 10)")
       ->check(CLI::Range(0.05, 3600.0));
   auto* dm = cmd->add_option("--draft-model", o->draft_model, "Draft model for speculative decoding");
-  cmd->add_option("--draft", o->draft, "Draft source: ngram")->excludes(dm);
+  auto* dr =
+      cmd->add_option("--drafter", o->drafter, "Drafter trained by `tandem train-drafter`")->excludes(dm);
+  cmd->add_option("--draft", o->draft, "Draft source: ngram")->excludes(dm)->excludes(dr);
   cmd->add_option("--max-draft", o->max_draft, "Deepest drafted window per sequence (default 6 with a draft)")
       ->check(CLI::Range(0, 15));
   add_gate_options(*cmd, o->gate);

@@ -19,6 +19,7 @@ void add_run_command(CLI::App& app);
 void add_calibrate_command(CLI::App& app);
 void add_bench_spec_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_bench_serve_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_template_command(CLI::App& app);
 void add_train_drafter_command(CLI::App& app);

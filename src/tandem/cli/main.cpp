@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_template_command(app);
   tandem::cli::add_embed_command(app);
   tandem::cli::add_serve_command(app);
+  tandem::cli::add_bench_serve_command(app);
   tandem::cli::add_calibrate_command(app);
   tandem::cli::add_bench_spec_command(app);
   tandem::cli::add_train_drafter_command(app);

@@ -68,10 +68,17 @@ class Run {
     }
     const auto layers = source_.target_layers();
     if (!layers.empty()) {
+      // Session::eval runs a long span (a prompt) in several forwards, each capturing its own rows: a layer's
+      // rows continue where its previous capture in this eval ended.
+      capture_rows_.assign(layers.size(), 0);
       capture_ = [this, layers](int64_t layer, const float* hidden, int64_t n_rows) {
-        if (std::find(layers.begin(), layers.end(), layer) == layers.end()) return;
+        const auto it = std::find(layers.begin(), layers.end(), layer);
+        if (it == layers.end()) return;
+        int64_t& done = capture_rows_[static_cast<size_t>(it - layers.begin())];
         const auto width = static_cast<size_t>(target_.model().config().n_embd);
-        source_.on_target_hidden(layer, {hidden, width * static_cast<size_t>(n_rows)}, n_rows, capture_pos_);
+        source_.on_target_hidden(layer, {hidden, width * static_cast<size_t>(n_rows)}, n_rows,
+                                 capture_pos_ + done);
+        done += n_rows;
       };
     }
     stats_.depth_histogram.assign(static_cast<size_t>(o_.draft_max) + 1, 0);
@@ -110,6 +117,7 @@ class Run {
  private:
   std::span<const float> eval(std::span<const int32_t> tokens, bool all_logits) {
     capture_pos_ = target_.length();
+    std::fill(capture_rows_.begin(), capture_rows_.end(), 0);
     return target_.eval(tokens, all_logits, capture_ ? &capture_ : nullptr);
   }
 
@@ -336,7 +344,8 @@ class Run {
   static constexpr double kTreeRatioDecay = 0.9;
   double tree_accepted_ = 1.0, tree_scored_ = 1.0;
   model::CaptureFn capture_;
-  int64_t capture_pos_ = 0;
+  int64_t capture_pos_ = 0;            // the position of the first row of the current eval
+  std::vector<int64_t> capture_rows_;  // [tapped layer]: rows captured so far in the current eval
 
   std::vector<int32_t> history_;                   // prompt and committed tokens
   std::vector<int32_t> window_;                    // this round's forward: pending token, drafts

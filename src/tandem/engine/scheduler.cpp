@@ -1,9 +1,11 @@
 #include "tandem/engine/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <optional>
+#include <utility>
 
 #include "tandem/speculative/settle.h"
 #include "tandem/util/error.h"
@@ -33,8 +35,17 @@ struct Scheduler::Sequence {
   std::unique_ptr<speculative::DraftSource> draft;
   std::optional<speculative::Gate> gate;
   speculative::Draft proposal;
+  speculative::Probe probe;
   speculative::Settler settler;
   uint64_t drafted = 0, accepted = 0;
+  int want = 0;          // this iteration's proposal depth (0: none)
+  bool probing = false;  // the proposal is a probe, not a window
+  // The gate's decisions not yet counted in the stats.
+  uint64_t drafting = 0, probes = 0, off = 0;
+  // Drafters that read the target: the capture of this sequence's groups, and the position of their first
+  // row.
+  model::CaptureFn capture;
+  int64_t capture_pos = 0;
   Finish ending = Finish::kStop;  // why commit() ended the sequence, reported once its round is settled
 };
 
@@ -44,7 +55,9 @@ Scheduler::Scheduler(model::Graph& graph, CachePool& caches, std::function<bool(
       caches_(caches),
       is_eog_(std::move(is_eog)),
       options_(options),
-      drafts_(std::move(drafts)) {
+      drafts_(std::move(drafts)),
+      costs_(options.costs, static_cast<int>(options.max_rows), options.gate.timing_weight,
+             options.gate.timing_samples) {
   if (options_.max_running < 1) throw Error("the scheduler needs at least one running sequence (--parallel)");
   if (options_.max_waiting < 0) throw Error("the request queue bound must be >= 0");
   if (options_.max_rows < options_.max_running)
@@ -62,6 +75,8 @@ Scheduler::Scheduler(model::Graph& graph, CachePool& caches, std::function<bool(
   plan_.group_caches.reserve(n);
   plan_.groups.reserve(n + 1);
   ended_.reserve(n);
+  round_cost_.reserve(static_cast<size_t>(options_.max_draft) + 1);
+  draft_requests_.reserve(n);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -198,8 +213,14 @@ void Scheduler::admit() {
     try {
       CachePool::Lease lease = caches_.acquire(s->req.prompt);
       s->cache = std::move(lease.cache);
-      s->cached = s->evaluated = lease.reused;
       s->state = Sequence::State::kPrefill;
+      start_drafting(*s);
+      if (s->capture) {
+        // The drafter needs the target's hidden states of every prompt position: none are reused.
+        s->cache->truncate(0);
+        lease.reused = 0;
+      }
+      s->cached = s->evaluated = lease.reused;
       running_.push_back(std::move(s));
     } catch (const std::exception& e) {
       finish(*s, Finish::kError, e.what());
@@ -207,23 +228,47 @@ void Scheduler::admit() {
   }
 }
 
-int Scheduler::choose_depth(Sequence& s, int64_t budget_left, int batch) {
-  if (!s.draft || !s.gate) return 0;
+speculative::Gate::Decision Scheduler::choose_depth(Sequence& s, int64_t budget_left, int64_t base_rows,
+                                                    int sharing) {
   int64_t d = std::min<int64_t>(options_.max_draft, budget_left - 1);
   // The window's rows sit at positions tokens.size() - 1 ... + d, inside the context; drafting past
   // max_tokens is wasted.
   d = std::min(d, caches_.capacity() - static_cast<int64_t>(s.tokens.size()));
   d = std::min(d, s.req.max_tokens - s.generated - 1);
-  if (d <= 0) return 0;
-  // A probe (drafting without verifying) is not worth a row here: it is taken as a plain step.
-  // Costs for this batch: extra rows slow the forward for every decoding sequence (CostModel::round_cost).
-  return s.gate->decide(static_cast<int>(d), batch).depth;
+  d = std::max<int64_t>(d, 0);
+  round_cost_.assign(static_cast<size_t>(d) + 1, 1.0);
+  for (int64_t k = 1; k <= d; ++k)
+    round_cost_[static_cast<size_t>(k)] =
+        costs_.round_cost(static_cast<int>(k), static_cast<int>(base_rows), sharing);
+  // With no room for a window the gate still counts the round, so its probes stay on schedule.
+  return s.gate->decide_priced(round_cost_);
 }
 
 void Scheduler::iterate() {
   plan();
   if (!forward()) return;
   settle();
+}
+
+void Scheduler::propose_all() {
+  auto& rs = draft_requests_;
+  // Requests of one batch group side by side, in running order within it (a stable insertion sort: a few
+  // requests, and no allocation).
+  auto key = [](const speculative::DraftRequest& r) {
+    return reinterpret_cast<uintptr_t>(r.source->batch_group());
+  };
+  for (size_t i = 1; i < rs.size(); ++i)
+    for (size_t j = i; j > 0 && key(rs[j - 1]) > key(rs[j]); --j) std::swap(rs[j - 1], rs[j]);
+  for (size_t i = 0; i < rs.size();) {
+    const void* group = rs[i].source->batch_group();
+    size_t j = i + 1;
+    while (group && j < rs.size() && rs[j].source->batch_group() == group) ++j;
+    if (group)
+      rs[i].source->propose_batch(std::span<const speculative::DraftRequest>(rs).subspan(i, j - i));
+    else
+      rs[i].source->propose(rs[i].committed, rs[i].max_depth, *rs[i].out);
+    i = j;
+  }
 }
 
 void Scheduler::plan() {
@@ -242,14 +287,47 @@ void Scheduler::plan() {
   int64_t n_decoding = 0;
   for (auto& s : running_) n_decoding += s->state == Sequence::State::kDecode ? 1 : 0;
   int64_t reserved = n_decoding;
+  int64_t planned = 0;  // rows of the decoding sequences already planned
+  draft_requests_.clear();
   for (auto& sp : running_) {
     Sequence& s = *sp;
     if (s.state != Sequence::State::kDecode) continue;
     --reserved;
-    const int depth = choose_depth(s, budget - reserved, static_cast<int>(n_decoding));
-    if (depth > 0) {
-      s.draft->propose(s.tokens, depth, s.proposal);
-      if (s.proposal.tokens.size() > static_cast<size_t>(depth)) s.proposal.tokens.resize(depth);
+    s.want = 0;
+    s.probing = false;
+    if (s.gate) {
+      // Priced against the forward as planned so far: earlier windows, this row, a row per later decoder.
+      const speculative::Gate::Decision decision =
+          choose_depth(s, budget - reserved, planned + 1 + reserved, static_cast<int>(n_decoding));
+      if (decision.depth > 0) {
+        s.want = decision.depth;
+        ++s.drafting;
+      } else if (decision.probe && !s.probe.active()) {
+        s.want = s.gate->settings().probe_depth;
+        s.probing = true;
+        ++s.probes;
+      } else {
+        ++s.off;
+      }
+    }
+    const int64_t rows = 1 + (s.probing ? 0 : s.want);
+    planned += rows;
+    budget -= rows;
+    if (s.want > 0)
+      draft_requests_.push_back(
+          {s.draft.get(), s.tokens, s.want, s.probing ? &s.probe.draft() : &s.proposal});
+  }
+  if (!draft_requests_.empty()) propose_all();
+
+  budget = options_.max_rows;
+  for (auto& sp : running_) {
+    Sequence& s = *sp;
+    if (s.state != Sequence::State::kDecode) continue;
+    if (s.probing) {
+      s.draft->accept(s.tokens, 0);
+      s.probe.start();
+    } else if (s.want > 0) {
+      if (s.proposal.tokens.size() > static_cast<size_t>(s.want)) s.proposal.tokens.resize(s.want);
       if (s.req.grammar) {
         // Verifying drafts past a token the grammar refuses is wasted rows: cut them. A deterministic draft
         // is cut before that token (its rejection would draw from the masked p, as a plain step does); a
@@ -261,10 +339,12 @@ void Scheduler::plan() {
         g.rollback_to(at);
         s.proposal.tokens.resize(std::min(s.proposal.tokens.size(), valid + (s.proposal.sampled ? 1 : 0)));
       }
-    } else if (s.draft) {
-      s.proposal.clear();
+      // A verified round observes the drafter directly.
+      if (!s.proposal.tokens.empty()) s.probe.cancel();
     }
-    if (s.draft && !s.proposal.tokens.empty()) {
+    if (s.draft && (s.probing || s.want == 0)) s.proposal.clear();
+    if (s.draft && (!s.proposal.tokens.empty() || s.capture)) {
+      // A window, or a plain step that must be captured: a group of its own.
       s.window.assign(1, s.tokens.back());
       s.window.insert(s.window.end(), s.proposal.tokens.begin(), s.proposal.tokens.end());
       p.verifiers.push_back(&s);
@@ -297,8 +377,9 @@ void Scheduler::plan() {
   // group_caches holds at most max_running entries within its reserved capacity, so the spans stay valid.
   auto single = [&](Sequence& s, model::Phase phase) {
     p.group_caches.push_back(s.cache.get());
-    p.groups.push_back(
-        {phase, s.window, std::span<cache::KvCache* const>(&p.group_caches.back(), 1), nullptr});
+    s.capture_pos = s.cache->length();
+    p.groups.push_back({phase, s.window, std::span<cache::KvCache* const>(&p.group_caches.back(), 1),
+                        s.capture ? &s.capture : nullptr});
     s.logit_row = logit_rows;
     p.rows += static_cast<int64_t>(s.window.size());
   };
@@ -316,7 +397,10 @@ void Scheduler::plan() {
 
 bool Scheduler::forward() {
   try {
+    const auto start = std::chrono::steady_clock::now();
     graph_.mixed(plan_.groups, logits_.data());
+    costs_.record(static_cast<int>(plan_.rows),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     return true;
   } catch (const std::exception& e) {
     // The caches of this batch are in an unknown state: their sequences fail and the caches are dropped.
@@ -341,16 +425,10 @@ void Scheduler::settle() {
     s->evaluated += static_cast<int64_t>(s->window.size());
     delta.evaluated_prompt_tokens += s->window.size();
     if (s->evaluated < static_cast<int64_t>(s->req.prompt.size())) continue;
-    bool alive = false;
-    try {
-      start_decoding(*s);
-      alive = true;
-    } catch (const std::exception& e) {
-      finish(*s, Finish::kError, e.what());
-    }
+    s->state = Sequence::State::kDecode;
     // The prompt's last row gives the first token: a round without a window, nothing to teach the gate or
     // the drafter (which has just begun on the prompt).
-    if (!alive || !settle(*s, {}, false)) ended_.push_back(s);
+    if (!settle(*s, {}, false)) ended_.push_back(s);
   }
   if (!ended_.empty())
     std::erase_if(running_, [&](const std::unique_ptr<Sequence>& s) {
@@ -376,21 +454,37 @@ bool Scheduler::settle(Sequence& s, std::span<const int32_t> drafts, bool specul
   speculative::Gate* gate = speculating && s.gate ? &*s.gate : nullptr;
   speculative::DraftSource* source = speculating ? s.draft.get() : nullptr;
   try {
-    const speculative::SettleOutcome out =
-        s.settler.settle(window,
-                         {s.tokens, s.sampler, s.req.sequence_id, *s.cache, gate, source,
-                          s.req.grammar ? &*s.req.grammar : nullptr},
-                         [&](int32_t token, int row) {
-                           return commit(s, token, window.logits.data() + static_cast<size_t>(row) * V);
-                         });
+    const speculative::SettleOutcome out = s.settler.settle(
+        window,
+        {s.tokens, s.sampler, s.req.sequence_id, *s.cache, gate, source,
+         s.req.grammar ? &*s.req.grammar : nullptr},
+        [&](int32_t token, int row) {
+          // A plain step's token was drawn from the target's p, which scores a probe.
+          if (gate && s.probe.active())
+            s.probe.observe(token, drafts.empty() ? &s.settler.target_distribution(0) : nullptr, *gate);
+          return commit(s, token, window.logits.data() + static_cast<size_t>(row) * V);
+        });
     s.drafted += static_cast<uint64_t>(out.drafted);
     s.accepted += static_cast<uint64_t>(out.accepted);
-    if (out.drafted > 0) {
+    {
       // Counted before the sequence's final event goes out, so a client that reads the metrics after its
       // last token sees its own rounds (the chat page computes a reply's acceptance that way).
       std::lock_guard lock(mutex_);
-      stats_.drafted += static_cast<uint64_t>(out.drafted);
-      stats_.accepted += static_cast<uint64_t>(out.accepted);
+      ++stats_.steps;
+      if (out.drafted > 0) {
+        stats_.drafted += static_cast<uint64_t>(out.drafted);
+        stats_.accepted += static_cast<uint64_t>(out.accepted);
+        ++stats_.verify_windows;
+        stats_.verify_tokens += static_cast<uint64_t>(out.committed);
+      }
+      if (s.draft && speculating) {
+        SchedulerStats::Drafter& d = drafter_stats(s.draft->kind());
+        d.drafted += static_cast<uint64_t>(out.drafted);
+        d.accepted += static_cast<uint64_t>(out.accepted);
+        d.drafting += std::exchange(s.drafting, 0);
+        d.probing += std::exchange(s.probes, 0);
+        d.off += std::exchange(s.off, 0);
+      }
     }
     if (!out.stopped) return true;
     finish(s, s.ending);
@@ -400,15 +494,26 @@ bool Scheduler::settle(Sequence& s, std::span<const int32_t> drafts, bool specul
   return false;
 }
 
-void Scheduler::start_decoding(Sequence& s) {
-  s.state = Sequence::State::kDecode;
-  if (drafts_ && options_.max_draft > 0) {
-    s.draft = drafts_();
-    if (s.draft) {
-      s.draft->begin(s.req.prompt, {s.req.sampling, s.req.sequence_id});
-      s.gate.emplace(options_.gate, options_.costs, options_.max_draft);
-    }
-  }
+SchedulerStats::Drafter& Scheduler::drafter_stats(std::string_view kind) {
+  for (SchedulerStats::Drafter& d : stats_.drafters)
+    if (d.kind == kind) return d;
+  stats_.drafters.push_back({std::string(kind)});
+  return stats_.drafters.back();
+}
+
+void Scheduler::start_drafting(Sequence& s) {
+  if (!drafts_ || options_.max_draft <= 0) return;
+  s.draft = drafts_();
+  if (!s.draft) return;
+  s.draft->begin(s.req.prompt, {s.req.sampling, s.req.sequence_id});
+  s.gate.emplace(options_.gate, options_.costs, options_.max_draft);
+  const std::span<const int64_t> layers = s.draft->target_layers();
+  if (layers.empty()) return;
+  const auto width = static_cast<size_t>(graph_.model().config().n_embd);
+  s.capture = [&s, layers, width](int64_t layer, const float* hidden, int64_t n_rows) {
+    if (std::find(layers.begin(), layers.end(), layer) == layers.end()) return;
+    s.draft->on_target_hidden(layer, {hidden, width * static_cast<size_t>(n_rows)}, n_rows, s.capture_pos);
+  };
 }
 
 bool Scheduler::commit(Sequence& s, int32_t token, const float* logits) {

@@ -3,14 +3,26 @@
 // Requests come in through submit() from any thread; one thread (owned by the Scheduler) runs iterations.
 // Each iteration is one Graph::mixed() forward holding, within a budget of max_rows rows:
 //   - one decode row per running sequence, or its verify window when it speculates (a drafted window of
-//     depth d is d + 1 rows; each sequence's speculative::Gate chooses d from its acceptance history and the
-//     verify costs, capped by the rows the budget still holds after one row per other running sequence);
+//     depth d is d + 1 rows; each sequence's speculative::Gate chooses d from its acceptance history and what
+//     d more rows cost the forward the step already carries, capped by the rows the budget still holds after
+//     one row per other running sequence);
 //   - then chunks of waiting prompts (chunked prefill: a long prompt takes several iterations and never
 //     stalls the running streams, which always get their rows first).
 // Per-sequence state machine: waiting -> prefill -> decode -> finished | cancelled, or waiting -> drained
 // when the scheduler drains or stops before the sequence started. A sequence enters prefill when one of
 // max_running slots is free and takes its cache from the CachePool (which may hand back a prefix evaluated by
 // an earlier request); it leaves by returning the cache.
+//
+// Speculation. Every sequence that drafts in an iteration proposes before the forward, and sources of one
+// batch group (DraftSource::batch_group: a draft model shared by the sequences) propose in one batched
+// drafter call. A gate that drafts nothing asks for probes on its schedule (gate.h): the drafter proposes
+// without verification, plain steps score the proposal, and a drafter whose acceptance recovers drafts
+// again. Rounds are priced by speculative::BatchCosts: every forward is timed by its row count, and adding d
+// verify rows to a forward of R rows that B decoding sequences wait for costs 1 + B * (T(R + d) / T(R) - 1)
+// (plus drafting) of a plain step, from live timings where they exist and the machine's calibrated curve
+// elsewhere. Drafters that read the target's hidden states (DraftSource::target_layers) have their
+// sequences' rows captured: prompt chunks and decode rows run as single-sequence groups with a capture, and
+// such a sequence starts from an empty cache (reused positions were never captured).
 //
 // Rows are batch-invariant and randomness is keyed by (seed, sequence id, position), so a request's tokens do
 // not depend on what else was running: N concurrent greedy requests produce exactly what each produces alone.
@@ -25,6 +37,8 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -43,9 +57,13 @@ struct SchedulerOptions {
   int max_waiting = 64;   // admitted requests not yet running; past it submit() answers kQueueFull
   int64_t max_rows = 64;  // rows per forward (<= the graph's capacity)
   int max_draft = 0;      // deepest verify window drafted per sequence; 0 disables speculation
-  // Each speculating sequence has its own gate (its acceptance history) over these settings and costs.
+  // Each speculating sequence has its own gate (its acceptance history) over these settings.
   speculative::GateSettings gate;
-  speculative::CostModel costs = speculative::CostModel::linear(0.15, 0.0);
+  // The machine's calibrated forward costs by row count (speculative/calibration.h) and the drafter's cost
+  // per token; live timings replace the curve row count by row count. Empty: a forward of an untimed row
+  // count is priced as free until timed (speculative::BatchCosts), so the scheduler measures what it has no
+  // curve for instead of guessing.
+  speculative::CostModel costs;
 };
 
 struct Request {
@@ -76,7 +94,21 @@ struct SchedulerStats {
   uint64_t prompt_tokens = 0, cached_tokens = 0;  // prompt positions requested, of which reused
   uint64_t evaluated_prompt_tokens = 0;
   uint64_t generated_tokens = 0;
-  uint64_t drafted = 0, accepted = 0;      // speculation
+  uint64_t drafted = 0, accepted = 0;  // speculation
+  // Verify windows (sequence rounds with drafts) and the tokens they committed (accepted drafts plus the
+  // target's own); their ratio is the tokens per verify forward of a sequence.
+  uint64_t verify_windows = 0, verify_tokens = 0;
+  uint64_t tree_nodes = 0;  // draft-tree nodes verified (chains only so far)
+  // Sequence steps: a sequence's rows in one forward that give it tokens (a decode row, a verify window or
+  // the last prompt chunk); generated_tokens / steps is the tokens per target forward of a sequence.
+  uint64_t steps = 0;
+  // The gates' decisions per drafter kind, one per speculating sequence and iteration.
+  struct Drafter {
+    std::string kind;
+    uint64_t drafting = 0, probing = 0, off = 0;
+    uint64_t drafted = 0, accepted = 0;
+  };
+  std::vector<Drafter> drafters;
   uint64_t finished[kFinishReasons] = {};  // by Finish
 };
 
@@ -136,8 +168,15 @@ class Scheduler {
   // Counts and emits `token`, which the settle step has just appended to s.tokens; returns false when s ends
   // here (the reason left in s.ending, reported by finish() once the round is settled).
   bool commit(Sequence& s, int32_t token, const float* logits);
-  void start_decoding(Sequence& s);
-  int choose_depth(Sequence& s, int64_t budget_left, int batch);
+  // Gives s its drafter, gate and capture (when speculation is on), before its prompt runs.
+  void start_drafting(Sequence& s);
+  // The gate's decision for s: depth (0: a plain step) and whether to probe. base_rows: the rows the forward
+  // carries with s's own row; sharing: the decoding sequences waiting for it.
+  speculative::Gate::Decision choose_depth(Sequence& s, int64_t budget_left, int64_t base_rows, int sharing);
+  // Proposes for every request in draft_requests_, batching sources of one batch group.
+  void propose_all();
+  // The per-kind counters of `kind` in stats_ (mutex_ held).
+  SchedulerStats::Drafter& drafter_stats(std::string_view kind);
 
   model::Graph& graph_;
   CachePool& caches_;
@@ -169,6 +208,9 @@ class Scheduler {
   };
   Plan plan_;
   std::vector<Sequence*> ended_;  // sequences finished while settling
+  speculative::BatchCosts costs_;
+  std::vector<double> round_cost_;                         // [max_draft + 1]
+  std::vector<speculative::DraftRequest> draft_requests_;  // [max_running]
   std::vector<double> logprob_scratch_;
   std::vector<int32_t> order_scratch_;
   std::thread thread_;

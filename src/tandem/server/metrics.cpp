@@ -62,6 +62,32 @@ std::string Metrics::render(const engine::SchedulerStats& s, const engine::Embed
     << "tandem_forward_rows_count " << s.forwards << '\n';
   counter("tandem_draft_tokens_total", "Tokens proposed by drafters and verified.", s.drafted);
   counter("tandem_draft_accepted_total", "Drafted tokens the target accepted.", s.accepted);
+  counter("tandem_verify_windows_total", "Verify windows: sequence rounds that verified drafts.",
+          s.verify_windows);
+  counter("tandem_verify_tokens_total",
+          "Tokens committed by verify windows (accepted drafts and the target's).", s.verify_tokens);
+  family("tandem_tokens_per_verify_forward", "gauge",
+         "Tokens a sequence committed per verify window since start (verify tokens / verify windows).");
+  o << "tandem_tokens_per_verify_forward "
+    << (s.verify_windows > 0 ? static_cast<double>(s.verify_tokens) / static_cast<double>(s.verify_windows)
+                             : 0.0)
+    << '\n';
+  counter("tandem_tree_nodes_verified_total", "Draft-tree nodes verified (0 while drafts are chains).",
+          s.tree_nodes);
+  family("tandem_gate_decisions_total", "counter",
+         "The adaptive gate's round decisions per speculating sequence, by drafter kind and decision "
+         "(drafting: a verify window; probing: an unverified proposal while idle; off: a plain step).");
+  for (const auto& d : s.drafters)
+    for (const auto& [decision, n] :
+         {std::pair<const char*, uint64_t>{"drafting", d.drafting}, {"probing", d.probing}, {"off", d.off}})
+      o << "tandem_gate_decisions_total{drafter=\"" << d.kind << "\",decision=\"" << decision << "\"} " << n
+        << '\n';
+  family("tandem_drafter_tokens_total", "counter", "Drafted tokens verified, by drafter kind.");
+  for (const auto& d : s.drafters)
+    o << "tandem_drafter_tokens_total{drafter=\"" << d.kind << "\"} " << d.drafted << '\n';
+  family("tandem_drafter_accepted_total", "counter", "Drafted tokens accepted, by drafter kind.");
+  for (const auto& d : s.drafters)
+    o << "tandem_drafter_accepted_total{drafter=\"" << d.kind << "\"} " << d.accepted << '\n';
   family("tandem_finished_requests_total", "counter", "Generations finished, by reason.");
   for (auto f : {engine::Finish::kStop, engine::Finish::kLength, engine::Finish::kCancelled,
                  engine::Finish::kError, engine::Finish::kDrained})

@@ -86,9 +86,24 @@ void check_same_vocabulary(const model::Model& target, const model::Model& draft
                 target.file().path() + "): " + diff);
 }
 
+DraftModelBatch::DraftModelBatch(const model::Model& draft, ThreadPool& pool, int max_sequences,
+                                 int64_t max_rows)
+    : graph_(draft, pool, model::GraphOptions{std::max<int64_t>(max_rows, max_sequences), 16}),
+      max_rows_(std::max<int64_t>(max_rows, max_sequences)) {
+  if (max_sequences < 1) throw Error("a draft model batch holds at least one sequence");
+  const auto n = static_cast<size_t>(max_sequences);
+  logits_.resize(n * static_cast<size_t>(draft.config().n_vocab));
+  members_.reserve(n);
+  tokens_.reserve(n);
+  caches_.reserve(n);
+  group_caches_.reserve(n);
+  groups_.reserve(n);
+}
+
 DraftModelSource::DraftModelSource(const model::Model& draft, const model::Model& target, ThreadPool& pool,
-                                   const model::SessionOptions& options)
+                                   const model::SessionOptions& options, DraftModelBatch* batch)
     : session_((check_same_vocabulary(target, draft), draft), pool, options),
+      batch_(batch),
       sampler_(sampling::Params{}),
       ranker_(sampling::Params{}),
       scorer_(sampling::Params{}) {}
@@ -107,6 +122,8 @@ void DraftModelSource::begin(std::span<const int32_t> prompt, const DraftSetting
   tree_base_ = -1;
   session_.truncate(0);
   cached_.clear();
+  // In a batch, the first proposal appends the prompt in forwards shared with the other sequences.
+  if (batch_) return;
   // Everything but the last prompt token now; the first proposal evaluates that one and drafts from its
   // logits.
   const auto n = std::min<size_t>(prompt.size() - std::min<size_t>(prompt.size(), 1),
@@ -140,19 +157,82 @@ void DraftModelSource::propose(std::span<const int32_t> committed, int max_depth
   cached_.insert(cached_.end(), missing.begin(), missing.end());
 
   history_.assign(committed.begin(), committed.end());
-  const bool sampled = sampler_.params().temperature > 0.0f;
   for (int64_t i = 0; i < depth; ++i) {
-    sampling::Distribution& q = out.q_slot(static_cast<size_t>(i));
-    sampler_.distribution(logits, history_, q);
-    const int32_t x = sampler_.draw(q, sequence_, static_cast<uint64_t>(n + i), kDrawDraft);
-    out.tokens.push_back(x);
-    history_.push_back(x);
+    draw(logits, n + i, static_cast<size_t>(i), out);
     if (i + 1 < depth) {
-      logits = session_.eval(std::span<const int32_t>(&x, 1));
-      cached_.push_back(x);
+      logits = session_.eval(std::span<const int32_t>(&out.tokens.back(), 1));
+      cached_.push_back(out.tokens.back());
     }
   }
-  out.sampled = sampled;
+}
+
+void DraftModelSource::draw(std::span<const float> logits, int64_t position, size_t i, Draft& out) {
+  sampling::Distribution& q = out.q_slot(i);
+  sampler_.distribution(logits, history_, q);
+  const int32_t x = sampler_.draw(q, sequence_, static_cast<uint64_t>(position), kDrawDraft);
+  out.tokens.push_back(x);
+  out.sampled = sampler_.params().temperature > 0.0f;
+  history_.push_back(x);
+}
+
+void DraftModelSource::propose_batch(std::span<const DraftRequest> requests) {
+  TANDEM_CHECK(batch_ != nullptr, "a draft model proposes in batches only with a DraftModelBatch");
+  DraftModelBatch& b = *batch_;
+  auto& members = b.members_;
+  members.clear();
+  for (const DraftRequest& r : requests) {
+    auto& src = static_cast<DraftModelSource&>(*r.source);
+    TANDEM_CHECK(src.batch_ == batch_, "the sources of a batched proposal share their batch");
+    TANDEM_CHECK(members.size() < members.capacity(), "more sequences propose together than the batch holds");
+    r.out->clear();
+    if (r.committed.empty() || r.max_depth < 1) continue;
+    const auto n = static_cast<int64_t>(r.committed.size());
+    const int64_t depth = std::min<int64_t>(r.max_depth, src.session_.n_ctx() - n + 1);
+    if (depth < 1) continue;
+    src.roll_back_to(r.committed.first(static_cast<size_t>(n - 1)));
+    src.history_.assign(r.committed.begin(), r.committed.end());
+    members.push_back({&src, r.committed, depth, r.out});
+  }
+  // Every member's committed text but its last token, appended in chunks shared across members.
+  for (;;) {
+    b.groups_.clear();
+    b.group_caches_.clear();
+    int64_t rows = 0;
+    for (DraftModelBatch::Member& m : members) {
+      const auto have = static_cast<int64_t>(m.source->cached_.size());
+      const int64_t missing = static_cast<int64_t>(m.committed.size()) - 1 - have;
+      if (missing <= 0 || rows >= b.max_rows_) continue;
+      const int64_t chunk = std::min(missing, b.max_rows_ - rows);
+      const auto text = m.committed.subspan(static_cast<size_t>(have), static_cast<size_t>(chunk));
+      b.group_caches_.push_back(&m.source->session_.cache());
+      b.groups_.push_back({model::Phase::kAppendKnown, text,
+                           std::span<cache::KvCache* const>(&b.group_caches_.back(), 1), nullptr});
+      m.source->cached_.insert(m.source->cached_.end(), text.begin(), text.end());
+      rows += chunk;
+    }
+    if (b.groups_.empty()) break;
+    b.graph_.mixed(b.groups_, nullptr);
+  }
+  // Then one decode row per member and drafting step: the last committed token, then each draft but the last.
+  const auto V = static_cast<size_t>(b.graph_.n_vocab());
+  for (int64_t step = 0; !members.empty(); ++step) {
+    b.tokens_.clear();
+    b.caches_.clear();
+    for (DraftModelBatch::Member& m : members) {
+      const int32_t token = step == 0 ? m.committed.back() : m.out->tokens.back();
+      b.tokens_.push_back(token);
+      b.caches_.push_back(&m.source->session_.cache());
+      m.source->cached_.push_back(token);
+    }
+    b.graph_.decode(b.tokens_, b.caches_, b.logits_.data());
+    for (size_t i = 0; i < members.size(); ++i) {
+      DraftModelBatch::Member& m = members[i];
+      const auto n = static_cast<int64_t>(m.committed.size());
+      m.source->draw(std::span<const float>(b.logits_).subspan(i * V, V), n + step, static_cast<size_t>(step),
+                     *m.out);
+    }
+    std::erase_if(members, [&](const DraftModelBatch::Member& m) { return step + 1 >= m.depth; });
+  }
 }
 
 void DraftModelSource::accept(std::span<const int32_t> committed, int /*n_accepted*/) {

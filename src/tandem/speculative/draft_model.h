@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tandem/gguf/reader.h"
+#include "tandem/model/graph.h"
 #include "tandem/model/session.h"
 #include "tandem/speculative/draft_source.h"
 
@@ -22,17 +23,51 @@ std::string vocabulary_difference(const gguf::File& target, const gguf::File& dr
 // including a different number of output rows.
 void check_same_vocabulary(const model::Model& target, const model::Model& draft);
 
+class DraftModelSource;
+
+// The draft model's batched forward, shared by the sources of a driver with several sequences
+// (engine::Scheduler): sources made with one batch propose together (DraftSource::batch_group), each drafting
+// step one decode row per sequence in one forward, and the text a sequence has not yet given its drafter is
+// appended in forwards shared with the others. Rows are batch-invariant, so every sequence drafts exactly
+// what it drafts alone. Used by one thread at a time.
+class DraftModelBatch {
+ public:
+  // max_sequences: the most sources that propose together; max_rows: rows per forward (>= max_sequences).
+  DraftModelBatch(const model::Model& draft, ThreadPool& pool, int max_sequences, int64_t max_rows = 64);
+
+ private:
+  friend class DraftModelSource;
+  struct Member {
+    DraftModelSource* source;
+    std::span<const int32_t> committed;
+    int64_t depth;
+    Draft* out;
+  };
+  model::Graph graph_;
+  int64_t max_rows_;
+  std::vector<float> logits_;                  // [max_sequences, n_vocab]
+  std::vector<Member> members_;                // [max_sequences]
+  std::vector<int32_t> tokens_;                // [max_sequences]
+  std::vector<cache::KvCache*> caches_;        // [max_sequences]
+  std::vector<cache::KvCache*> group_caches_;  // [max_sequences], one per append group
+  std::vector<model::Group> groups_;           // [max_sequences]
+};
+
 class DraftModelSource final : public DraftSource {
  public:
   // Checks the vocabularies. The draft runs on `pool` (shared with the target: the two never run at once)
-  // with its own cache of options.n_ctx positions. `draft` must outlive the source.
+  // with its own cache of options.n_ctx positions. `draft` must outlive the source, and `batch` (when not
+  // null: the source proposes in batches with the others made with it) too.
   DraftModelSource(const model::Model& draft, const model::Model& target, ThreadPool& pool,
-                   const model::SessionOptions& options);
+                   const model::SessionOptions& options, DraftModelBatch* batch = nullptr);
 
   std::string_view kind() const override { return "model"; }
   void begin(std::span<const int32_t> prompt, const DraftSettings& settings) override;
   void propose(std::span<const int32_t> committed, int max_depth, Draft& out) override;
   void accept(std::span<const int32_t> committed, int n_accepted) override;
+  const void* batch_group() const override { return batch_; }
+  // Every request's source is a DraftModelSource of this one's batch.
+  void propose_batch(std::span<const DraftRequest> requests) override;
 
   // An EAGLE-2 style dynamic tree. Level by level, the frontier nodes (at most tree_expand) of highest
   // cumulative draft probability are evaluated in one draft forward, over the draft's own cache with the tree
@@ -69,8 +104,11 @@ class DraftModelSource final : public DraftSource {
   // Appends the children of candidate `parent` (-1: of the committed text) from the draft's logits there;
   // history_ holds the text up to it.
   void add_children(int32_t parent, std::span<const float> logits);
+  // Samples draft `i` of a proposal for `position` from `logits`, appending it to out and history_.
+  void draw(std::span<const float> logits, int64_t position, size_t i, Draft& out);
 
   model::Session session_;
+  DraftModelBatch* batch_;
   sampling::Sampler sampler_;
   sampling::Sampler ranker_;  // the target's penalties at temperature 1, top tree_branch
   sampling::Sampler scorer_;  // the same over the whole vocabulary

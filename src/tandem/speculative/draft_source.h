@@ -103,6 +103,16 @@ struct Draft {
   }
 };
 
+class DraftSource;
+
+// One sequence's proposal in a batched round (DraftSource::propose_batch): the arguments propose() takes.
+struct DraftRequest {
+  DraftSource* source = nullptr;
+  std::span<const int32_t> committed;
+  int max_depth = 0;
+  Draft* out = nullptr;
+};
+
 class DraftSource {
  public:
   virtual ~DraftSource() = default;
@@ -134,6 +144,15 @@ class DraftSource {
   // state back to a prefix of `committed`; accepted work is kept, not recomputed. Also called with n_accepted
   // = 0 after a proposal the loop only used to probe.
   virtual void accept(std::span<const int32_t> committed, int n_accepted) = 0;
+
+  // Sources that return the same non-null group can draft together: a driver with several sequences calls
+  // propose_batch() on one of them with a request per sequence (each source at most once), which proposes for
+  // every request exactly what propose() would, sharing its drafter forwards. Null (the default): the source
+  // proposes alone.
+  virtual const void* batch_group() const { return nullptr; }
+  virtual void propose_batch(std::span<const DraftRequest> requests) {
+    for (const DraftRequest& r : requests) r.source->propose(r.committed, r.max_depth, *r.out);
+  }
 
   // Sources that read the target's hidden states list the layers they want (0..n_layer-1: a decoder layer's
   // residual output; n_layer: the post-final-norm output). Empty (the default): the loop runs target forwards

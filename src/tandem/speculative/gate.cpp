@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "tandem/speculative/verify.h"
 #include "tandem/util/error.h"
 
 namespace tandem::speculative {
@@ -91,12 +92,18 @@ double Gate::expected_rate(int depth, int batch) const {
   return expected / costs_.round_cost(depth, batch);
 }
 
-int Gate::best_depth(int limit, int batch) const {
-  const int top = std::min(max_depth_, limit);
+template <typename Cost>
+int Gate::best_depth_by(int top, Cost cost) const {
+  top = std::min(max_depth_, top);
   int best = 0;
   double best_rate = 1.0 + settings_.margin;
-  for (int d = min_depth_; d <= top; ++d) {
-    const double rate = expected_rate(d, batch);
+  double expected = 1.0, chain = 1.0, p = prior_acceptance();
+  for (int d = 1; d <= top; ++d) {
+    p = estimate(static_cast<size_t>(d - 1), p);
+    chain *= p;
+    expected += chain;
+    if (d < min_depth_) continue;
+    const double rate = expected / cost(d);
     if (rate >= best_rate) {
       best_rate = rate;
       best = d;
@@ -105,9 +112,26 @@ int Gate::best_depth(int limit, int batch) const {
   return best;
 }
 
+int Gate::best_depth(int limit, int batch) const {
+  return best_depth_by(limit, [&](int d) { return costs_.round_cost(d, batch); });
+}
+
+int Gate::best_priced_depth(std::span<const double> round_cost) const {
+  const int top = static_cast<int>(round_cost.size()) - 1;
+  return best_depth_by(top, [&](int d) { return round_cost[static_cast<size_t>(d)]; });
+}
+
 Gate::Decision Gate::decide(int limit, int batch) {
+  return decided(best_depth(limit, batch));
+}
+
+Gate::Decision Gate::decide_priced(std::span<const double> round_cost) {
+  return decided(best_priced_depth(round_cost));
+}
+
+Gate::Decision Gate::decided(int depth) {
   Decision decision;
-  decision.depth = best_depth(limit, batch);
+  decision.depth = depth;
   if (decision.depth > 0) {
     idle_rounds_ = 0;
     interval_ = settings_.probe_interval;
@@ -159,6 +183,70 @@ void Gate::record_forward(int rows, double seconds) {
   for (size_t n = 2; n < mean_seconds_.size(); ++n)
     if (timings_[n] >= settings_.timing_samples)
       costs_.verify[n] = std::max(1.0, mean_seconds_[n] / mean_seconds_[1]);
+}
+
+void Probe::start() {
+  next_ = 0;
+  outcomes_.clear();
+  outcomes_.reserve(draft_.tokens.size());
+  active_ = !draft_.tokens.empty();
+}
+
+void Probe::observe(int32_t token, const sampling::Distribution* p, Gate& gate) {
+  if (!active_) return;
+  if (!p) {
+    active_ = false;
+    return;
+  }
+  const size_t i = next_++;
+  const int32_t x = draft_.tokens[i];
+  const sampling::Distribution* q = draft_.sampled && i < draft_.q.size() ? &draft_.q[i] : nullptr;
+  outcomes_.push_back(acceptance_probability(x, *p, q));
+  if (token != x || next_ == draft_.tokens.size()) {
+    gate.record(outcomes_);
+    active_ = false;
+  }
+}
+
+BatchCosts::BatchCosts(CostModel calibrated, int max_rows, double weight, int samples)
+    : calibrated_(std::move(calibrated)), weight_(weight), samples_(samples) {
+  if (max_rows < 1) throw Error("a batched forward holds at least one row");
+  if (!(weight > 0 && weight <= 1) || samples < 1)
+    throw Error("the forward timing weight must be in (0, 1] and its samples at least 1");
+  mean_.assign(static_cast<size_t>(max_rows) + 1, 0.0);
+  count_.assign(static_cast<size_t>(max_rows) + 1, 0);
+}
+
+void BatchCosts::record(int rows, double seconds) {
+  if (rows < 1 || static_cast<size_t>(rows) >= mean_.size() || !(seconds > 0)) return;
+  const auto r = static_cast<size_t>(rows);
+  double& mean = mean_[r];
+  mean = count_[r] == 0 ? seconds : mean + weight_ * (std::min(seconds, 3 * mean) - mean);
+  ++count_[r];
+}
+
+bool BatchCosts::measured(int rows) const {
+  return rows >= 1 && static_cast<size_t>(rows) < count_.size() &&
+         count_[static_cast<size_t>(rows)] >= samples_;
+}
+
+double BatchCosts::ratio(int rows, int base) const {
+  if (rows == base) return 1.0;
+  if (measured(rows) && measured(base))
+    return mean_[static_cast<size_t>(rows)] / mean_[static_cast<size_t>(base)];
+  if (calibrated_.verify.size() >= 2) return calibrated_.verify_cost(rows) / calibrated_.verify_cost(base);
+  // Nothing known: priced as free, so that the forward is tried and timed (a row count is priced from its
+  // timings after `samples` of them).
+  return 1.0;
+}
+
+double BatchCosts::round_cost(int depth, int base_rows, int sharing) const {
+  base_rows = std::max(1, base_rows);
+  sharing = std::max(1, sharing);
+  // More rows never make a forward faster: a noisy mean that says so counts as no slowdown.
+  const double slowdown = std::max(0.0, ratio(base_rows + depth, base_rows) - 1.0);
+  const double drafting = depth * calibrated_.draft_per_token / ratio(base_rows, 1);
+  return 1.0 + sharing * (slowdown + drafting);
 }
 
 }  // namespace tandem::speculative

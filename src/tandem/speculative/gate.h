@@ -39,6 +39,8 @@
 #include <span>
 #include <vector>
 
+#include "tandem/speculative/draft_source.h"
+
 namespace tandem::speculative {
 
 // Defaults chosen for a CPU target: a prior of 60% acceptance weighing 5 rounds, evidence that halves in
@@ -87,6 +89,10 @@ class Gate {
   // The next round's plan; `limit` caps the depth (remaining tokens, context); `batch`: sequences with a row
   // in the same forward, this one included (CostModel::round_cost). Counts idle rounds for probes.
   Decision decide(int limit, int batch = 1);
+  // As decide(), with the round's cost priced by the caller: round_cost[d] is the cost of drafting d (d = 1
+  // .. round_cost.size() - 1, at most max_depth), in units of the plain step the sequence would take instead
+  // (round_cost[0] unused). A batched driver prices rounds from the forward it is building (BatchCosts).
+  Decision decide_priced(std::span<const double> round_cost);
 
   // Outcomes of observed draft positions 1..outcomes.size(): 1 accepted, 0 rejected, or a probability.
   void record(std::span<const double> outcomes);
@@ -104,6 +110,9 @@ class Gate {
   // The depth in [min_depth, min(max_depth, limit)] with the best expected rate, or 0 when none beats a plain
   // step by the margin.
   int best_depth(int limit, int batch = 1) const;
+  // The depth in [min_depth, min(max_depth, round_cost.size() - 1)] with the best expected tokens per
+  // round_cost[d], or 0 when none beats a plain step by the margin.
+  int best_priced_depth(std::span<const double> round_cost) const;
 
   const GateSettings& settings() const { return settings_; }
   // The costs the gate plans with: the calibrated ones, with the measured ratios in place where there are.
@@ -112,6 +121,10 @@ class Gate {
 
  private:
   double prior_acceptance() const;
+  // The best depth in [min_depth, min(max_depth, top)] when drafting d costs cost(d); 0 when none pays.
+  template <typename Cost>
+  int best_depth_by(int top, Cost cost) const;
+  Decision decided(int depth);
   // The acceptance estimate of the position at index i, given `before`, the estimate of the one before it.
   double estimate(size_t i, double before) const;
 
@@ -124,6 +137,64 @@ class Gate {
   std::vector<double> prior_weight_;         // [max_depth]: the prior's share of accepted_ + rejected_
   int idle_rounds_ = 0;
   int interval_;  // idle rounds before the next probe
+};
+
+// A probe in flight: a proposal the gate asked for while it drafted nothing, left unverified and compared
+// with the tokens the target then commits in plain steps. Each plain step scores the draft at its position as
+// a verify round would have (the probability of accepting it), stopping at the first draft the text did not
+// follow; the scores go to Gate::record(), so a drafter whose acceptance recovers makes the gate draft again.
+class Probe {
+ public:
+  // The proposal to fill before start().
+  Draft& draft() { return draft_; }
+  // Starts watching draft() (an empty one is not watched).
+  void start();
+  bool active() const { return active_; }
+  // A verified round observes the drafter directly: the probe is dropped.
+  void cancel() { active_ = false; }
+  // A plain step committed `token`, drawn from the target's p (null: a round that was not a plain step, which
+  // ends the probe unscored).
+  void observe(int32_t token, const sampling::Distribution* p, Gate& gate);
+
+ private:
+  Draft draft_;
+  size_t next_ = 0;
+  std::vector<double> outcomes_;  // [draft positions], reserved on start
+  bool active_ = false;
+};
+
+// Forward costs of a batched driver (engine::Scheduler), by the total rows of the forward: every forward it
+// runs is timed and each row count keeps a running mean of its seconds (weight `weight` for the newest, a
+// stall counting at most three times the mean). The time of r rows relative to b rows is the ratio of their
+// means once both have `samples` timings; before that, the calibrated curve's ratio (CostModel::verify_cost,
+// measured on this machine by `tandem calibrate`), or, without a calibration, 1: an untimed row count is
+// tried, and so timed, rather than guessed at. So the gate prices a verify window by what adding its rows
+// costs the forward this step already carries, at the batch's current size and on the machine's current
+// state.
+class BatchCosts {
+ public:
+  // max_rows: the widest forward timed.
+  BatchCosts(CostModel calibrated, int max_rows, double weight = 0.1, int samples = 4);
+
+  void record(int rows, double seconds);
+  // Time of a forward of `rows` rows over one of `base` rows (both >= 1).
+  double ratio(int rows, int base) const;
+  // Whether `rows` has enough timings to replace the calibration.
+  bool measured(int rows) const;
+  // The cost of drafting `depth` tokens for one sequence when the forward already carries `base_rows` rows
+  // and `sharing` sequences (this one included) wait for it, in units of that sequence's plain step: its own
+  // step, plus the forward's relative slowdown (the window's extra rows and the drafting) charged once per
+  // waiting sequence: 1 + sharing * (ratio(base + depth, base) - 1 + depth * draft_per_token / ratio(base,
+  // 1)).
+  double round_cost(int depth, int base_rows, int sharing) const;
+  const CostModel& calibrated() const { return calibrated_; }
+
+ private:
+  CostModel calibrated_;
+  double weight_;
+  int samples_;
+  std::vector<double> mean_;  // [rows]
+  std::vector<int> count_;    // [rows]
 };
 
 }  // namespace tandem::speculative
