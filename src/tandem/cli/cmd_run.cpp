@@ -40,6 +40,7 @@ void add_run_command(CLI::App& app) {
     bool seed_given = false;
     bool no_bos = false;
     SpecFlags spec;
+    GrammarFlags grammar;
   };
   auto o = std::make_shared<Opts>();
   add_model_options(*cmd, o->model, /*model_required=*/false);
@@ -50,6 +51,7 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token the model asks for");
   add_sampling_options(*cmd, o->sampling, o->seed_given);
   add_spec_options(*cmd, o->spec, /*with_replay=*/false);
+  add_grammar_options(*cmd, o->grammar);
   cmd->callback([o] {
     if (o->model.model_path.empty()) o->model.model_path = default_model_path();
     if (o->n_predict < 0) throw Error("-n must be zero or positive");
@@ -89,6 +91,7 @@ void add_run_command(CLI::App& app) {
     engine::GenerateOptions go;
     go.max_tokens = o->n_predict;
     go.sampling = o->sampling;
+    go.grammar = make_output_grammar(o->grammar, *tok);
     // The output continues the prompt's text (prompt + output reads as one text), so a generated leading
     // space is printed, after an empty prompt too.
     tokenizer::StreamDecoder decoder(*tok, tokenizer::TextPosition::kContinuation);
