@@ -8,6 +8,8 @@
 //
 // Ctrl-C (SIGINT) during a reply stops the reply, which stays in the history as far as it went; at the
 // prompt it ends the session, as Ctrl-D (end of input) does.
+#include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -36,30 +38,44 @@
 namespace tandem::cli {
 namespace {
 
-// Set by the SIGINT handler and cleared by the chat loop. A signal handler can reach nothing but static
-// storage, and a lock-free atomic is the only kind of object it may write.
+// Set by the SIGINT handler and cleared by the chat loop; the handler also writes a byte to the wake pipe, so
+// a reader waiting at the prompt sees a Ctrl-C that came just before it began to wait. A signal handler can
+// reach nothing but static storage, and lock-free atomics and write(2) are all it may use.
 std::atomic<bool> interrupted{false};
-static_assert(std::atomic<bool>::is_always_lock_free);
+std::atomic<int> wake_fd{-1};
+static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free);
 
 extern "C" void on_interrupt(int) {
   interrupted.store(true, std::memory_order_relaxed);
+  const int fd = wake_fd.load(std::memory_order_relaxed);
+  if (fd >= 0) {
+    const int saved = errno;
+    [[maybe_unused]] const ssize_t n = ::write(fd, "!", 1);
+    errno = saved;
+  }
 }
 
-// Installs on_interrupt without SA_RESTART, so a read() waiting at the prompt returns EINTR.
-void install_interrupt_handler() {
+// Installs on_interrupt and its wake pipe; returns the pipe's reading end.
+int install_interrupt_handler() {
+  int fds[2];
+  if (::pipe(fds) != 0) throw Error("could not create the pipe the Ctrl-C handler wakes the prompt with");
+  for (int fd : fds) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  wake_fd.store(fds[1]);
   struct sigaction sa = {};
   sa.sa_handler = on_interrupt;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = 0;
   if (sigaction(SIGINT, &sa, nullptr) != 0) throw Error("could not install the Ctrl-C handler");
+  return fds[0];
 }
 
-// Lines from a file descriptor through read(2), so an interrupted wait is seen (stdio retries it).
+// Lines from a file descriptor through poll(2) and read(2), woken by Ctrl-C (stdio would retry the read).
 class LineReader {
  public:
   enum class Status { kLine, kEnd, kInterrupted };
 
-  explicit LineReader(int fd) : fd_(fd) {}
+  // wake: the interrupt handler's pipe (install_interrupt_handler).
+  LineReader(int fd, int wake) : fd_(fd), wake_(wake) {}
 
   // The next line without its newline (and a trailing carriage return).
   Status read_line(std::string& line) {
@@ -77,6 +93,18 @@ class LineReader {
         buffer_.clear();
         return Status::kLine;
       }
+      pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_, POLLIN, 0}};
+      if (::poll(fds, 2, -1) < 0 && errno != EINTR) {
+        ended_ = true;
+        continue;
+      }
+      if (fds[1].revents & POLLIN) {
+        char drain[64];
+        while (::read(wake_, drain, sizeof drain) > 0) {
+        }
+      }
+      if (interrupted.exchange(false)) return Status::kInterrupted;
+      if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       char chunk[4096];
       const ssize_t n = ::read(fd_, chunk, sizeof chunk);
       if (n > 0) {
@@ -93,6 +121,7 @@ class LineReader {
 
  private:
   int fd_;
+  int wake_;
   std::string buffer_;
   bool ended_ = false;
 };
@@ -248,6 +277,7 @@ class Chat {
       messages_.pop_back();
       throw;
     }
+    interrupted.store(false);  // a Ctrl-C as the reply ended stopped it; it does not leave the prompt
     if (!stopped_by_user) {
       const std::string rest = text_out.finish();
       std::fwrite(rest.data(), 1, rest.size(), stdout);
@@ -364,9 +394,7 @@ void run_chat(Opts& o) {
       stderr, "chat with %s (%s template, context %lld, %d threads, seed %llu); /help lists commands\n",
       o.model.model_path.c_str(), std::string(templ.name()).c_str(), static_cast<long long>(chat.n_ctx()),
       pool.size(), static_cast<unsigned long long>(o.sampling.seed));
-  install_interrupt_handler();
-
-  LineReader in(0);
+  LineReader in(0, install_interrupt_handler());
   std::string message;
   for (;;) {
     const LineReader::Status s = read_message(in, tty, message);
