@@ -127,6 +127,35 @@ TEST_F(Constrained, SpeculativeGreedyEqualsPlainGreedy) {
   }
 }
 
+// The target: speculation under a grammar keeps >= 0.9x the tokens per target forward of
+// unconstrained speculation on the same prompts. A draft model that drafts free text sees most of its drafts
+// cut at the grammar (1.18 against 2.77 tokens per forward here); one that drafts under the grammar keeps
+// its rate.
+TEST_F(Constrained, DraftModelKeepsItsRateUnderTheGrammar) {
+  ThreadPool pool(1);
+  model::Session session(*target_, pool, {});
+  speculative::DraftModelSource source(*draft_, *target_, pool, {});
+  engine::SpecStats free_total, constrained_total;
+  for (const std::string prompt :
+       {"Once upon a time", "The little dog", "Lily wanted to", "Tom and Sam went", "One day, a bird"}) {
+    for (bool constrained : {false, true}) {
+      engine::SpecOptions so;
+      so.generate.max_tokens = 150;
+      so.generate.sampling.temperature = 0;
+      if (constrained) so.generate.grammar = matcher();
+      so.draft_max = 4;
+      so.use_gate = false;
+      session.truncate(0);
+      const engine::SpecStats st = engine::generate_speculative(
+          session, source, encode(prompt), so, [](int32_t) { return true; }, is_eog);
+      (constrained ? constrained_total : free_total).add(st);
+    }
+  }
+  EXPECT_GE(constrained_total.tokens_per_forward(), 0.9 * free_total.tokens_per_forward())
+      << constrained_total.tokens_per_forward() << " under the grammar, " << free_total.tokens_per_forward()
+      << " without";
+}
+
 // Two-sample chi-square between constrained plain sampling and constrained speculative sampling over the
 // first three tokens of the output, begun inside an enum's string whose allowed continuations differ from
 // what the model and the n-gram drafter prefer (" went to the park"), so the mask moves much of the target's

@@ -32,6 +32,7 @@ struct GenerateStats {
   bool stopped_by_eog = false;
   bool stopped_by_context = false;
   bool stopped_by_grammar = false;  // the grammar was complete and allowed nothing more
+  double grammar_seconds = 0;  // generate(): building masks and advancing the grammar (in generate_seconds)
 };
 
 // Called with each generated token; return false to stop.

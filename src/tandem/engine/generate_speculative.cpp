@@ -74,6 +74,7 @@ class Run {
     speculative::DraftSettings settings;
     settings.sampling = o_.generate.sampling;
     settings.sequence_id = o_.generate.sequence_id;
+    if (grammar_) settings.grammar = &*grammar_;
     source_.begin(prompt, settings);
     if (prompt.size() - 1 > cached) eval(prompt.subspan(cached, prompt.size() - 1 - cached), false);
     stats_.prompt_tokens = static_cast<int64_t>(prompt.size() - cached);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "tandem/util/error.h"
 
@@ -91,14 +92,15 @@ DraftModelSource::DraftModelSource(const model::Model& draft, const model::Model
 void DraftModelSource::begin(std::span<const int32_t> prompt, const DraftSettings& settings) {
   sampler_ = sampling::Sampler(settings.sampling);
   sequence_ = settings.sequence_id;
-  session_.truncate(0);
-  cached_.clear();
+  grammar_ = settings.grammar;
   // Everything but the last prompt token now; the first proposal evaluates that one and drafts from its
   // logits.
   const auto n = std::min<size_t>(prompt.size() - std::min<size_t>(prompt.size(), 1),
                                   static_cast<size_t>(session_.n_ctx()));
-  if (n > 0) {
-    session_.eval(prompt.first(n));
+  // A prefix the cache holds from the last generation (a chat's earlier turns) is kept.
+  roll_back_to(prompt.first(n));
+  if (cached_.size() < n) {
+    session_.eval(prompt.subspan(cached_.size(), n - cached_.size()));
     cached_.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(n));
   }
 }
@@ -126,10 +128,13 @@ void DraftModelSource::propose(std::span<const int32_t> committed, int max_depth
 
   history_.assign(committed.begin(), committed.end());
   const bool sampled = sampler_.params().temperature > 0.0f;
+  if (grammar_) drafting_ = *grammar_;
   for (int64_t i = 0; i < depth; ++i) {
+    if (drafting_ && (drafting_->terminated() || drafting_->must_end())) break;
     sampling::Distribution& q = out.q_slot(static_cast<size_t>(i));
-    sampler_.distribution(logits, history_, q);
+    sampler_.distribution(drafting_ ? masked(logits) : logits, history_, q);
     const int32_t x = sampler_.draw(q, sequence_, static_cast<uint64_t>(n + i), kDrawDraft);
+    if (drafting_ && !drafting_->accept_token(x)) break;
     out.tokens.push_back(x);
     history_.push_back(x);
     if (i + 1 < depth) {
@@ -138,6 +143,16 @@ void DraftModelSource::propose(std::span<const int32_t> committed, int max_depth
     }
   }
   out.sampled = sampled;
+}
+
+std::span<const float> DraftModelSource::masked(std::span<const float> logits) {
+  drafting_->fill_mask(mask_);
+  masked_.assign(logits.begin(), logits.end());
+  // Rows past the tokenizer's vocabulary (padding) have no text, so no grammar allows them.
+  for (size_t id = 0; id < masked_.size(); ++id)
+    if (id >= static_cast<size_t>(mask_.n_vocab()) || !mask_.test(static_cast<int32_t>(id)))
+      masked_[id] = -std::numeric_limits<float>::infinity();
+  return masked_;
 }
 
 void DraftModelSource::accept(std::span<const int32_t> committed, int /*n_accepted*/) {

@@ -4,6 +4,7 @@
 // argmax), and rolls its cache back to the accepted prefix after each round.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,12 +41,18 @@ class DraftModelSource final : public DraftSource {
  private:
   // Rolls the cache back to its longest prefix shared with `text`.
   void roll_back_to(std::span<const int32_t> text);
+  // `logits` with the tokens drafting_ refuses next at -inf, in masked_.
+  std::span<const float> masked(std::span<const float> logits);
 
   model::Session session_;
   sampling::Sampler sampler_;
   uint64_t sequence_ = 0;
   std::vector<int32_t> cached_;   // tokens in the draft cache, cached_.size() == session_.length()
   std::vector<int32_t> history_;  // committed text plus this round's drafts, for the sampler's penalties
+  const sampling::GrammarMatcher* grammar_ = nullptr;  // DraftSettings::grammar
+  std::optional<sampling::GrammarMatcher> drafting_;   // grammar_ advanced through this round's drafts
+  sampling::TokenMask mask_;
+  std::vector<float> masked_;  // (n_vocab) a row under the grammar's mask
 };
 
 }  // namespace tandem::speculative
