@@ -253,5 +253,25 @@ TEST(ChatCli, ReadsLinesFromAPipe) {
   EXPECT_EQ(history[6]["role"], "assistant");
 }
 
+// Three turns, each prefilling only its new tokens (the target's cache and the draft model's both reused):
+// greedy replies with a draft model or n-gram lookup are the plain replies.
+TEST(ChatCli, SpeculativeTurnsEqualPlainTurns) {
+  testing::TempDir dir("chat_spec");
+  std::ofstream(dir.file("input.txt")) << "Hello\nTell me more.\nAnd then?\n";
+  auto chat = [&](const std::string& flags) {
+    return testing::run_command(std::string(TANDEM_BINARY) + " chat -t 1 -m " +
+                                testing::shared_path("models/stories260K.gguf") + " --temp 0 -n 60 " + flags +
+                                " < " + dir.file("input.txt") + " 2>/dev/null");
+  };
+  const auto plain = chat("");
+  ASSERT_EQ(plain.second, 0);
+  ASSERT_GT(plain.first.size(), 100u);
+  EXPECT_EQ(chat("--draft ngram --no-gate --draft-max 4").first, plain.first);
+  EXPECT_EQ(
+      chat("--no-gate --draft-max 4 --draft-model " + testing::shared_path("models/llama2xs-tok512.gguf"))
+          .first,
+      plain.first);
+}
+
 }  // namespace
 }  // namespace tandem

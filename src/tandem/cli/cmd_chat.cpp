@@ -187,7 +187,7 @@ class Chat {
  public:
   Chat(const Opts& o, model::Model& model, const tokenizer::Tokenizer& tok, ThreadPool& pool,
        const model::SessionOptions& so, const server::ChatTemplate& templ)
-      : o_(o), model_(model), tok_(tok), templ_(templ), session_(model, pool, so) {
+      : o_(o), tok_(tok), templ_(templ), session_(model, pool, so) {
     if (o.spec.enabled()) spec_.emplace(make_spec_setup(o.spec, model, o.model, pool, so, false));
     if (!o.system.empty()) set_system(o.system);
   }
@@ -310,7 +310,6 @@ class Chat {
 
  private:
   const Opts& o_;
-  model::Model& model_;
   const tokenizer::Tokenizer& tok_;
   const server::ChatTemplate& templ_;
   model::Session session_;
