@@ -40,6 +40,7 @@ void add_run_command(CLI::App& app) {
     bool seed_given = false;
     bool no_bos = false;
     SpecFlags spec;
+    GrammarFlags grammar;
   };
   auto o = std::make_shared<Opts>();
   add_model_options(*cmd, o->model, /*model_required=*/false);
@@ -50,6 +51,7 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token the model asks for");
   add_sampling_options(*cmd, o->sampling, o->seed_given);
   add_spec_options(*cmd, o->spec, /*with_replay=*/false);
+  add_grammar_options(*cmd, o->grammar);
   cmd->callback([o] {
     if (o->model.model_path.empty()) o->model.model_path = default_model_path();
     if (o->n_predict < 0) throw Error("-n must be zero or positive");
@@ -89,6 +91,17 @@ void add_run_command(CLI::App& app) {
     engine::GenerateOptions go;
     go.max_tokens = o->n_predict;
     go.sampling = o->sampling;
+    const auto grammar_start = std::chrono::steady_clock::now();
+    go.grammar = make_output_grammar(o->grammar, *tok);
+    if (go.grammar) {
+      // The first mask is built here, so its cost shows apart from the decode steps.
+      sampling::TokenMask first_mask;
+      go.grammar->clone().fill_mask(first_mask);
+      std::fprintf(
+          stderr, "grammar: compiled and first mask ready in %.1f ms (%d of %d tokens allowed first)\n",
+          1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - grammar_start).count(),
+          first_mask.count(), first_mask.n_vocab());
+    }
     // The output continues the prompt's text (prompt + output reads as one text), so a generated leading
     // space is printed, after an empty prompt too.
     tokenizer::StreamDecoder decoder(*tok, tokenizer::TextPosition::kContinuation);
@@ -126,6 +139,10 @@ void add_run_command(CLI::App& app) {
                  static_cast<long long>(st.generated), st.generate_seconds,
                  st.generate_seconds > 0 ? st.generated / st.generate_seconds : 0.0,
                  st.stopped_by_context ? ", stopped at the end of the context" : "");
+    if (go.grammar && !spec_stats && st.generated > 0)
+      std::fprintf(stderr, "grammar: %.3f ms per token masking and sampling (%.1f%% of a decode step)\n",
+                   1e3 * st.grammar_seconds / st.generated,
+                   st.generate_seconds > 0 ? 100.0 * st.grammar_seconds / st.generate_seconds : 0.0);
   });
 }
 

@@ -16,6 +16,7 @@ void add_synth_command(CLI::App& app);
 void add_quantize_command(CLI::App& app);
 void add_kld_command(CLI::App& app);
 void add_run_command(CLI::App& app);
+void add_chat_command(CLI::App& app);
 void add_calibrate_command(CLI::App& app);
 void add_bench_spec_command(CLI::App& app);
 void add_serve_command(CLI::App& app);

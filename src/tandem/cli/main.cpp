@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_info_command(app);
   tandem::cli::add_logprobs_command(app);
   tandem::cli::add_run_command(app);
+  tandem::cli::add_chat_command(app);
   tandem::cli::add_bench_command(app);
   tandem::cli::add_synth_command(app);
   tandem::cli::add_quantize_command(app);

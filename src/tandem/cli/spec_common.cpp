@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "tandem/sampling/json_schema.h"
 #include "tandem/speculative/dflash_draft.h"
 #include "tandem/speculative/draft_model.h"
 #include "tandem/speculative/eagle_draft.h"
@@ -140,6 +141,34 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
                                                                                   : 0.0);
   }
   return s;
+}
+
+void add_grammar_options(CLI::App& cmd, GrammarFlags& f) {
+  cmd.add_option(
+      "--json-schema", f.json_schema,
+      "Constrain the output to JSON matching the JSON Schema in this file (docs/structured-output.md)");
+  cmd.add_option("--grammar", f.grammar,
+                 "Constrain the output to a built-in grammar: json (any JSON object)");
+}
+
+std::optional<sampling::GrammarMatcher> make_output_grammar(const GrammarFlags& f,
+                                                            const tokenizer::Tokenizer& tokenizer) {
+  if (!f.enabled()) return std::nullopt;
+  if (!f.json_schema.empty() && !f.grammar.empty())
+    throw Error("pass one of --json-schema and --grammar, not both");
+  std::shared_ptr<const sampling::Grammar> grammar;
+  if (!f.grammar.empty()) {
+    if (f.grammar != "json") throw Error("unknown --grammar '" + f.grammar + "': expected json");
+    grammar = std::make_shared<const sampling::Grammar>(sampling::json_object_grammar());
+  } else {
+    const std::string text = read_text_file(f.json_schema);
+    try {
+      grammar = std::make_shared<const sampling::Grammar>(sampling::grammar_from_json_schema(text));
+    } catch (const Error& e) {
+      throw Error("--json-schema " + f.json_schema + ": " + e.what());
+    }
+  }
+  return sampling::GrammarMatcher(std::move(grammar), sampling::TokenTrie::build(tokenizer));
 }
 
 void print_spec_report(std::FILE* out, const engine::SpecStats& st) {

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -12,8 +13,10 @@
 #include "tandem/engine/generate_speculative.h"
 #include "tandem/model/model.h"
 #include "tandem/model/session.h"
+#include "tandem/sampling/token_mask.h"
 #include "tandem/speculative/calibration.h"
 #include "tandem/speculative/draft_source.h"
+#include "tandem/tokenizer/tokenizer.h"
 
 namespace tandem::cli {
 
@@ -61,6 +64,23 @@ struct SpecSetup {
 SpecSetup make_spec_setup(const SpecFlags& flags, const model::Model& target,
                           const ModelOptions& target_options, ThreadPool& pool,
                           const model::SessionOptions& session_options, bool calibrate_if_missing);
+
+// Constrained output for the single-sequence commands (docs/structured-output.md).
+struct GrammarFlags {
+  std::string json_schema;  // --json-schema FILE
+  std::string grammar;      // --grammar json
+
+  bool enabled() const { return !json_schema.empty() || !grammar.empty(); }
+};
+
+// Adds --json-schema and --grammar.
+void add_grammar_options(CLI::App& cmd, GrammarFlags& flags);
+
+// The output grammar's matcher at its start, or nothing when neither flag is given. Throws tandem::Error
+// naming the flag: both given, an unknown --grammar, an unreadable file or a schema the compiler refuses
+// (with its place in the schema).
+std::optional<sampling::GrammarMatcher> make_output_grammar(const GrammarFlags& flags,
+                                                            const tokenizer::Tokenizer& tokenizer);
 
 // The end-of-run report: acceptance rate, mean accepted length, tokens per target forward, tok/s.
 void print_spec_report(std::FILE* out, const engine::SpecStats& stats);

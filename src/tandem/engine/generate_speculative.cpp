@@ -39,7 +39,8 @@ class Run {
         o_(options),
         on_token_(on_token),
         is_eog_(is_eog),
-        sampler_(options.generate.sampling) {
+        sampler_(options.generate.sampling),
+        grammar_(options.generate.grammar) {
     if (o_.draft_max < 1) throw Error("the draft depth (--draft-max) must be at least 1");
     if (o_.draft_min < 1 || o_.draft_min > o_.draft_max)
       throw Error("--draft-min must be between 1 and --draft-max (" + std::to_string(o_.draft_max) + ")");
@@ -58,6 +59,10 @@ class Run {
         throw Error(
             "draft trees need a drafter that does not read the target's hidden states; use chains "
             "(--tree-nodes 0) with this drafter");
+      if (options.generate.grammar)
+        throw Error(
+            "draft trees are not verified under an output grammar yet; use chains (--tree-nodes 0) with "
+            "--json-schema or --grammar");
     }
     if (o_.use_gate) {
       CostModel costs = o_.costs.verify.empty() ? CostModel::linear(0.25, 0.0) : o_.costs;
@@ -87,7 +92,11 @@ class Run {
 
   SpecStats run(std::span<const int32_t> prompt) {
     if (prompt.empty()) throw Error("the prompt is empty: nothing to continue");
-    if (target_.length() != 0) throw Error("speculative generation needs an empty target session");
+    // The window opens with the prompt's last token, so the cache may hold at most the rest.
+    const auto cached = static_cast<size_t>(target_.length());
+    if (cached >= prompt.size())
+      throw Error("the target session already holds " + std::to_string(cached) +
+                  " tokens; generation needs a prompt longer than what is cached");
     history_.assign(prompt.begin(), prompt.end());
     history_.reserve(prompt.size() + static_cast<size_t>(std::max<int64_t>(0, o_.generate.max_tokens)) +
                      static_cast<size_t>(o_.draft_max) + 1);
@@ -97,9 +106,10 @@ class Run {
     speculative::DraftSettings settings;
     settings.sampling = o_.generate.sampling;
     settings.sequence_id = o_.generate.sequence_id;
+    if (grammar_) settings.grammar = &*grammar_;
     source_.begin(prompt, settings);
-    if (prompt.size() > 1) eval(prompt.first(prompt.size() - 1), false);
-    stats_.prompt_tokens = static_cast<int64_t>(prompt.size());
+    if (prompt.size() - 1 > cached) eval(prompt.subspan(cached, prompt.size() - 1 - cached), false);
+    stats_.prompt_tokens = static_cast<int64_t>(prompt.size() - cached);
     stats_.prompt_seconds = seconds_since(t0);
 
     t0 = std::chrono::steady_clock::now();
@@ -164,6 +174,7 @@ class Run {
     if (depth > 0) {
       source_.propose(history_, depth, draft_);
       drafted = std::min(depth, static_cast<int>(draft_.tokens.size()));
+      if (grammar_ && drafted > 0) drafted = cut_at_grammar(drafted);
     }
     chain_round(drafted);
   }
@@ -186,14 +197,15 @@ class Run {
     window.drafts = std::span<const int32_t>(window_).subspan(1);
     if (drafted > 0 && draft_.sampled)
       window.q = std::span<const sampling::Distribution>(draft_.q.data(), static_cast<size_t>(drafted));
-    const speculative::SettleOutcome outcome = settler_.settle(
-        window,
-        {history_, sampler_, o_.generate.sequence_id, target_.cache(), gate_ ? &*gate_ : nullptr, &source_},
-        [&](int32_t token, int) {
-          // A plain step's token was drawn from the target's p, which scores a running probe.
-          commit(token, drafted == 0 ? &settler_.target_distribution(0) : nullptr);
-          return !done_;
-        });
+    const speculative::SettleOutcome outcome =
+        settler_.settle(window,
+                        {history_, sampler_, o_.generate.sequence_id, target_.cache(),
+                         gate_ ? &*gate_ : nullptr, &source_, grammar_ ? &*grammar_ : nullptr},
+                        [&](int32_t token, int) {
+                          // A plain step's token was drawn from the target's p, which scores a running probe.
+                          commit(token, drafted == 0 ? &settler_.target_distribution(0) : nullptr);
+                          return !done_;
+                        });
     if (drafted > 0) {
       ++stats_.rounds;
       stats_.drafted += drafted;
@@ -292,15 +304,33 @@ class Run {
     stats_.accepted += outcome.accepted;
   }
 
+  // Verifying drafts past a token the grammar refuses wastes rows: as the scheduler does, a deterministic
+  // draft is cut before that token (its rejection would draw from the masked p, as a plain step does), a
+  // sampled one keeps it, since the residual draw max(0, p - q) after its rejection keeps the output's
+  // distribution the target's only if every drafted token is verified.
+  int cut_at_grammar(int drafted) {
+    const size_t at = grammar_->position();
+    const size_t valid =
+        grammar_->accept_prefix(std::span<const int32_t>(draft_.tokens.data(), static_cast<size_t>(drafted)));
+    grammar_->rollback_to(at);
+    return static_cast<int>(std::min(static_cast<size_t>(drafted), valid + (draft_.sampled ? 1 : 0)));
+  }
+
   // `token` was just appended to history_ by the settle step.
   void commit(int32_t token, const sampling::Distribution* p) {
     ++stats_.generated;
+    // The settle step drew `token` from the grammar's mask, so the grammar takes it.
+    if (grammar_ && !grammar_->accept_token(token))
+      throw Error("internal: token " + std::to_string(token) + " was committed against the output's grammar");
     if (probe_.active) observe_probe(token, p);
     const bool keep_going = on_token_(token);
     if (is_eog_ && is_eog_(token)) {
       stats_.stopped_by_eog = true;
       done_ = true;
     } else if (!keep_going || stats_.generated >= o_.generate.max_tokens) {
+      done_ = true;
+    } else if (grammar_ && (grammar_->terminated() || grammar_->must_end())) {
+      stats_.stopped_by_grammar = true;
       done_ = true;
     }
   }
@@ -337,6 +367,7 @@ class Run {
   const TokenFn& on_token_;
   const EogFn& is_eog_;
   sampling::Sampler sampler_;
+  std::optional<sampling::GrammarMatcher> grammar_;  // at the committed text's state
   std::optional<Gate> gate_;
   std::optional<CostModel> tree_costs_;  // trees with the gate on: the costs their budget is chosen from
   // Drafts accepted and the scores of the nodes verified, over the tree rounds so far, each round's weight

@@ -57,7 +57,10 @@ struct SpecStats : GenerateStats {
   void add(const SpecStats& other);
 };
 
-// Generates after `prompt` (non-empty) on an empty target session, like generate(). `source` is begun here.
+// Generates after `prompt` (non-empty) on a target session that is empty or holds a shorter prefix of it,
+// like generate(); under options.generate.grammar every draft is checked against the grammar and cut at its
+// first refused token, and verification masks the target's rows, so the output is constrained plain
+// generation's. `source` is begun here with the whole prompt.
 // The end-of-generation token, when reached, is passed to on_token and ends the run.
 SpecStats generate_speculative(model::Session& target, speculative::DraftSource& source,
                                std::span<const int32_t> prompt, const SpecOptions& options,

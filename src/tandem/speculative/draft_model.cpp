@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 
 #include "tandem/util/error.h"
 
@@ -119,17 +120,22 @@ void DraftModelSource::begin(std::span<const int32_t> prompt, const DraftSetting
   rank.top_k = 0;
   scorer_ = sampling::Sampler(rank);
   sequence_ = settings.sequence_id;
+  grammar_ = settings.grammar;
   tree_base_ = -1;
-  session_.truncate(0);
-  cached_.clear();
-  // In a batch, the first proposal appends the prompt in forwards shared with the other sequences.
-  if (batch_) return;
+  if (batch_) {
+    // In a batch, the first proposal appends the prompt in forwards shared with the other sequences.
+    session_.truncate(0);
+    cached_.clear();
+    return;
+  }
   // Everything but the last prompt token now; the first proposal evaluates that one and drafts from its
   // logits.
   const auto n = std::min<size_t>(prompt.size() - std::min<size_t>(prompt.size(), 1),
                                   static_cast<size_t>(session_.n_ctx()));
-  if (n > 0) {
-    session_.eval(prompt.first(n));
+  // A prefix the cache holds from the last generation (a chat's earlier turns) is kept.
+  roll_back_to(prompt.first(n));
+  if (cached_.size() < n) {
+    session_.eval(prompt.subspan(cached_.size(), n - cached_.size()));
     cached_.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(n));
   }
 }
@@ -157,8 +163,10 @@ void DraftModelSource::propose(std::span<const int32_t> committed, int max_depth
   cached_.insert(cached_.end(), missing.begin(), missing.end());
 
   history_.assign(committed.begin(), committed.end());
+  drafting_.reset();
+  if (grammar_) drafting_ = *grammar_;
   for (int64_t i = 0; i < depth; ++i) {
-    draw(logits, n + i, static_cast<size_t>(i), out);
+    if (!draw(logits, n + i, static_cast<size_t>(i), out)) break;
     if (i + 1 < depth) {
       logits = session_.eval(std::span<const int32_t>(&out.tokens.back(), 1));
       cached_.push_back(out.tokens.back());
@@ -166,13 +174,16 @@ void DraftModelSource::propose(std::span<const int32_t> committed, int max_depth
   }
 }
 
-void DraftModelSource::draw(std::span<const float> logits, int64_t position, size_t i, Draft& out) {
+bool DraftModelSource::draw(std::span<const float> logits, int64_t position, size_t i, Draft& out) {
+  if (drafting_ && (drafting_->terminated() || drafting_->must_end())) return false;
   sampling::Distribution& q = out.q_slot(i);
-  sampler_.distribution(logits, history_, q);
+  sampler_.distribution(drafting_ ? masked(logits) : logits, history_, q);
   const int32_t x = sampler_.draw(q, sequence_, static_cast<uint64_t>(position), kDrawDraft);
+  if (drafting_ && !drafting_->accept_token(x)) return false;
   out.tokens.push_back(x);
   out.sampled = sampler_.params().temperature > 0.0f;
   history_.push_back(x);
+  return true;
 }
 
 void DraftModelSource::propose_batch(std::span<const DraftRequest> requests) {
@@ -191,6 +202,8 @@ void DraftModelSource::propose_batch(std::span<const DraftRequest> requests) {
     if (depth < 1) continue;
     src.roll_back_to(r.committed.first(static_cast<size_t>(n - 1)));
     src.history_.assign(r.committed.begin(), r.committed.end());
+    src.drafting_.reset();
+    if (src.grammar_) src.drafting_ = *src.grammar_;
     members.push_back({&src, r.committed, depth, r.out});
   }
   // Every member's committed text but its last token, appended in chunks shared across members.
@@ -228,11 +241,23 @@ void DraftModelSource::propose_batch(std::span<const DraftRequest> requests) {
     for (size_t i = 0; i < members.size(); ++i) {
       DraftModelBatch::Member& m = members[i];
       const auto n = static_cast<int64_t>(m.committed.size());
-      m.source->draw(std::span<const float>(b.logits_).subspan(i * V, V), n + step, static_cast<size_t>(step),
-                     *m.out);
+      // A draft the grammar ends or refuses here ends the member's proposal.
+      if (!m.source->draw(std::span<const float>(b.logits_).subspan(i * V, V), n + step,
+                          static_cast<size_t>(step), *m.out))
+        m.depth = 0;
     }
     std::erase_if(members, [&](const DraftModelBatch::Member& m) { return step + 1 >= m.depth; });
   }
+}
+
+std::span<const float> DraftModelSource::masked(std::span<const float> logits) {
+  drafting_->fill_mask(mask_);
+  masked_.assign(logits.begin(), logits.end());
+  // Rows past the tokenizer's vocabulary (padding) have no text, so no grammar allows them.
+  for (size_t id = 0; id < masked_.size(); ++id)
+    if (id >= static_cast<size_t>(mask_.n_vocab()) || !mask_.test(static_cast<int32_t>(id)))
+      masked_[id] = -std::numeric_limits<float>::infinity();
+  return masked_;
 }
 
 void DraftModelSource::accept(std::span<const int32_t> committed, int /*n_accepted*/) {

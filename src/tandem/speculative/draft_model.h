@@ -4,6 +4,7 @@
 // argmax), and rolls its cache back to the accepted prefix after each round.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,8 @@ class DraftModelSource final : public DraftSource {
  private:
   // Rolls the cache back to its longest prefix shared with `text`.
   void roll_back_to(std::span<const int32_t> text);
+  // `logits` with the tokens drafting_ refuses next at -inf, in masked_.
+  std::span<const float> masked(std::span<const float> logits);
 
   // A candidate node of the tree being drafted; slot: its index in the draft cache's tree (-1: not
   // evaluated).
@@ -104,8 +107,9 @@ class DraftModelSource final : public DraftSource {
   // Appends the children of candidate `parent` (-1: of the committed text) from the draft's logits there;
   // history_ holds the text up to it.
   void add_children(int32_t parent, std::span<const float> logits);
-  // Samples draft `i` of a proposal for `position` from `logits`, appending it to out and history_.
-  void draw(std::span<const float> logits, int64_t position, size_t i, Draft& out);
+  // Samples draft `i` of a proposal for `position` from `logits` (under drafting_'s mask), appending it to
+  // out and history_; false, appending nothing, where the grammar ends the proposal or refuses the sample.
+  bool draw(std::span<const float> logits, int64_t position, size_t i, Draft& out);
 
   model::Session session_;
   DraftModelBatch* batch_;
@@ -122,6 +126,10 @@ class DraftModelSource final : public DraftSource {
   uint64_t sequence_ = 0;
   std::vector<int32_t> cached_;   // tokens in the draft cache, cached_.size() == session_.length()
   std::vector<int32_t> history_;  // committed text plus this round's drafts, for the sampler's penalties
+  const sampling::GrammarMatcher* grammar_ = nullptr;  // DraftSettings::grammar
+  std::optional<sampling::GrammarMatcher> drafting_;   // grammar_ advanced through this round's drafts
+  sampling::TokenMask mask_;
+  std::vector<float> masked_;  // (n_vocab) a row under the grammar's mask
 };
 
 }  // namespace tandem::speculative

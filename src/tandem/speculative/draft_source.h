@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tandem/sampling/sampler.h"
+#include "tandem/sampling/token_mask.h"
 
 namespace tandem::speculative {
 
@@ -67,6 +68,11 @@ struct TokenTree {
 struct DraftSettings {
   sampling::Params sampling;  // the target's sampler; a sampling drafter applies the same transforms to q
   uint64_t sequence_id = 0;   // keys the RNG together with positions
+  // Constrained output: the driver's grammar matcher, at the committed text's state whenever propose() is
+  // called (null: unconstrained). A drafter that can proposes only what it allows (a draft model masks its
+  // rows, so q is the masked distribution); drivers check every draft against it either way. Borrowed for
+  // the generation.
+  const sampling::GrammarMatcher* grammar = nullptr;
 };
 
 // One round's proposal. `tokens` continue the committed text in order. When `sampled` is true, q[i] is the
