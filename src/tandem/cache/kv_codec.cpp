@@ -198,6 +198,13 @@ class F16KeyCodec final : public KvCodec {
     kernels::dots_dim_major_f16(q, G, q_stride, reinterpret_cast<const uint16_t*>(block), block_rows, off, n,
                                 dim(), s, s_stride);
   }
+  void decode_in_block(const uint8_t* block, int64_t head, int64_t block_rows, int64_t off,
+                       float* x) const override {
+    uint8_t h[2 * kMaxHeadDim];
+    for (int64_t i = 0; i < dim(); ++i)
+      std::memcpy(h + 2 * i, block + 2 * static_cast<size_t>(i * block_rows + off), 2);
+    rows_.decode(h, head, x);
+  }
 
  private:
   F16Codec rows_;  // the row form: encode, decode, query preparation and the value side
@@ -449,6 +456,10 @@ void KeyAnchor::set(const float* k, uint8_t* anchor) const {
 
 void KeyAnchor::subtract(const uint8_t* anchor, const float* k, float* out) const {
   for (int64_t i = 0; i < dim_; ++i) out[i] = k[i] - table_[load_u16(anchor + 2 * i)];
+}
+
+void KeyAnchor::add(const uint8_t* anchor, float* x) const {
+  for (int64_t i = 0; i < dim_; ++i) x[i] += table_[load_u16(anchor + 2 * i)];
 }
 
 float KeyAnchor::dot(const float* q, const uint8_t* anchor) const {

@@ -17,6 +17,7 @@
 #include "tandem/kernels/peak.h"
 #include "tandem/kernels/prefetch_tuner.h"
 #include "tandem/kernels/stream.h"
+#include "tandem/model/moe.h"
 #include "tandem/model/session.h"
 #include "tandem/speculative/calibration.h"
 #include "tandem/util/error.h"
@@ -153,8 +154,9 @@ void add_bench_command(CLI::App& app) {
     for (double s : steps) decode_total += s;
     const double decode_tps = static_cast<double>(steps.size()) / decode_total;
     const double decode_median_tps = 1.0 / median(steps);
-    const double kv_bytes = static_cast<double>(c.n_layer * c.n_head_kv * (c.head_dim + c.head_dim_v)) *
-                            (so.kv_type == cache::KvType::kF32 ? 4.0 : 2.0) * static_cast<double>(ctx);
+    // The cache's own encoded bytes (a latent cache's are the latent's, not the expanded keys and values).
+    const double kv_token_bytes = static_cast<double>(session.cache().bytes_per_token());
+    const double kv_bytes = kv_token_bytes * static_cast<double>(ctx);
     // A recurrent layer reads its state and writes the next one every token.
     const auto state_bytes = static_cast<double>(cache::recurrent_state_bytes(c.kv_geometry()));
     const double bytes_per_token =
@@ -249,6 +251,21 @@ void add_bench_command(CLI::App& app) {
                   state_bytes / 1024.0,
                   state_bytes * static_cast<double>(session.cache().recurrent()->depth() + 1) / 1048576.0,
                   static_cast<long long>(session.cache().recurrent()->depth() + 1));
+    std::printf("kv cache         %.0f bytes per token (%s)", kv_token_bytes,
+                std::string(cache::kv_type_name(so.kv_type)).c_str());
+    if (c.mla.kv_lora_rank > 0)
+      std::printf("; latent: expanded f16 keys and values would take %zu (1/%.1f)",
+                  c.expanded_kv_bytes_per_token(),
+                  static_cast<double>(c.expanded_kv_bytes_per_token()) / kv_token_bytes);
+    std::printf("\n");
+    const model::ExpertBytes experts = model::expert_bytes(*model);
+    if (experts.moe_layers > 0)
+      std::printf(
+          "experts          top %lld of %lld: %.1f MB of routed experts read per token of %.1f MB (shared "
+          "experts and routers %.1f MB)\n",
+          static_cast<long long>(c.moe.n_expert_used), static_cast<long long>(c.moe.n_expert),
+          static_cast<double>(experts.routed_chosen) / 1e6, static_cast<double>(experts.routed_all) / 1e6,
+          static_cast<double>(experts.shared) / 1e6);
     std::printf(
         "roofline         %.3f  (against the passes beside each round of steps: median %.3f, %.3f-%.3f)\n",
         roofline, decode_beside, *std::min_element(beside.begin(), beside.end()),
@@ -318,6 +335,12 @@ void add_bench_command(CLI::App& app) {
       j["roofline_beside_rounds"] = beside;
       j["roofline_beside_passes_gbs"] = beside_passes;
       j["bytes_per_token"] = bytes_per_token;
+      j["kv_bytes_per_token"] = kv_token_bytes;
+      if (c.mla.kv_lora_rank > 0) j["kv_expanded_f16_bytes_per_token"] = c.expanded_kv_bytes_per_token();
+      if (experts.moe_layers > 0) {
+        j["expert_bytes_read_per_token"] = experts.routed_chosen;
+        j["expert_bytes_all"] = experts.routed_all;
+      }
       if (state_bytes > 0)
         j["recurrent_state_bytes_per_sequence"] = static_cast<double>(session.cache().recurrent()->bytes());
       j["prefill64_tps"] = p64;

@@ -118,6 +118,9 @@ class Forward {
   std::vector<float> x_, xb_, q_, k_, v_, att_, ffn_gate_, ffn_up_;
   MoeFfn moe_;         // the workspace of mixture-of-experts layers (models with them)
   MlaProjection mla_;  // the projections of latent attention layers (models with them)
+  // Latent attention: absorbed queries [max_rows, n_head * key_width], cache entries [max_rows, key_width]
+  // and the heads' outputs [max_rows, n_head * kv_lora_rank].
+  std::vector<float> latent_q_, latent_k_, latent_att_;
   // Attention scratch: per thread, window_queries_ rows of scores_stride_ (the longest context so far)
   // floats.
   std::vector<float> scores_;

@@ -30,6 +30,17 @@ void read_moe_hparams(const ArchReader& r, Config& c);
 // ffn_gate_inp, ffn_{gate,up,down}_exps, exp_probs_b, ffn_gate_inp_shexp, ffn_{gate,up,down}_shexp).
 void bind_moe_layer(const ArchReader& r, const Config& c, int64_t layer, MoeWeights& w);
 
+// The expert bytes of a model's MoE layers: what one token reads (the router, the shared expert and
+// n_expert_used routed experts per layer; Model::weight_bytes_per_token() counts the same) against all.
+struct ExpertBytes {
+  int64_t moe_layers = 0;
+  size_t per_expert = 0;     // one routed expert's gate, up and down matrices (the widest layer's)
+  size_t routed_all = 0;     // every routed expert of every MoE layer
+  size_t routed_chosen = 0;  // n_expert_used routed experts per MoE layer
+  size_t shared = 0;         // shared experts, their gates and the routers, every MoE layer
+};
+ExpertBytes expert_bytes(const Model& model);
+
 // Picks the experts of one row from its router logits.
 //   logits: [n_expert] router output; bias: [n_expert] selection bias or null (V3)
 //   experts: [n_expert_used] chosen expert ids, best first (ties: the lower id); weights: [n_expert_used]
