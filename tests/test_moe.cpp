@@ -14,6 +14,7 @@
 #include "tandem/model/session.h"
 #include "tandem/model/synth.h"
 #include "tandem/sampling/sampler.h"
+#include "tandem/util/error.h"
 #include "test_util.h"
 
 namespace {
@@ -359,6 +360,104 @@ TEST(MoeSynth, SmallPresetsLoadAndDecode) {
   const auto& qwen = tandem::model::find_synth_preset("qwen1.5-moe-a2.7b");
   EXPECT_EQ(qwen.moe.n_expert, 60);
   EXPECT_EQ(qwen.moe.n_ff_shared, 5632);
+}
+
+}  // namespace
+
+namespace {
+
+using tandem::model::ExpertResidency;
+
+// With a budget of half the routed experts' bytes and a rebalance every few reads (so copies come and go
+// during the run), prefill and decode give the bits of a run without a budget.
+TEST(ExpertResidency, BudgetGivesTheSameBitsAsEverythingResident) {
+  for (const std::string& path : {qwen2moe("Q8_0"), deepseek2("deepseek2v3", "Q8_0")}) {
+    SCOPED_TRACE(path);
+    auto model = tandem::model::Model::load(path);
+    tandem::ThreadPool pool(2);
+    const int64_t V = model->config().n_vocab;
+    const tandem::model::ExpertBytes eb = tandem::model::expert_bytes(*model);
+    ExpertResidency residency(*model, eb.routed_all / 2, /*rebalance_every=*/5);
+    ASSERT_GT(residency.slots(), 0);
+    std::vector<int32_t> prompt;
+    for (int32_t i = 0; i < 20; ++i) prompt.push_back((i * 41 + 3) % static_cast<int32_t>(V));
+    tandem::model::Session with(*model, pool, tandem::model::SessionOptions{64});
+    with.forward().set_expert_residency(&residency);
+    tandem::model::Session without(*model, pool, tandem::model::SessionOptions{64});
+    const auto a = with.eval(prompt);
+    const std::vector<float> got(a.begin(), a.end());
+    const auto b = without.eval(prompt);
+    ASSERT_EQ(std::memcmp(got.data(), b.data(), sizeof(float) * static_cast<size_t>(V)), 0);
+    for (int32_t t = 0; t < 12; ++t) {
+      const int32_t id = (t * 97 + 5) % static_cast<int32_t>(V);
+      const auto x = with.eval(std::span<const int32_t>(&id, 1));
+      const std::vector<float> row(x.begin(), x.end());
+      const auto y = without.eval(std::span<const int32_t>(&id, 1));
+      ASSERT_EQ(std::memcmp(row.data(), y.data(), sizeof(float) * static_cast<size_t>(V)), 0) << "step " << t;
+    }
+    const tandem::model::ResidencyStats s = residency.stats();
+    EXPECT_GT(s.resident_reads, 0u);
+    EXPECT_LT(s.resident_reads, s.reads);
+    EXPECT_GT(s.resident_experts, 0);
+    EXPECT_LT(s.resident_experts, s.experts);
+    EXPECT_LE(s.resident_bytes, s.budget_bytes);
+  }
+}
+
+// The most-read experts take the slots; a resident expert keeps its slot against an equal count; counts
+// halve at each rebalance so the choice follows recent routing; a budget below one expert keeps none.
+TEST(ExpertResidency, KeepsTheMostReadExperts) {
+  auto model = tandem::model::Model::load(qwen2moe("Q8_0"));
+  const tandem::model::ExpertBytes eb = tandem::model::expert_bytes(*model);
+  ExpertResidency none(*model, eb.per_expert / 2);
+  EXPECT_EQ(none.slots(), 0);
+  none.record(0, 1);
+  none.rebalance();
+  EXPECT_FALSE(none.resident(0, 1));
+
+  ExpertResidency r(*model, 3 * (eb.per_expert + 192), /*rebalance_every=*/1000);
+  ASSERT_EQ(r.slots(), 3);
+  for (int i = 0; i < 5; ++i) r.record(1, 6);
+  for (int i = 0; i < 3; ++i) r.record(0, 2);
+  for (int i = 0; i < 2; ++i) r.record(3, 0);
+  r.record(2, 7);
+  r.rebalance();
+  EXPECT_TRUE(r.resident(1, 6));
+  EXPECT_TRUE(r.resident(0, 2));
+  EXPECT_TRUE(r.resident(3, 0));
+  EXPECT_FALSE(r.resident(2, 7));
+  // The copy has the file's bytes.
+  const auto& v = r.views(1, 6);
+  const auto& file = model->weights().layers[1].moe.down[6];
+  EXPECT_NE(v.down.data, file.data);
+  EXPECT_EQ(std::memcmp(v.down.data, file.data, file.bytes()), 0);
+  // Counts now 2, 1, 1, 0: one more read of (2, 7) ties it with the resident (0, 2) and (3, 0), which keep
+  // their slots although (2, 7) has the lower index than (3, 0).
+  r.record(2, 7);
+  r.rebalance();
+  EXPECT_TRUE(r.resident(1, 6));
+  EXPECT_TRUE(r.resident(0, 2));
+  EXPECT_TRUE(r.resident(3, 0));
+  EXPECT_FALSE(r.resident(2, 7));
+  EXPECT_EQ(r.views(2, 7).gate.data, model->weights().layers[2].moe.gate[7].data);
+  // Now 1, 0, 0, 0 after halving: two reads of (2, 7) put it past both.
+  r.record(2, 7);
+  r.record(2, 7);
+  r.rebalance();
+  EXPECT_TRUE(r.resident(2, 7));
+  EXPECT_EQ(r.resident(0, 2) + r.resident(3, 0), 1);
+  EXPECT_EQ(r.stats().resident_experts, 3);
+}
+
+TEST(ExpertResidency, RefusesModelsWithoutExperts) {
+  auto model =
+      tandem::model::Model::load(tandem::testing::shared_path("models/synth/synth-mamba-d128-f32.gguf"));
+  try {
+    ExpertResidency r(*model, size_t{1} << 20);
+    FAIL() << "expected an error";
+  } catch (const tandem::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--expert-budget"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

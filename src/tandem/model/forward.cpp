@@ -73,6 +73,7 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
   const int64_t R = static_cast<int64_t>(rows.size());
   if (R == 0) return;
   if (R > max_rows_) throw Error("batch of " + std::to_string(R) + " rows exceeds the forward's capacity");
+  if (residency_) residency_->rebalance_if_due();
 
   // Validate every row before touching any cache: positions continue each sequence without gaps.
   if (lengths_.size() < caches.size()) lengths_.resize(caches.size());
@@ -161,7 +162,7 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
                         c.norm_eps);
     });
     if (!l.moe.empty()) {
-      timed(&PhaseTimes::matmul_s, [&] { moe_.run(l.moe, xb_.data(), R, pool_, scratch_); });
+      timed(&PhaseTimes::matmul_s, [&] { moe_.run(l.moe, xb_.data(), R, pool_, scratch_, residency_, il); });
     } else {
       dense_ffn(l, R);
     }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tandem/kernels/matmul.h"
+#include "tandem/model/expert_residency.h"
 #include "tandem/model/model.h"
 #include "tandem/util/thread_pool.h"
 
@@ -60,7 +61,10 @@ class MoeFfn {
 
   // x[r] = sum over row r's chosen experts of weight * expert(x[r]) (in slot order) + the shared expert,
   // in place. x: [n, n_embd], the normed input. scratch: made for pool and the widest expert.
-  void run(const MoeWeights& w, float* x, int64_t n, ThreadPool& pool, kernels::MatmulScratch& scratch);
+  // residency (may be null): the routed experts are read through it and their reads counted there;
+  // `layer` is w's layer.
+  void run(const MoeWeights& w, float* x, int64_t n, ThreadPool& pool, kernels::MatmulScratch& scratch,
+           ExpertResidency* residency = nullptr, int64_t layer = 0);
 
   // The experts each row of the last run chose: [n, n_expert_used], and the routing gap of each row
   // (route()). For tests and diagnostics.
