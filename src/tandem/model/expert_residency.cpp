@@ -117,7 +117,8 @@ void ExpertResidency::rebalance() {
       slot_of_[i] = static_cast<int32_t>(free_slot);
     }
   }
-  for (uint64_t& c : counts_) c /= 2;
+  if (++rebalances_ % kRebalancesPerHalving == 0)
+    for (uint64_t& c : counts_) c /= 2;
 }
 
 ResidencyStats ExpertResidency::stats() const {

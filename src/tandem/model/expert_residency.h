@@ -4,10 +4,10 @@
 // the same bits whichever they read.
 //
 // Reads are counted per (layer, expert) as the forward runs them; every `rebalance_every` reads the most-read
-// experts (counts halved each time, so the choice follows the recent routing) take the resident slots, a
-// resident expert keeping its slot against an equal count. Not thread-safe: one forward at a time uses it,
-// and rebalance_if_due() runs between forwards (Forward calls it before each), when no matrix product reads
-// the copies.
+// experts (counts halved every kRebalancesPerHalving rebalances, so the choice follows the recent routing)
+// take the resident slots, a resident expert keeping its slot against an equal count. Not thread-safe: one
+// forward at a time uses it, and rebalance_if_due() runs between forwards (Forward calls it before each),
+// when no matrix product reads the copies.
 #pragma once
 
 #include <cstddef>
@@ -56,7 +56,8 @@ class ExpertResidency {
   void record(int64_t layer, int64_t e);
   // rebalance() when rebalance_every reads passed since the last one.
   void rebalance_if_due();
-  // Gives the slots to the most-read experts, copying those that were not resident; halves the counts.
+  // Gives the slots to the most-read experts, copying those that were not resident; halves the counts every
+  // kRebalancesPerHalving calls.
   void rebalance();
   bool resident(int64_t layer, int64_t e) const { return slot_of_[index(layer, e)] >= 0; }
   int64_t slots() const { return static_cast<int64_t>(slot_views_.size()); }
@@ -77,9 +78,14 @@ class ExpertResidency {
   std::vector<ExpertViews> slot_views_;  // [slots] the copy each slot holds (empty: free)
   std::vector<int64_t> slot_owner_;      // [slots] index() of the expert it holds, or -1
   std::vector<int32_t> slot_of_;         // [n_layer * n_expert] the slot holding it, or -1
-  std::vector<uint64_t> counts_;         // [n_layer * n_expert] reads, halved at each rebalance
+  std::vector<uint64_t> counts_;         // [n_layer * n_expert] reads, halved now and then (above)
   std::vector<int64_t> order_;           // [n_layer * n_expert] rebalance scratch
   std::vector<bool> wanted_;             // [n_layer * n_expert] rebalance scratch
+  // Counts halve every kRebalancesPerHalving rebalances (256 decoded tokens at the default interval): long
+  // enough for the counts to rank experts whose popularity differs by a few percent, short enough to follow
+  // a change of topic.
+  static constexpr int64_t kRebalancesPerHalving = 64;
+  int64_t rebalances_ = 0;
   uint64_t reads_ = 0, resident_reads_ = 0;
   double bytes_read_ = 0, resident_bytes_read_ = 0;
 };
