@@ -201,6 +201,20 @@ TEST(MoeModel, DeepSeek2CachesTheLatentOnce) {
   EXPECT_EQ(model->config().expanded_kv_bytes_per_token(), expanded);
 }
 
+// A rotated 4-bit cache cannot give the latent's elements back as values: refused with the types that can.
+TEST(MoeModel, LatentCacheRefusesQ4r) {
+  auto model = tandem::model::Model::load(deepseek2("deepseek2", "Q8_0"));
+  tandem::ThreadPool pool(2);
+  try {
+    tandem::model::Session s(*model, pool, tandem::model::SessionOptions{64, tandem::cache::KvType::kQ4R});
+    FAIL() << "expected an error";
+  } catch (const tandem::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("q4r"), std::string::npos) << what;
+    EXPECT_NE(what.find("f16"), std::string::npos) << what;
+  }
+}
+
 // At DeepSeek-V2-Lite's shapes (27 layers, 16 heads, keys 128 + 64, values 128, latent 512) an f16 latent
 // cache takes at most 1/8 of the expanded f16 keys and values.
 TEST(MoeModel, LatentCacheIsAnEighthOfTheExpandedAtV2LiteShapes) {
