@@ -23,17 +23,41 @@ constexpr int64_t kPreparedFloats = 16384, kAccFloats = 8192;
 // (AttendWindow).
 constexpr int64_t kValueRunBlocks = 4;
 
+// The values of a latent cache (Geometry::values_in_keys): each position's key row decoded once (anchor
+// added back) and its first dv elements weighed into every query that attends it, positions in order, so a
+// query's sum has the same bits alone or in a window.
+void latent_values(const KvCache& cache, int64_t layer, int64_t kv_head, int64_t n_q, int64_t nq,
+                   int64_t first, int64_t last, int64_t span_last, const float* scores, int64_t scores_stride,
+                   float* acc) {
+  const KvStore& store = cache.store();
+  const KvCodec& kc = store.key_codec();
+  const KeyAnchor* anchor = store.key_anchor();
+  const BlockPool& pool = cache.pool_of(layer);
+  const int64_t B = store.block_size(), dv = store.value_dim();
+  float x[kMaxHeadDim];
+  for (int64_t pos = first; pos <= span_last; ++pos) {
+    const int32_t blk = cache.block_of(layer, pos);
+    kc.decode_in_block(pool.keys(blk, layer, kv_head), kv_head, B, pos % B, x);
+    if (anchor) anchor->add(pool.anchor(blk, layer, kv_head), x);
+    const int64_t j0 = pos <= last ? 0 : (pos - last) * n_q;  // the first query whose row reaches pos
+    for (int64_t j = j0; j < nq; ++j) {
+      const float p = scores[j * scores_stride + (pos - first)];
+      float* a = acc + j * dv;
+      for (int64_t d = 0; d < dv; ++d) a[d] += p * x[d];
+    }
+  }
+}
+
 // One pass of attend_rows over [first, last + n_rows - 1] for n_rows * n_q queries that fit the scratch.
 void attend_pass(const KvCache& cache, int64_t layer, int64_t kv_head, const float* q, int64_t n_rows,
                  int64_t n_q, const WindowLayout& lay, int64_t first, int64_t last,
                  const AttentionParams& params, float* scores, int64_t scores_stride, float* out) {
   const KvStore& store = cache.store();
   const KvCodec& kc = store.key_codec();
-  const KvCodec& vc = store.value_codec();
   const KeyAnchor* anchor = store.key_anchor();
   const BlockPool& pool = cache.pool_of(layer);
   const int64_t B = store.block_size(), span_last = last + n_rows - 1, nq = n_rows * n_q;
-  const int64_t ps = kc.prepared_size(), dv = vc.dim();
+  const int64_t ps = kc.prepared_size(), dv = store.value_dim();
   float prepared[kPreparedFloats];
   // Query j = i * n_q + h: row i, head h.
   const auto query = [&](int64_t j) { return q + (j / n_q) * lay.q_row + (j % n_q) * lay.q_head; };
@@ -46,7 +70,8 @@ void attend_pass(const KvCache& cache, int64_t layer, int64_t kv_head, const flo
   // prefetched into L2 kAheadBytes ahead of the block being read (the weights streaming through every layer
   // have evicted them since the last step). Row i's scores past last + i are computed and never read.
   const size_t key_block_bytes = static_cast<size_t>(B) * kc.row_bytes();
-  const size_t value_block_bytes = static_cast<size_t>(B) * vc.row_bytes();
+  const size_t value_block_bytes =
+      store.has_values() ? static_cast<size_t>(B) * store.value_codec().row_bytes() : 0;
   const auto prefetch_l1 = [](const uint8_t* p, size_t bytes) {
     for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
   };
@@ -60,6 +85,7 @@ void attend_pass(const KvCache& cache, int64_t layer, int64_t kv_head, const flo
   const auto prefetch_ahead = [&](int64_t reading) {
     for (const int64_t until = std::min(2 * nb, reading + ahead + 1); fetched < until; ++fetched) {
       const bool keys = fetched < nb;
+      if (!keys && value_block_bytes == 0) break;
       const int32_t blk = cache.block_of(layer, (b0 + (keys ? fetched : fetched - nb)) * B);
       if (keys) {
         prefetch_l2(pool.keys(blk, layer, kv_head), key_block_bytes);
@@ -94,6 +120,13 @@ void attend_pass(const KvCache& cache, int64_t layer, int64_t kv_head, const flo
   // either way, so the blocks a call takes never change a bit.
   float acc[kAccFloats];
   std::fill_n(acc, nq * dv, 0.0f);
+  if (!store.has_values()) {
+    latent_values(cache, layer, kv_head, n_q, nq, first, last, span_last, scores, scores_stride, acc);
+    for (int64_t j = 0; j < nq; ++j)
+      std::copy_n(acc + j * dv, dv, out + (j / n_q) * lay.out_row + (j % n_q) * lay.out_head);
+    return;
+  }
+  const KvCodec& vc = store.value_codec();
   kernels::ValueRun runs[kValueRunBlocks];
   int64_t n_runs = 0;
   const auto flush = [&] {
@@ -326,7 +359,7 @@ void attend_rows(const KvCache& cache, int64_t layer, int64_t kv_head, const flo
   TANDEM_CHECK(last + n_rows - first <= scores_stride, "attention scores scratch too small");
   const KvStore& store = cache.store();
   const int64_t per_pass = std::min({kMaxWindowQueries, kPreparedFloats / store.key_codec().prepared_size(),
-                                     kAccFloats / store.value_codec().dim()});
+                                     kAccFloats / store.value_dim()});
   if (n_q > per_pass) {  // more heads than one pass holds: each row alone, its heads in groups
     for (int64_t i = 0; i < n_rows; ++i)
       for (int64_t h = 0; h < n_q; h += per_pass)

@@ -19,6 +19,10 @@ struct Geometry {
   int64_t ssm_d_inner = 0;               // channels of a recurrent layer
   int64_t ssm_d_state = 0;               // state size per channel
   int64_t ssm_d_conv = 0;                // causal convolution width (the state keeps d_conv - 1 inputs)
+  // Latent attention caches (model/mla.h): a position's value is the first head_dim_v elements of its key
+  // (the latent both are expanded from), so no value rows are stored and attention reads the values from
+  // the key rows, anchor included.
+  bool values_in_keys = false;
 
   // Whether `layer` keeps only the window (its blocks live in the sliding pool).
   bool sliding(int64_t layer) const {

@@ -20,14 +20,22 @@ KvStore::KvStore(const Geometry& c, const KvStoreOptions& options)
   if (options.n_blocks <= 0) throw Error("a KV store needs at least one block");
   if (options.rollback < 0) throw Error("KV rollback depth must not be negative");
   key_codec_ = KvCodec::create(options.type, c.head_dim, c.n_head_kv, options.seed, /*keys=*/true);
-  value_codec_ =
-      KvCodec::create(options.type, c.head_dim_v, c.n_head_kv, options.seed ^ 0x5851F42D4C957F2Dull);
+  if (c.values_in_keys) {
+    TANDEM_CHECK(c.head_dim_v > 0 && c.head_dim_v <= c.head_dim,
+                 "values in keys need head_dim_v <= head_dim");
+    // A rotated codec's rows are not the key's elements, so its values could not be read back in place.
+    if (options.type == KvType::kQ4R)
+      throw Error("the q4r KV cache type does not support latent attention caches; use f16, q8_0 or q4");
+  } else {
+    value_codec_ =
+        KvCodec::create(options.type, c.head_dim_v, c.n_head_kv, options.seed ^ 0x5851F42D4C957F2Dull);
+  }
   if (kv_type_anchors_keys(options.type)) key_anchor_ = std::make_unique<KeyAnchor>(c.head_dim);
   const size_t ab = key_anchor_ ? key_anchor_->bytes() : 0;
   std::vector<int64_t> full_layers, sliding_layers;
   for (int64_t l = 0; l < c.n_layer; ++l)
     if (!c.recurrent(l)) (c.sliding(l) ? sliding_layers : full_layers).push_back(l);
-  const size_t kr = key_codec_->row_bytes(), vr = value_codec_->row_bytes();
+  const size_t kr = key_codec_->row_bytes(), vr = value_codec_ ? value_codec_->row_bytes() : 0;
   full_ = std::make_unique<BlockPool>(full_layers, c.n_layer, c.n_head_kv, kr, vr, options.block_size,
                                       options.n_blocks, ab);
   if (!sliding_layers.empty()) {
@@ -43,7 +51,7 @@ size_t KvStore::bytes_per_token() const {
   int64_t attention_layers = 0;
   for (int64_t l = 0; l < n_layer_; ++l) attention_layers += geometry_.recurrent(l) ? 0 : 1;
   const auto heads = static_cast<size_t>(attention_layers * n_head_kv_);
-  const size_t rows = heads * (key_codec_->row_bytes() + value_codec_->row_bytes());
+  const size_t rows = heads * (key_codec_->row_bytes() + (value_codec_ ? value_codec_->row_bytes() : 0));
   const size_t anchors = key_anchor_ ? heads * key_anchor_->bytes() : 0;
   const auto B = static_cast<size_t>(options_.block_size);
   return rows + (anchors + B - 1) / B;
@@ -127,6 +135,11 @@ void KvCache::compact(int64_t base, std::span<const int32_t> nodes) {
                 std::string(kv_type_name(store_->type())) +
                 " keys are stored against their block's anchor); use --kv-type f16 "
                 "or f32, or a chain (--tree-nodes 0)");
+  if (!store_->has_values())
+    throw Error(
+        "a token tree's accepted path cannot be moved in a latent (MLA) cache yet: its values live in the "
+        "key "
+        "rows; use a chain (--tree-nodes 0)");
   if (recurrent_)
     throw Error(
         "a token tree cannot be kept in a model with recurrent (mamba) layers: their state follows one "
@@ -211,7 +224,7 @@ void KvCache::store(int64_t layer, int64_t pos, const float* k, const float* v) 
   BlockPool& p = store_->pool(sliding);
   TANDEM_CHECK(blk >= 0 && p.refs(blk) == 1, "store into a block that is missing or shared");
   const KvCodec& kc = store_->key_codec();
-  const KvCodec& vc = store_->value_codec();
+  const KvCodec* vc = store_->has_values() ? &store_->value_codec() : nullptr;
   const KeyAnchor* anchor = store_->key_anchor();
   const size_t off = static_cast<size_t>(pos % B);
   float residual[kMaxHeadDim];
@@ -224,7 +237,7 @@ void KvCache::store(int64_t layer, int64_t pos, const float* k, const float* v) 
       kh = residual;
     }
     kc.encode_in_block(kh, h, p.keys(blk, layer, h), B, static_cast<int64_t>(off));
-    vc.encode(v + h * vc.dim(), h, p.values(blk, layer, h) + off * vc.row_bytes());
+    if (vc) vc->encode(v + h * vc->dim(), h, p.values(blk, layer, h) + off * vc->row_bytes());
   }
 }
 

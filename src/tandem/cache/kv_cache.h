@@ -67,7 +67,11 @@ class KvStore {
   size_t bytes_per_token() const;
 
   const KvCodec& key_codec() const { return *key_codec_; }
+  // The codec of the value rows; a store whose geometry has values_in_keys has none (has_values() false).
   const KvCodec& value_codec() const { return *value_codec_; }
+  bool has_values() const { return value_codec_ != nullptr; }
+  // Elements of a value vector.
+  int64_t value_dim() const { return geometry_.head_dim_v; }
   // The key anchor of an anchored store; nullptr when keys are stored as they are (f32, f16).
   const KeyAnchor* key_anchor() const { return key_anchor_.get(); }
   BlockPool& pool(bool sliding) { return sliding ? *sliding_ : *full_; }
@@ -130,7 +134,8 @@ class KvCache {
   // sets the length to `end`. The forward calls it once per sequence before storing a batch's rows.
   void prepare_append(int64_t first, int64_t end);
 
-  // Encodes one position's keys [n_head_kv * head_dim] and values [n_head_kv * head_dim_v] for a layer.
+  // Encodes one position's keys [n_head_kv * head_dim] and values [n_head_kv * head_dim_v] for a layer (v is
+  // not read when the geometry has values_in_keys).
   // The position must be inside the range of the last prepare_append().
   void store(int64_t layer, int64_t pos, const float* k, const float* v);
 

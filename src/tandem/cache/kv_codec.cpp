@@ -204,6 +204,13 @@ class F16KeyCodec final : public KvCodec {
       std::memmove(dst_block + 2 * static_cast<size_t>(i * block_rows + dst_off),
                    src_block + 2 * static_cast<size_t>(i * block_rows + src_off), 2);
   }
+  void decode_in_block(const uint8_t* block, int64_t head, int64_t block_rows, int64_t off,
+                       float* x) const override {
+    uint8_t h[2 * kMaxHeadDim];
+    for (int64_t i = 0; i < dim(); ++i)
+      std::memcpy(h + 2 * i, block + 2 * static_cast<size_t>(i * block_rows + off), 2);
+    rows_.decode(h, head, x);
+  }
 
  private:
   F16Codec rows_;  // the row form: encode, decode, query preparation and the value side
@@ -455,6 +462,10 @@ void KeyAnchor::set(const float* k, uint8_t* anchor) const {
 
 void KeyAnchor::subtract(const uint8_t* anchor, const float* k, float* out) const {
   for (int64_t i = 0; i < dim_; ++i) out[i] = k[i] - table_[load_u16(anchor + 2 * i)];
+}
+
+void KeyAnchor::add(const uint8_t* anchor, float* x) const {
+  for (int64_t i = 0; i < dim_; ++i) x[i] += table_[load_u16(anchor + 2 * i)];
 }
 
 float KeyAnchor::dot(const float* q, const uint8_t* anchor) const {

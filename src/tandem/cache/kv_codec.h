@@ -54,8 +54,9 @@ enum class KvType { kF32, kF16, kQ8_0, kQ4, kQ4R };
 KvType kv_type_from_name(std::string_view name);
 std::string_view kv_type_name(KvType type);
 
-// Largest head size a codec accepts (attention keeps per-head scratch on the stack).
-inline constexpr int64_t kMaxHeadDim = 512;
+// Largest head size a codec accepts (attention keeps per-head scratch on the stack). Latent attention caches
+// a key of kv_lora_rank + n_rot (576 for DeepSeek-V2/V3).
+inline constexpr int64_t kMaxHeadDim = 1024;
 
 class KvCodec {
  public:
@@ -128,6 +129,12 @@ class KvCodec {
     std::memmove(dst_block + static_cast<size_t>(dst_off) * row_bytes(),
                  src_block + static_cast<size_t>(src_off) * row_bytes(), row_bytes());
   }
+  // decode() of row `off` of a block (the values of a latent cache are read from its key rows this way).
+  virtual void decode_in_block(const uint8_t* block, int64_t head, int64_t block_rows, int64_t off,
+                               float* x) const {
+    (void)block_rows;
+    decode(block + static_cast<size_t>(off) * row_bytes(), head, x);
+  }
 
  protected:
   KvCodec(KvType type, int64_t dim, size_t row_bytes, int64_t prepared_size)
@@ -165,6 +172,8 @@ class KeyAnchor {
   void set(const float* k, uint8_t* anchor) const;
   // out [dim] = k - anchor; out may alias k.
   void subtract(const uint8_t* anchor, const float* k, float* out) const;
+  // x [dim] += anchor.
+  void add(const uint8_t* anchor, float* x) const;
   // q·anchor, summed in an order fixed by dim alone.
   float dot(const float* q, const uint8_t* anchor) const;
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,6 +18,8 @@
 #include "tandem/kernels/peak.h"
 #include "tandem/kernels/prefetch_tuner.h"
 #include "tandem/kernels/stream.h"
+#include "tandem/model/expert_residency.h"
+#include "tandem/model/moe.h"
 #include "tandem/model/session.h"
 #include "tandem/speculative/calibration.h"
 #include "tandem/util/error.h"
@@ -58,6 +61,37 @@ std::vector<int32_t> tokens(int64_t n, int64_t n_vocab, int64_t salt) {
   return t;
 }
 
+// SIZE for --expert-budget: bytes with an optional K, M or G suffix (powers of 1024), or a percentage of
+// `experts` (the routed experts' bytes).
+size_t parse_expert_budget(const std::string& text, size_t experts) {
+  const auto bad = [&] {
+    return Error("--expert-budget '" + text + "': expected a size such as 4G, 512M or 50% (of the experts)");
+  };
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    throw bad();
+  }
+  if (!(value >= 0)) throw bad();
+  const std::string suffix = text.substr(used);
+  double scale = 1;
+  if (suffix == "%") {
+    if (value > 100) throw bad();
+    return static_cast<size_t>(value / 100.0 * static_cast<double>(experts));
+  }
+  if (suffix == "K" || suffix == "k")
+    scale = 1024.0;
+  else if (suffix == "M" || suffix == "m")
+    scale = 1024.0 * 1024.0;
+  else if (suffix == "G" || suffix == "g")
+    scale = 1024.0 * 1024.0 * 1024.0;
+  else if (!suffix.empty())
+    throw bad();
+  return static_cast<size_t>(value * scale);
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
@@ -73,6 +107,7 @@ void add_bench_command(CLI::App& app) {
     bool json = false;
     int decode_tokens = 64;
     int reps = 5;
+    std::string expert_budget;
   };
   auto o = std::make_shared<Opts>();
   add_model_options(*cmd, o->model);
@@ -80,6 +115,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--decode-tokens", o->decode_tokens,
                   "Decode steps to time (default 64; decode tok/s is their count over their total time)");
   cmd->add_option("--reps", o->reps, "Repetitions of each verify width and prefill (default 5)");
+  cmd->add_option(
+      "--expert-budget", o->expert_budget,
+      "Keep the most-read routed experts resident (copied) within SIZE bytes (suffix K, M or G; or "
+      "a percentage of the routed experts' bytes, e.g. 50%), the rest read from the model file; "
+      "reports the fraction of expert reads served resident");
   cmd->callback([o] {
     if (o->decode_tokens < 1 || o->reps < 1) throw Error("--decode-tokens and --reps must be positive");
     const int64_t ctx = o->model.n_ctx > 0 ? o->model.n_ctx : 256;
@@ -93,6 +133,12 @@ void add_bench_command(CLI::App& app) {
     so.kv_type = o->model.resolved_kv_type();
     so.batch = 512;
     model::Session session(*model, pool, so);
+    std::unique_ptr<model::ExpertResidency> residency;
+    if (!o->expert_budget.empty()) {
+      const size_t budget = parse_expert_budget(o->expert_budget, model::expert_bytes(*model).routed_all);
+      residency = std::make_unique<model::ExpertResidency>(*model, budget);
+      session.forward().set_expert_residency(residency.get());
+    }
 
     // Bandwidth: stream the mapped weights themselves when they are much larger than any cache (they are
     // resident anyway, so the peak RSS does not grow); otherwise a temporary buffer.
@@ -138,6 +184,7 @@ void add_bench_command(CLI::App& app) {
     // (kernels/prefetch_tuner.h).
     const kernels::PrefetchTuner& tuner = session.forward().reach_tuner();
     const int64_t far_before = tuner.forwards(kernels::PrefetchReach::kFar);
+    const model::ResidencyStats residency_before = residency ? residency->stats() : model::ResidencyStats{};
     for (int i = 0; i < o->decode_tokens; ++i) {
       const auto t = tokens(1, c.n_vocab, 100 + i);
       const auto t0 = Clock::now();
@@ -145,6 +192,12 @@ void add_bench_command(CLI::App& app) {
       steps.push_back(seconds_since(t0));
     }
     const int64_t far_steps = tuner.forwards(kernels::PrefetchReach::kFar) - far_before;
+    // The decode steps' expert reads (the context fill before them trained the residency).
+    model::ResidencyStats residency_decode = residency ? residency->stats() : model::ResidencyStats{};
+    residency_decode.bytes_read -= residency_before.bytes_read;
+    residency_decode.resident_bytes_read -= residency_before.resident_bytes_read;
+    residency_decode.reads -= residency_before.reads;
+    residency_decode.resident_reads -= residency_before.resident_reads;
     session.truncate(base);
     bandwidth = std::max(bandwidth, measure_bandwidth());
     // Steps over their total time, as a user's generation sees them: a median would hide the machine's
@@ -153,8 +206,9 @@ void add_bench_command(CLI::App& app) {
     for (double s : steps) decode_total += s;
     const double decode_tps = static_cast<double>(steps.size()) / decode_total;
     const double decode_median_tps = 1.0 / median(steps);
-    const double kv_bytes = static_cast<double>(c.n_layer * c.n_head_kv * (c.head_dim + c.head_dim_v)) *
-                            (so.kv_type == cache::KvType::kF32 ? 4.0 : 2.0) * static_cast<double>(ctx);
+    // The cache's own encoded bytes (a latent cache's are the latent's, not the expanded keys and values).
+    const double kv_token_bytes = static_cast<double>(session.cache().bytes_per_token());
+    const double kv_bytes = kv_token_bytes * static_cast<double>(ctx);
     // A recurrent layer reads its state and writes the next one every token.
     const auto state_bytes = static_cast<double>(cache::recurrent_state_bytes(c.kv_geometry()));
     const double bytes_per_token =
@@ -249,6 +303,30 @@ void add_bench_command(CLI::App& app) {
                   state_bytes / 1024.0,
                   state_bytes * static_cast<double>(session.cache().recurrent()->depth() + 1) / 1048576.0,
                   static_cast<long long>(session.cache().recurrent()->depth() + 1));
+    std::printf("kv cache         %.0f bytes per token (%s)", kv_token_bytes,
+                std::string(cache::kv_type_name(so.kv_type)).c_str());
+    if (c.mla.kv_lora_rank > 0)
+      std::printf("; latent: expanded f16 keys and values would take %zu (1/%.1f)",
+                  c.expanded_kv_bytes_per_token(),
+                  static_cast<double>(c.expanded_kv_bytes_per_token()) / kv_token_bytes);
+    std::printf("\n");
+    const model::ExpertBytes experts = model::expert_bytes(*model);
+    if (experts.moe_layers > 0)
+      std::printf(
+          "experts          top %lld of %lld: %.1f MB of routed experts read per token of %.1f MB (shared "
+          "experts and routers %.1f MB)\n",
+          static_cast<long long>(c.moe.n_expert_used), static_cast<long long>(c.moe.n_expert),
+          static_cast<double>(experts.routed_chosen) / 1e6, static_cast<double>(experts.routed_all) / 1e6,
+          static_cast<double>(experts.shared) / 1e6);
+    if (residency)
+      std::printf(
+          "expert budget    %.1f MB: %.1f MB resident (%lld of %lld experts); decode read %.1f%% of its "
+          "expert "
+          "bytes from resident copies\n",
+          static_cast<double>(residency_decode.budget_bytes) / 1e6,
+          static_cast<double>(residency_decode.resident_bytes) / 1e6,
+          static_cast<long long>(residency_decode.resident_experts),
+          static_cast<long long>(residency_decode.experts), 100.0 * residency_decode.served_resident());
     std::printf(
         "roofline         %.3f  (against the passes beside each round of steps: median %.3f, %.3f-%.3f)\n",
         roofline, decode_beside, *std::min_element(beside.begin(), beside.end()),
@@ -318,6 +396,17 @@ void add_bench_command(CLI::App& app) {
       j["roofline_beside_rounds"] = beside;
       j["roofline_beside_passes_gbs"] = beside_passes;
       j["bytes_per_token"] = bytes_per_token;
+      j["kv_bytes_per_token"] = kv_token_bytes;
+      if (c.mla.kv_lora_rank > 0) j["kv_expanded_f16_bytes_per_token"] = c.expanded_kv_bytes_per_token();
+      if (experts.moe_layers > 0) {
+        j["expert_bytes_read_per_token"] = experts.routed_chosen;
+        j["expert_bytes_all"] = experts.routed_all;
+        if (residency) {
+          j["expert_budget_bytes"] = residency_decode.budget_bytes;
+          j["expert_resident_bytes"] = residency_decode.resident_bytes;
+          j["expert_reads_served_resident"] = residency_decode.served_resident();
+        }
+      }
       if (state_bytes > 0)
         j["recurrent_state_bytes_per_sequence"] = static_cast<double>(session.cache().recurrent()->bytes());
       j["prefill64_tps"] = p64;

@@ -3,9 +3,11 @@
 #include <map>
 #include <string>
 
+#include "tandem/cache/kv_cache.h"
 #include "tandem/cli/commands.h"
 #include "tandem/gguf/reader.h"
 #include "tandem/model/model.h"
+#include "tandem/model/moe.h"
 #include "tandem/model/session.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/util/error.h"
@@ -118,7 +120,7 @@ void add_info_command(CLI::App& app) {
       const model::Config& c = model->config();
       const int64_t ctx = model::default_context(*model, 0);
       const double kv_per_token =
-          static_cast<double>(c.n_layer * c.n_head_kv * (c.head_dim + c.head_dim_v) * 2);
+          static_cast<double>(cache::KvCache(c.kv_geometry(), 16, cache::KvType::kF16).bytes_per_token());
       std::printf(
           "shape: %lld layers, width %lld, %lld heads (%lld KV), head size %lld, FFN %lld, vocab %lld\n",
           static_cast<long long>(c.n_layer), static_cast<long long>(c.n_embd),
@@ -129,6 +131,32 @@ void add_info_command(CLI::App& app) {
           "memory needed: %.1f MiB weights + %.1f MiB f16 KV cache at context %lld (%.0f bytes/token)\n",
           total / 1048576.0, kv_per_token * static_cast<double>(ctx) / 1048576.0, static_cast<long long>(ctx),
           kv_per_token);
+      if (c.mla.kv_lora_rank > 0) {
+        const auto expanded = static_cast<double>(c.expanded_kv_bytes_per_token());
+        std::printf(
+            "latent cache: %lld latent + %lld rotary values per token and layer, the value read from the "
+            "key's latent (%.0f bytes/token in f16 against %.0f for expanded keys and values: 1/%.1f)\n",
+            static_cast<long long>(c.mla.kv_lora_rank), static_cast<long long>(c.n_rot), kv_per_token,
+            expanded, expanded / kv_per_token);
+      }
+      if (c.moe.n_expert > 0) {
+        const model::ExpertBytes eb = model::expert_bytes(*model);
+        const char* gating = c.moe.gating == model::ExpertGating::kSigmoid ? "sigmoid" : "softmax";
+        std::printf(
+            "experts: %lld routed per MoE layer (top %lld, %s%s, width %lld, %.2f MiB each), shared width "
+            "%lld; %lld MoE layers of %lld\n",
+            static_cast<long long>(c.moe.n_expert), static_cast<long long>(c.moe.n_expert_used), gating,
+            c.moe.selection_bias ? " + selection bias" : "", static_cast<long long>(c.moe.n_ff_expert),
+            static_cast<double>(eb.per_expert) / 1048576.0, static_cast<long long>(c.moe.n_ff_shared),
+            static_cast<long long>(eb.moe_layers), static_cast<long long>(c.n_layer));
+        const auto token = static_cast<double>(model->weight_bytes_per_token());
+        std::printf(
+            "bytes a token reads: %.1f MiB of %.1f MiB (routed experts chosen %.1f MiB of %.1f; shared "
+            "experts and routers %.1f; the rest %.1f)\n",
+            token / 1048576.0, total / 1048576.0, static_cast<double>(eb.routed_chosen) / 1048576.0,
+            static_cast<double>(eb.routed_all) / 1048576.0, static_cast<double>(eb.shared) / 1048576.0,
+            (token - static_cast<double>(eb.routed_chosen + eb.shared)) / 1048576.0);
+      }
       if (const size_t state = cache::recurrent_state_bytes(c.kv_geometry()); state > 0) {
         const int64_t kept = cache::KvStoreOptions{}.recurrent_rollback + 1;
         std::printf(

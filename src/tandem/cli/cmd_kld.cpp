@@ -142,6 +142,9 @@ void add_kld_command(CLI::App& app) {
     std::printf("p99 KLD            %.6g\n", p99);
     std::printf("top-1 agreement    %.4f\n", top1);
     std::printf("KV bytes per token %zu (f32: %zu)\n", bytes, ref.cache().bytes_per_token());
+    if (c.mla.kv_lora_rank > 0)
+      std::printf("latent cache       expanded f16 keys and values would take %zu bytes per token\n",
+                  c.expanded_kv_bytes_per_token());
     if (o->json) {
       nlohmann::json j;
       j["kv_type"] = type;
@@ -150,6 +153,7 @@ void add_kld_command(CLI::App& app) {
       j["p99_kld"] = p99;
       j["top1_agreement"] = top1;
       j["kv_bytes_per_token"] = bytes;
+      if (c.mla.kv_lora_rank > 0) j["kv_expanded_f16_bytes_per_token"] = c.expanded_kv_bytes_per_token();
       std::printf("%s\n", j.dump().c_str());
     }
   });

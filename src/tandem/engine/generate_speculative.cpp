@@ -55,6 +55,10 @@ class Run {
                     std::string(cache::kv_type_name(target_.cache().type())) +
                     " cache stores keys against their block's anchor, so an accepted path cannot move); use "
                     "--kv-type f16 or chains (--tree-nodes 0)");
+      if (!target_.cache().store().has_values())
+        throw Error(
+            "draft trees need a KV cache with value rows; a latent (MLA) cache keeps its values in its key "
+            "rows, so an accepted path cannot move yet; use chains (--tree-nodes 0)");
       if (!source_.target_layers().empty())
         throw Error(
             "draft trees need a drafter that does not read the target's hidden states; use chains "

@@ -99,10 +99,25 @@ struct Config {
   int64_t kv_dim() const { return n_head_kv * head_dim; }
   int64_t v_dim() const { return n_head_kv * head_dim_v; }
   bool sliding(int64_t layer) const { return !layer_sliding.empty() && layer_sliding[layer] != 0; }
+  // Bytes per token of an f16 cache of every head's expanded keys and values over the attention layers (what
+  // a latent cache is measured against).
+  size_t expanded_kv_bytes_per_token() const {
+    int64_t layers = 0;
+    for (int64_t l = 0; l < n_layer; ++l) layers += recurrent(l) ? 0 : 1;
+    return static_cast<size_t>(layers * n_head_kv * (head_dim + head_dim_v) * 2);
+  }
   bool recurrent(int64_t layer) const { return !layer_recurrent.empty() && layer_recurrent[layer] != 0; }
   // The keys and values (and recurrent states) a cache of this model holds. A model without attention layers
-  // still names a head shape (one head of 32) that every KV type accepts; no block stores it.
+  // still names a head shape (one head of 32) that every KV type accepts; no block stores it. Latent
+  // attention caches per token only the normed latent and the rotary key part: one KV head whose key is
+  // [latent, rotary part] and whose value is the key's latent part, stored once (model/mla.h).
   cache::Geometry kv_geometry() const {
+    if (mla.kv_lora_rank > 0) {
+      cache::Geometry g{n_layer,      1, mla.kv_lora_rank + n_rot, mla.kv_lora_rank, sliding_window,
+                        layer_sliding};
+      g.values_in_keys = true;
+      return g;
+    }
     const bool attention = n_head_kv > 0;
     return {n_layer,
             attention ? n_head_kv : 1,

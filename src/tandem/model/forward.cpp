@@ -16,8 +16,8 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
   TANDEM_CHECK(max_rows > 0, "max_rows must be positive");
   if (c.encoder)
     throw Error("model '" + c.arch + "' is an encoder: it computes embeddings (tandem embed), not text");
-  int64_t widest = std::max(
-      {c.n_embd, c.n_ff, c.n_head * c.head_dim_v, c.moe.n_ff_expert, c.moe.n_ff_shared, c.ssm_d_inner});
+  const int64_t widest = std::max({c.n_embd, c.n_ff, c.n_head * c.head_dim_v, c.moe.n_ff_expert,
+                                   c.moe.n_ff_shared, c.ssm_d_inner, c.mla.q_lora_rank, c.mla.kv_lora_rank});
   scratch_ = kernels::MatmulScratch(pool.size(), widest, max_rows);
   inv_freq_.resize(static_cast<size_t>(c.n_rot / 2));
   for (int64_t i = 0; i < c.n_rot / 2; ++i) {
@@ -40,7 +40,12 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
   alloc(rope_cs_, std::max<int64_t>(c.n_rot, 2));
   runs_.reserve(static_cast<size_t>(max_rows));
   if (c.moe.n_expert > 0) moe_ = MoeFfn(c, max_rows);
-  if (c.mla.kv_lora_rank > 0) mla_ = MlaProjection(c, max_rows);
+  if (c.mla.kv_lora_rank > 0) {
+    mla_ = MlaProjection(c, max_rows, pool.size());
+    alloc(latent_q_, c.n_head * mla_.key_width());
+    alloc(latent_k_, mla_.key_width());
+    alloc(latent_att_, c.n_head * c.mla.kv_lora_rank);
+  }
   if (!c.layer_recurrent.empty()) ssm_ = std::make_unique<SsmMixer>(c, max_rows);
 }
 
@@ -68,6 +73,7 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
   const int64_t R = static_cast<int64_t>(rows.size());
   if (R == 0) return;
   if (R > max_rows_) throw Error("batch of " + std::to_string(R) + " rows exceeds the forward's capacity");
+  if (residency_) residency_->rebalance_if_due();
 
   // Validate every row before touching any cache: positions continue each sequence without gaps.
   if (lengths_.size() < caches.size()) lengths_.resize(caches.size());
@@ -123,7 +129,8 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
   if (static_cast<int64_t>(need_scores) > scores_stride_ && c.n_head_kv > 0) {
     // Grows only when a longer context is first used; steady-state decoding does not allocate.
     scores_stride_ = static_cast<int64_t>(std::max(need_scores, size_t{256}));
-    const int64_t heads = std::min(c.n_head / c.n_head_kv, cache::kMaxWindowQueries);
+    const int64_t heads =
+        std::min(c.n_head / model_.config().kv_geometry().n_head_kv, cache::kMaxWindowQueries);
     window_queries_ = std::clamp(kScoresBudget / scores_stride_, heads, cache::kMaxWindowQueries);
     scores_.assign(static_cast<size_t>(scores_stride_ * window_queries_ * pool_.size()), 0.0f);
   }
@@ -158,15 +165,18 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
     }
     if (!l.mla.empty()) {
       timed(&PhaseTimes::matmul_s, [&] {
-        mla_.run(l.mla, xb_.data(), R, rope_cs_.data(), q_.data(), k_.data(), v_.data(), pool_, scratch_);
+        mla_.project(l.mla, xb_.data(), R, rope_cs_.data(), latent_q_.data(), latent_k_.data(), pool_,
+                     scratch_);
       });
       for (int64_t r = 0; r < R; ++r)
         caches[static_cast<size_t>(rows[static_cast<size_t>(r)].seq)]->store(
-            il, rows[static_cast<size_t>(r)].pos, k_.data() + r * c.kv_dim(), v_.data() + r * c.v_dim());
+            il, rows[static_cast<size_t>(r)].pos, latent_k_.data() + r * mla_.key_width(), nullptr);
     } else {
       project_qkv(l, rows, caches, il);
     }
     timed(&PhaseTimes::attention_s, [&] { attention(rows, caches, il, tree); });
+    if (!l.mla.empty())
+      timed(&PhaseTimes::matmul_s, [&] { mla_.expand(l.mla, latent_att_.data(), R, att_.data(), pool_); });
     timed(&PhaseTimes::matmul_s, [&] { kernels::matmul(l.wo, att_.data(), R, xb_.data(), pool_, scratch_); });
     for_rows(R, [&](int64_t r) {
       float* out = xb_.data() + r * c.n_embd;
@@ -176,7 +186,7 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
                         c.norm_eps);
     });
     if (!l.moe.empty()) {
-      timed(&PhaseTimes::matmul_s, [&] { moe_.run(l.moe, xb_.data(), R, pool_, scratch_); });
+      timed(&PhaseTimes::matmul_s, [&] { moe_.run(l.moe, xb_.data(), R, pool_, scratch_, residency_, il); });
     } else {
       dense_ffn(l, R);
     }
@@ -271,7 +281,14 @@ void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* con
                         const TreeRows* tree) {
   const Config& c = model_.config();
   const int64_t R = static_cast<int64_t>(rows.size());
-  const int64_t group = c.n_head / c.n_head_kv;
+  // The cache's heads (kv_geometry()): latent attention attends its absorbed queries to one latent head.
+  const bool latent = c.mla.kv_lora_rank > 0;
+  const int64_t kv_heads = latent ? 1 : c.n_head_kv;
+  const int64_t key_dim = latent ? mla_.key_width() : c.head_dim;
+  const int64_t value_dim = latent ? c.mla.kv_lora_rank : c.head_dim_v;
+  const float* queries = latent ? latent_q_.data() : q_.data();
+  float* out = latent ? latent_att_.data() : att_.data();
+  const int64_t group = c.n_head / kv_heads;
   cache::AttentionParams params{c.attn_scale, c.attn_softcap};
   const bool sliding = c.sliding(layer);
   // A tree node's window starts from its path position, not its storage position.
@@ -301,22 +318,22 @@ void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* con
   }
   // One task per run and KV head.
   const auto n_runs = static_cast<int64_t>(runs_.size());
-  const cache::WindowLayout layout{c.q_dim(), c.head_dim, c.n_head * c.head_dim_v, c.head_dim_v};
-  pool_.parallel_for_dynamic(n_runs * c.n_head_kv, 1, [&](int64_t t0, int64_t t1, int thread) {
+  const cache::WindowLayout layout{c.n_head * key_dim, key_dim, c.n_head * value_dim, value_dim};
+  pool_.parallel_for_dynamic(n_runs * kv_heads, 1, [&](int64_t t0, int64_t t1, int thread) {
     float* scores = scores_.data() + thread * scores_stride_ * window_queries_;
     for (int64_t t = t0; t < t1; ++t) {
-      const Run& run = runs_[static_cast<size_t>(t / c.n_head_kv)];
-      const int64_t kvh = t % c.n_head_kv, h0 = kvh * group;
+      const Run& run = runs_[static_cast<size_t>(t / kv_heads)];
+      const int64_t kvh = t % kv_heads, h0 = kvh * group;
       const Row& row = rows[static_cast<size_t>(run.row)];
       const cache::KvCache& kv = *caches[static_cast<size_t>(row.seq)];
-      const float* q = q_.data() + run.row * c.q_dim() + h0 * c.head_dim;
-      float* out = att_.data() + run.row * c.n_head * c.head_dim_v + h0 * c.head_dim_v;
+      const float* q = queries + run.row * c.n_head * key_dim + h0 * key_dim;
+      float* dst = out + run.row * c.n_head * value_dim + h0 * value_dim;
       if (run.tree) {
         cache::attend_tree(kv, layer, kvh, q, run.n, group, layout, tree->mask, tree_node(row, tree),
-                           first_of(row), params, scores, scores_stride_, out);
+                           first_of(row), params, scores, scores_stride_, dst);
       } else {
         cache::attend_rows(kv, layer, kvh, q, run.n, group, layout, first_of(row), row.pos, params, scores,
-                           scores_stride_, out);
+                           scores_stride_, dst);
       }
     }
   });

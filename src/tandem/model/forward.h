@@ -59,6 +59,9 @@ class Forward {
   // The MoE workspace: after each MoE layer (seen from a CaptureFn), the experts that layer's rows chose and
   // their routing gaps.
   const MoeFfn& moe() const { return moe_; }
+  // Reads the routed experts through `residency` (null: the model's own views) from the next run on; it
+  // rebalances before each run. It must outlive its use here and serve one forward at a time.
+  void set_expert_residency(ExpertResidency* residency) { residency_ = residency; }
   int64_t max_rows() const { return max_rows_; }
 
   // Runs the rows. For each sequence, its rows must continue its cache: a row's position is at most the cache
@@ -133,8 +136,12 @@ class Forward {
   std::vector<float> rope_cs_;   // [max_rows, n_rot]: cos/sin of each row's position (kernels::rope_angles)
   // Activations, [max_rows, width] each.
   std::vector<float> x_, xb_, q_, k_, v_, att_, ffn_gate_, ffn_up_;
-  MoeFfn moe_;         // the workspace of mixture-of-experts layers (models with them)
-  MlaProjection mla_;  // the projections of latent attention layers (models with them)
+  MoeFfn moe_;                            // the workspace of mixture-of-experts layers (models with them)
+  ExpertResidency* residency_ = nullptr;  // borrowed (set_expert_residency)
+  MlaProjection mla_;                     // the projections of latent attention layers (models with them)
+  // Latent attention: absorbed queries [max_rows, n_head * key_width], cache entries [max_rows, key_width]
+  // and the heads' outputs [max_rows, n_head * kv_lora_rank].
+  std::vector<float> latent_q_, latent_k_, latent_att_;
   // Attention scratch: per thread, window_queries_ rows of scores_stride_ (the longest context so far)
   // floats.
   std::vector<float> scores_;

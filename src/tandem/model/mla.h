@@ -1,6 +1,14 @@
-// Multi-head latent attention (deepseek2): the projections that turn a layer's normed input into per-head
-// queries, keys and values. Keys and values are expanded from the latent here (head_dim and head_dim_v
-// wide, one KV head per query head), so the attention over the cache is the standard one.
+// Multi-head latent attention (deepseek2) over a latent cache. Per token the cache holds only the normed
+// KV latent c (kv_lora_rank) and the rotated rotary key part k_r (n_rot), as one KV head with key [c, k_r]
+// whose value is its first kv_lora_rank elements, c, stored once (cache::Geometry::values_in_keys). The key
+// and value up-projections of attn_kv_b are absorbed: each head's query becomes [W_k^T q_nope, q_rot], whose
+// product with [c, k_r] is the head's q_nope · (W_k c) + q_rot · k_r, and the head's attention output in
+// latent space is expanded by W_v afterwards. The attention between is the standard one, with every query
+// head in the group of the single KV head.
+//
+// A quantized attn_kv_b multiplies 8-bit activations wherever it runs as a matrix product (here and in the
+// reference): the expanded keys and values are W_k q8(c) and W_v q8(c), c rounded to Q8_0 blocks of 32. The
+// absorbed form keeps that rounding point: the cached latent is q8(c) when attn_kv_b is quantized.
 #pragma once
 
 #include <cstdint>
@@ -19,21 +27,29 @@ void bind_mla_layer(const ArchReader& r, const Config& c, int64_t layer, MlaWeig
 class MlaProjection {
  public:
   MlaProjection() = default;
-  MlaProjection(const Config& c, int64_t max_rows);
+  // threads: the pool's size (per-thread scratch).
+  MlaProjection(const Config& c, int64_t max_rows, int threads);
 
   // For R rows of normed input x [R, n_embd] at the rotary angles cs [R, n_rot] (kernels::rope_angles):
-  //   q: [R, n_head * head_dim]; k: [R, n_head * head_dim] (each head: its nope part, then the shared
-  //   rotary part); v: [R, n_head * head_dim_v]. Rotary parts rotated (normal layout).
-  void run(const MlaWeights& w, const float* x, int64_t R, const float* cs, float* q, float* k, float* v,
-           ThreadPool& pool, kernels::MatmulScratch& scratch);
+  //   q: [R, n_head * (kv_lora_rank + n_rot)] the absorbed queries; k: [R, kv_lora_rank + n_rot] each row's
+  //   cache entry (its value is the first kv_lora_rank elements). Rotary parts rotated (normal layout).
+  void project(const MlaWeights& w, const float* x, int64_t R, const float* cs, float* q, float* k,
+               ThreadPool& pool, kernels::MatmulScratch& scratch);
+  // The heads' attention outputs in latent space, latent: [R, n_head * kv_lora_rank], expanded to
+  // out: [R, n_head * head_dim_v].
+  void expand(const MlaWeights& w, const float* latent, int64_t R, float* out, ThreadPool& pool);
+
+  // Widths of the absorbed query and the cache entry per head.
+  int64_t key_width() const { return kv_lora_ + n_rot_; }
 
  private:
   int64_t n_head_ = 0, head_dim_ = 0, head_dim_v_ = 0, n_rot_ = 0, q_lora_ = 0, kv_lora_ = 0;
   float eps_ = 0;
-  std::vector<float> qa_;   // [max_rows, q_lora_rank]
-  std::vector<float> kva_;  // [max_rows, kv_lora_rank + n_rot]
-  std::vector<float> kvn_;  // [max_rows, kv_lora_rank] the normed latent
-  std::vector<float> kvb_;  // [max_rows, n_head * (head_dim - n_rot + head_dim_v)]
+  std::vector<float> qa_;           // [max_rows, q_lora_rank]
+  std::vector<float> kva_;          // [max_rows, kv_lora_rank + n_rot]
+  std::vector<float> qf_;           // [max_rows, n_head * head_dim] the queries before absorption
+  std::vector<uint8_t> latent_q8_;  // one latent row as Q8_0 (see project())
+  std::vector<float> row_;          // [threads, kv_lora_rank] one dequantized row of attn_kv_b per thread
 };
 
 }  // namespace tandem::model

@@ -28,7 +28,8 @@ void repack_layer_weights(const gguf::File& file, Weights& w) {
     for (MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.ssm_in, &l.ssm_x,
                           &l.ssm_dt, &l.ssm_out})
       repack(file, *m);
-    for (MatrixView* m : {&l.mla.wq, &l.mla.wq_a, &l.mla.wq_b, &l.mla.wkv_a, &l.mla.wkv_b}) repack(file, *m);
+    // attn_kv_b stays in the file's form: latent attention reads it row by row (model/mla.h).
+    for (MatrixView* m : {&l.mla.wq, &l.mla.wq_a, &l.mla.wq_b, &l.mla.wkv_a}) repack(file, *m);
     for (MatrixView* m : {&l.moe.router, &l.moe.shared_gate, &l.moe.shared_up, &l.moe.shared_down})
       repack(file, *m);
     for (auto* experts : {&l.moe.gate, &l.moe.up, &l.moe.down})

@@ -101,8 +101,8 @@ MoeFfn::MoeFfn(const Config& c, int64_t max_rows) : m_(c.moe), n_embd_(c.n_embd)
   shared_out_.resize(rows * embd);
 }
 
-void MoeFfn::run(const MoeWeights& w, float* x, int64_t n, ThreadPool& pool,
-                 kernels::MatmulScratch& scratch) {
+void MoeFfn::run(const MoeWeights& w, float* x, int64_t n, ThreadPool& pool, kernels::MatmulScratch& scratch,
+                 ExpertResidency* residency, int64_t layer) {
   const int64_t E = m_.n_expert, K = m_.n_expert_used, D = n_embd_, F = m_.n_ff_expert;
   kernels::matmul(w.router, x, n, logits_.data(), pool, scratch);
   for (int64_t r = 0; r < n; ++r)
@@ -127,12 +127,15 @@ void MoeFfn::run(const MoeWeights& w, float* x, int64_t n, ThreadPool& pool,
     if (count == 0) continue;
     for (int64_t i = 0; i < count; ++i)
       std::copy_n(x + (slots_[static_cast<size_t>(first + i)] / K) * D, D, xe_.data() + i * D);
-    const kernels::MatmulOut gate_up[] = {{&w.gate[static_cast<size_t>(e)], gate_.data()},
-                                          {&w.up[static_cast<size_t>(e)], up_.data()}};
+    const auto i_e = static_cast<size_t>(e);
+    const ExpertViews file{w.gate[i_e], w.up[i_e], w.down[i_e]};
+    const ExpertViews& v = residency ? residency->views(layer, e) : file;
+    if (residency) residency->record(layer, e);
+    const kernels::MatmulOut gate_up[] = {{&v.gate, gate_.data()}, {&v.up, up_.data()}};
     kernels::matmul_group(gate_up, xe_.data(), count, pool, scratch);
     for (int64_t i = 0; i < count; ++i)
       kernels::swiglu(gate_.data() + i * F, up_.data() + i * F, gate_.data() + i * F, F);
-    kernels::matmul(w.down[static_cast<size_t>(e)], gate_.data(), count, ye_.data(), pool, scratch);
+    kernels::matmul(v.down, gate_.data(), count, ye_.data(), pool, scratch);
     for (int64_t i = 0; i < count; ++i)
       std::copy_n(ye_.data() + i * D, D, slot_out_.data() + slots_[static_cast<size_t>(first + i)] * D);
   }

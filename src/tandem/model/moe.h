@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tandem/kernels/matmul.h"
+#include "tandem/model/expert_residency.h"
 #include "tandem/model/model.h"
 #include "tandem/util/thread_pool.h"
 
@@ -29,6 +30,17 @@ void read_moe_hparams(const ArchReader& r, Config& c);
 // Binds layer `layer`'s router, experts and shared expert (named as in llama.cpp's GGUF files:
 // ffn_gate_inp, ffn_{gate,up,down}_exps, exp_probs_b, ffn_gate_inp_shexp, ffn_{gate,up,down}_shexp).
 void bind_moe_layer(const ArchReader& r, const Config& c, int64_t layer, MoeWeights& w);
+
+// The expert bytes of a model's MoE layers: what one token reads (the router, the shared expert and
+// n_expert_used routed experts per layer; Model::weight_bytes_per_token() counts the same) against all.
+struct ExpertBytes {
+  int64_t moe_layers = 0;
+  size_t per_expert = 0;     // one routed expert's gate, up and down matrices (the widest layer's)
+  size_t routed_all = 0;     // every routed expert of every MoE layer
+  size_t routed_chosen = 0;  // n_expert_used routed experts per MoE layer
+  size_t shared = 0;         // shared experts, their gates and the routers, every MoE layer
+};
+ExpertBytes expert_bytes(const Model& model);
 
 // Picks the experts of one row from its router logits.
 //   logits: [n_expert] router output; bias: [n_expert] selection bias or null (V3)
@@ -49,7 +61,10 @@ class MoeFfn {
 
   // x[r] = sum over row r's chosen experts of weight * expert(x[r]) (in slot order) + the shared expert,
   // in place. x: [n, n_embd], the normed input. scratch: made for pool and the widest expert.
-  void run(const MoeWeights& w, float* x, int64_t n, ThreadPool& pool, kernels::MatmulScratch& scratch);
+  // residency (may be null): the routed experts are read through it and their reads counted there;
+  // `layer` is w's layer.
+  void run(const MoeWeights& w, float* x, int64_t n, ThreadPool& pool, kernels::MatmulScratch& scratch,
+           ExpertResidency* residency = nullptr, int64_t layer = 0);
 
   // The experts each row of the last run chose: [n, n_expert_used], and the routing gap of each row
   // (route()). For tests and diagnostics.

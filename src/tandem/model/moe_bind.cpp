@@ -1,5 +1,6 @@
 // Reading a mixture-of-experts layer from GGUF: hyper-parameters and tensor views (moe.h). Apart from the
 // computation in moe.cpp, so that loading alone (the fuzzer's target) links without the kernels.
+#include <algorithm>
 #include <limits>
 #include <optional>
 #include <string>
@@ -48,6 +49,24 @@ void bind_moe_layer(const ArchReader& r, const Config& c, int64_t layer, MoeWeig
     w.shared_up = r.matrix(p + "ffn_up_shexp.weight", c.n_embd, m.n_ff_shared);
     w.shared_down = r.matrix(p + "ffn_down_shexp.weight", m.n_ff_shared, c.n_embd);
   }
+}
+
+ExpertBytes expert_bytes(const Model& model) {
+  ExpertBytes b;
+  const auto used = static_cast<size_t>(model.config().moe.n_expert_used);
+  for (const LayerWeights& l : model.weights().layers) {
+    if (l.moe.empty()) continue;
+    ++b.moe_layers;
+    for (size_t e = 0; e < l.moe.gate.size(); ++e) {
+      const size_t one = l.moe.gate[e].bytes() + l.moe.up[e].bytes() + l.moe.down[e].bytes();
+      b.per_expert = std::max(b.per_expert, one);
+      b.routed_all += one;
+    }
+    b.routed_chosen += used * (l.moe.gate[0].bytes() + l.moe.up[0].bytes() + l.moe.down[0].bytes());
+    b.shared += l.moe.router.bytes() + l.moe.shared_gate.bytes() + l.moe.shared_up.bytes() +
+                l.moe.shared_down.bytes() + static_cast<size_t>(l.moe.shared_gate_inp.size) * sizeof(float);
+  }
+  return b;
 }
 
 }  // namespace tandem::model

@@ -133,6 +133,18 @@ const std::vector<SynthPreset>& synth_presets() {
       {"tiny-nomic-bert-d64", "nomic-bert", 64, 128, 2, 4, 4, 384, 128, 1000.0f, true},
       {"mamba-1.4b", "mamba", 2048, 0, 48, 0, 0, 50280, 2048, 0.0f, true, 16, 4, 2},
       {"tiny-mamba-d64", "mamba", 64, 0, 2, 0, 0, 384, 512, 0.0f, true, 16, 4, 2},
+      // Qwen1.5-MoE-A2.7B: 60 routed experts (top 4, softmax, weights not normalised) of width 1408 and a
+      // shared expert of 5632 in every layer.
+      {"qwen1.5-moe-a2.7b", "qwen2moe", 2048, 5632, 24, 16, 16, 151936, 8192, 1000000.0f, false, 0, 0, 0,
+       SynthMoe{60, 4, 1408, 5632, 0, 0}},
+      // DeepSeek-V2-Lite: latent attention without a q LoRA (KV latent 512, keys 128 + 64 rotary, values
+      // 128, YaRN x40 over 4096), one dense layer, then 64 routed experts (top 6) of width 1408 and 2 shared.
+      {"deepseek-v2-lite", "deepseek2", 2048, 10944, 27, 16, 16, 102400, 163840, 10000.0f, false, 0, 0, 0,
+       SynthMoe{64, 6, 1408, 0, 2, 1}, SynthMla{0, 512, 192, 128, 64, 40.0f, 4096, 0.0707f}},
+      {"tiny-qwen2moe-d64", "qwen2moe", 64, 128, 2, 4, 2, 384, 512, 1000000.0f, false, 0, 0, 0,
+       SynthMoe{8, 2, 32, 64, 0, 0}},
+      {"tiny-deepseek2-d64", "deepseek2", 64, 128, 3, 4, 4, 384, 4096, 10000.0f, false, 0, 0, 0,
+       SynthMoe{8, 2, 32, 0, 2, 1}, SynthMla{0, 32, 48, 32, 16, 4.0f, 1024, 0.1f}},
   };
   return presets;
 }
@@ -264,6 +276,107 @@ void write_bert(gguf::Writer& w, const SynthPreset& p, const FileType& ft, const
   w.write_file(path);
 }
 
+void add_moe_metadata(gguf::Writer& w, const SynthPreset& p) {
+  if (p.moe.n_expert == 0) return;
+  const std::string a(p.arch);
+  w.add_u32(a + ".expert_count", static_cast<uint32_t>(p.moe.n_expert));
+  w.add_u32(a + ".expert_used_count", static_cast<uint32_t>(p.moe.n_expert_used));
+  w.add_u32(a + ".expert_feed_forward_length", static_cast<uint32_t>(p.moe.n_ff_expert));
+  if (p.moe.n_ff_shared > 0)
+    w.add_u32(a + ".expert_shared_feed_forward_length", static_cast<uint32_t>(p.moe.n_ff_shared));
+  if (p.arch != "deepseek2") return;
+  // DeepSeek-V2 routing: softmax scores, top-k weights as they are.
+  w.add_u32(a + ".leading_dense_block_count", static_cast<uint32_t>(p.moe.n_leading_dense));
+  w.add_u32(a + ".expert_shared_count", static_cast<uint32_t>(p.moe.n_shared));
+  w.add_f32(a + ".expert_weights_scale", 1.0f);
+  w.add_bool(a + ".expert_weights_norm", false);
+  w.add_u32(a + ".expert_gating_func", 1);
+  if (p.mla.q_lora_rank > 0)
+    w.add_u32(a + ".attention.q_lora_rank", static_cast<uint32_t>(p.mla.q_lora_rank));
+  w.add_u32(a + ".attention.kv_lora_rank", static_cast<uint32_t>(p.mla.kv_lora_rank));
+  w.add_u32(a + ".attention.key_length", static_cast<uint32_t>(p.mla.key_length));
+  w.add_u32(a + ".attention.value_length", static_cast<uint32_t>(p.mla.value_length));
+  if (p.mla.yarn_factor > 0) {
+    w.add_string(a + ".rope.scaling.type", "yarn");
+    w.add_f32(a + ".rope.scaling.factor", p.mla.yarn_factor);
+    w.add_u32(a + ".rope.scaling.original_context_length",
+              static_cast<uint32_t>(p.mla.yarn_original_context));
+    w.add_f32(a + ".rope.scaling.yarn_log_multiplier", p.mla.yarn_log_multiplier);
+  }
+}
+
+// How write_moe_layers adds tensors: a matrix [rows, cols] of layer `layer` with the given scale, an F32
+// vector, a router, and a stack of n expert matrices [n, rows, cols] (fan-in scaled).
+struct LayerWriter {
+  std::function<void(const std::string& name, int64_t cols, int64_t rows, int64_t layer, float scale)> matrix;
+  std::function<void(const std::string& name, int64_t n, float scale, float offset)> vec;
+  // An F32 router [row_scale.size(), cols] whose row e is scaled by row_scale[e] on top of the fan-in scale.
+  std::function<void(const std::string& name, int64_t cols, std::vector<float> row_scale)> router;
+  std::function<void(const std::string& name, int64_t cols, int64_t rows, int64_t n, int64_t layer)> experts;
+};
+
+// The layers of qwen2moe and deepseek2 files, named as the reference's converter names them. Routers stay
+// F32 (the reference's quantizer leaves ffn_gate_inp alone).
+void write_moe_layers(const SynthPreset& p, const LayerWriter& lw) {
+  const auto fan_in = [](int64_t cols) {
+    return static_cast<float>(std::sqrt(3.0 / static_cast<double>(cols)));
+  };
+  const SynthMoe& m = p.moe;
+  const SynthMla& mla = p.mla;
+  const bool deepseek = p.arch == "deepseek2";
+  const int64_t head_dim = p.n_embd / p.n_head, kv_dim = p.n_head_kv * head_dim;
+  const int64_t n_ff_shared = deepseek ? m.n_shared * m.n_ff_expert : m.n_ff_shared;
+  for (int64_t i = 0; i < p.n_layer; ++i) {
+    const std::string b = "blk." + std::to_string(i) + ".";
+    lw.vec(b + "attn_norm.weight", p.n_embd, 0.1f, 1.0f);
+    if (deepseek) {
+      const int64_t q_width = p.n_head * mla.key_length;
+      if (mla.q_lora_rank > 0) {
+        lw.matrix(b + "attn_q_a.weight", p.n_embd, mla.q_lora_rank, i, fan_in(p.n_embd));
+        lw.vec(b + "attn_q_a_norm.weight", mla.q_lora_rank, 0.1f, 1.0f);
+        lw.matrix(b + "attn_q_b.weight", mla.q_lora_rank, q_width, i, fan_in(mla.q_lora_rank));
+      } else {
+        lw.matrix(b + "attn_q.weight", p.n_embd, q_width, i, fan_in(p.n_embd));
+      }
+      lw.matrix(b + "attn_kv_a_mqa.weight", p.n_embd, mla.kv_lora_rank + mla.n_rot, i, fan_in(p.n_embd));
+      lw.vec(b + "attn_kv_a_norm.weight", mla.kv_lora_rank, 0.1f, 1.0f);
+      lw.matrix(b + "attn_kv_b.weight", mla.kv_lora_rank,
+                p.n_head * (mla.key_length - mla.n_rot + mla.value_length), i, fan_in(mla.kv_lora_rank));
+      lw.matrix(b + "attn_output.weight", p.n_head * mla.value_length, p.n_embd, i,
+                fan_in(p.n_head * mla.value_length));
+    } else {
+      lw.matrix(b + "attn_q.weight", p.n_embd, p.n_embd, i, fan_in(p.n_embd));
+      lw.matrix(b + "attn_k.weight", p.n_embd, kv_dim, i, fan_in(p.n_embd));
+      lw.matrix(b + "attn_v.weight", p.n_embd, kv_dim, i, fan_in(p.n_embd));
+      lw.vec(b + "attn_q.bias", p.n_embd, 0.1f, 0.0f);
+      lw.vec(b + "attn_k.bias", kv_dim, 0.1f, 0.0f);
+      lw.vec(b + "attn_v.bias", kv_dim, 0.1f, 0.0f);
+      lw.matrix(b + "attn_output.weight", p.n_embd, p.n_embd, i, fan_in(p.n_embd));
+    }
+    lw.vec(b + "ffn_norm.weight", p.n_embd, 0.1f, 1.0f);
+    if (deepseek && i < m.n_leading_dense) {
+      lw.matrix(b + "ffn_gate.weight", p.n_embd, p.n_ff, i, fan_in(p.n_embd));
+      lw.matrix(b + "ffn_up.weight", p.n_embd, p.n_ff, i, fan_in(p.n_embd));
+      lw.matrix(b + "ffn_down.weight", p.n_ff, p.n_embd, i, fan_in(p.n_ff));
+      continue;
+    }
+    std::vector<float> popularity(static_cast<size_t>(m.n_expert));
+    for (int64_t e = 0; e < m.n_expert; ++e) {
+      const int64_t rank = (e * 7 + i * 5) % m.n_expert;  // a permutation when gcd(7, n_expert) = 1
+      popularity[static_cast<size_t>(e)] =
+          static_cast<float>(std::pow(1.0 + static_cast<double>(rank), -static_cast<double>(m.router_zipf)));
+    }
+    lw.router(b + "ffn_gate_inp.weight", p.n_embd, std::move(popularity));
+    lw.experts(b + "ffn_gate_exps.weight", p.n_embd, m.n_ff_expert, m.n_expert, i);
+    lw.experts(b + "ffn_up_exps.weight", p.n_embd, m.n_ff_expert, m.n_expert, i);
+    lw.experts(b + "ffn_down_exps.weight", m.n_ff_expert, p.n_embd, m.n_expert, i);
+    if (!deepseek) lw.vec(b + "ffn_gate_inp_shexp.weight", p.n_embd, fan_in(p.n_embd), 0.0f);
+    lw.matrix(b + "ffn_gate_shexp.weight", p.n_embd, n_ff_shared, i, fan_in(p.n_embd));
+    lw.matrix(b + "ffn_up_shexp.weight", p.n_embd, n_ff_shared, i, fan_in(p.n_embd));
+    lw.matrix(b + "ffn_down_shexp.weight", n_ff_shared, p.n_embd, i, fan_in(n_ff_shared));
+  }
+}
+
 }  // namespace
 
 void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::string& path,
@@ -288,8 +401,10 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
     w.add_u32(a + ".attention.head_count", static_cast<uint32_t>(p.n_head));
     if (p.arch == "bert" || p.arch == "nomic-bert") return write_bert(w, p, ft, path, pool, seed);
     w.add_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(p.n_head_kv));
-    w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(p.n_embd / p.n_head));
+    const int64_t n_rot = p.mla.kv_lora_rank > 0 ? p.mla.n_rot : p.n_embd / p.n_head;
+    w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(n_rot));
     w.add_f32(a + ".rope.freq_base", p.rope_base);
+    add_moe_metadata(w, p);
   }
   w.add_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
   w.add_u32(a + ".vocab_size", static_cast<uint32_t>(p.n_vocab));
@@ -339,7 +454,29 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
     vec(b + "ssm_d", d_inner, 0.5f, 1.0f);
     matrix(b + "ssm_out.weight", d_inner, p.n_embd, i, fan_in(d_inner));
   }
-  for (int64_t i = 0; !mamba && i < p.n_layer; ++i) {
+  const bool moe = p.moe.n_expert > 0;
+  if (moe) {
+    const auto router = [&](const std::string& name, int64_t cols, std::vector<float> row_scale) {
+      const RowGen base = uniform_rows(seed, name, cols, fan_in(cols));
+      const auto rows = static_cast<int64_t>(row_scale.size());
+      RowGen gen = [base, row_scale = std::move(row_scale), cols](int64_t row, float* out) {
+        base(row, out);
+        for (int64_t i = 0; i < cols; ++i) out[i] *= row_scale[static_cast<size_t>(row)];
+      };
+      w.add_tensor(name, DType::F32, {cols, rows}, [&pool, rows, cols, gen](const gguf::ByteSink& sink) {
+        emit_rows(pool, DType::F32, rows, cols, gen, sink);
+      });
+    };
+    const auto experts = [&](const std::string& name, int64_t cols, int64_t rows, int64_t n, int64_t layer) {
+      const DType t = matrix_type(ft, name, cols, layer, p.n_layer);
+      RowGen gen = uniform_rows(seed, name, cols, fan_in(cols));
+      w.add_tensor(name, t, {cols, rows, n}, [&pool, t, rows, n, cols, gen](const gguf::ByteSink& sink) {
+        emit_rows(pool, t, rows * n, cols, gen, sink);
+      });
+    };
+    write_moe_layers(p, LayerWriter{matrix, vec, router, experts});
+  }
+  for (int64_t i = 0; !mamba && !moe && i < p.n_layer; ++i) {
     const std::string b = "blk." + std::to_string(i) + ".";
     vec(b + "attn_norm.weight", p.n_embd, 0.1f, 1.0f);
     matrix(b + "attn_q.weight", p.n_embd, p.n_embd, i, fan_in(p.n_embd));

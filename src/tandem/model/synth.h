@@ -14,19 +14,42 @@
 
 namespace tandem::model {
 
+// Mixture-of-experts shapes (qwen2moe, deepseek2); zero for dense models.
+struct SynthMoe {
+  int64_t n_expert = 0, n_expert_used = 0, n_ff_expert = 0;
+  int64_t n_ff_shared = 0;      // qwen2moe: the sigmoid-gated shared expert's width
+  int64_t n_shared = 0;         // deepseek2: shared experts, together n_shared * n_ff_expert wide
+  int64_t n_leading_dense = 0;  // deepseek2: dense layers (n_ff wide) before the MoE layers
+  // Routing skew, as trained routers have: the router row of the expert of popularity rank k (a permutation
+  // per layer) is scaled by (1 + k)^-router_zipf, so wide-spread logits win the top-k more often (0.5 puts
+  // about 83% of a top-6-of-64 selection on the 32 most popular experts, for isotropic inputs).
+  float router_zipf = 0.5f;
+};
+
+// Latent attention shapes (deepseek2): q LoRA rank (0: a full attn_q), KV latent rank, key and value width
+// per head, the rotary part of the key, and YaRN scaling (factor 0: none).
+struct SynthMla {
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, key_length = 0, value_length = 0, n_rot = 0;
+  float yarn_factor = 0.0f;
+  int64_t yarn_original_context = 0;
+  float yarn_log_multiplier = 0.0f;
+};
+
 struct SynthPreset {
   std::string_view name;
-  std::string_view arch;  // "llama", "qwen2", "bert", "nomic-bert" or "mamba"
+  std::string_view arch;  // "llama", "qwen2", "bert", "nomic-bert", "mamba", "qwen2moe" or "deepseek2"
   int64_t n_embd, n_ff, n_layer, n_head, n_head_kv, n_vocab, n_ctx_train;
   float rope_base;
   bool tied_embeddings;  // no output.weight: the head reuses token_embd
   // mamba: the mixer's state size, convolution width and expansion (d_inner = expand * n_embd; the time-step
   // rank is ceil(n_embd / 16), as Mamba-1 sets it).
   int64_t ssm_d_state = 0, ssm_d_conv = 0, ssm_expand = 0;
+  SynthMoe moe = {};
+  SynthMla mla = {};
 };
 
 // tinyllama-1.1b, llama-3.2-1b, qwen2.5-0.5b, qwen2.5-1.5b, bge-small (a bert encoder), nomic-embed-text (a
-// nomic-bert encoder), mamba-1.4b, and small test shapes.
+// nomic-bert encoder), mamba-1.4b, qwen1.5-moe-a2.7b, deepseek-v2-lite, and small test shapes.
 const std::vector<SynthPreset>& synth_presets();
 // Throws tandem::Error listing the known names.
 const SynthPreset& find_synth_preset(std::string_view name);
