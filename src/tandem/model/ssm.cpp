@@ -78,6 +78,14 @@ void SsmMixer::run(const LayerWeights& l, int64_t layer, std::span<const Row> ro
     }
   });
   kernels::matmul(l.ssm_x, xc_.data(), R, xdb_.data(), pool, scratch);
+  if (!l.ssm_dt_norm.empty()) {
+    for (int64_t r = 0; r < R; ++r) {
+      float* dbc = xdb_.data() + r * XDB;
+      kernels::rms_norm(dbc, l.ssm_dt_norm.data, dbc, DR, c_.norm_eps);
+      kernels::rms_norm(dbc + DR, l.ssm_b_norm.data, dbc + DR, S, c_.norm_eps);
+      kernels::rms_norm(dbc + DR + S, l.ssm_c_norm.data, dbc + DR + S, S, c_.norm_eps);
+    }
+  }
   for (int64_t r = 0; r < R; ++r) std::copy_n(xdb_.data() + r * XDB, DR, dtr_.data() + r * DR);
   kernels::matmul(l.ssm_dt, dtr_.data(), R, dt_.data(), pool, scratch);
   for (int64_t r = 0; r < R; ++r) kernels::add_in_place(dt_.data() + r * N, l.ssm_dt_b.data, N);
