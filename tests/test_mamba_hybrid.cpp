@@ -69,17 +69,20 @@ std::vector<int32_t> random_tokens(std::mt19937& rng, size_t n, int32_t vocab) {
   return t;
 }
 
-// Every recurrent layer's conv and scan state after the sequence's current length.
+// Every recurrent layer's conv and scan state after the sequence's current length (as a forward leaves it:
+// a rollback's state is rebuilt by the next forward).
 std::vector<float> state_of(model::Session& s) {
   const cache::RecurrentState* st = s.cache().recurrent();
   std::vector<float> out;
-  const int64_t n = s.length();
+  EXPECT_EQ(st->current(), s.length());
   const auto conv = static_cast<size_t>((st->d_conv() - 1) * st->d_inner());
   const auto ssm = static_cast<size_t>(st->d_inner() * st->d_state());
   for (int64_t l = 0; l < s.model().config().n_layer; ++l) {
     if (!s.model().config().recurrent(l)) continue;
-    out.insert(out.end(), st->conv(l, n), st->conv(l, n) + conv);
-    out.insert(out.end(), st->ssm(l, n), st->ssm(l, n) + ssm);
+    out.insert(out.end(), st->conv(l, cache::RecurrentState::Slot::kCurrent),
+               st->conv(l, cache::RecurrentState::Slot::kCurrent) + conv);
+    out.insert(out.end(), st->ssm(l, cache::RecurrentState::Slot::kCurrent),
+               st->ssm(l, cache::RecurrentState::Slot::kCurrent) + ssm);
   }
   return out;
 }
@@ -216,6 +219,12 @@ TEST_F(Hybrid, AcceptRejectRoundsEqualPlainDecoding) {
     spec.truncate(base + k);
     if (k > 0) plain.eval(std::span<const int32_t>(draft).first(static_cast<size_t>(k)), true);
     ASSERT_EQ(spec.length(), plain.length());
+    // One more token on both: its logits and the state after it come from the rebuilt state.
+    const int32_t next = random_tokens(rng, 1, V)[0];
+    const auto a = spec.eval(std::span<const int32_t>(&next, 1));
+    const std::vector<float> from_spec(a.begin(), a.end());
+    const auto b = plain.eval(std::span<const int32_t>(&next, 1));
+    ASSERT_EQ(std::memcmp(from_spec.data(), b.data(), b.size() * sizeof(float)), 0) << "round " << round;
     ASSERT_EQ(state_of(spec), state_of(plain)) << "round " << round << ": " << k << " of " << w;
   }
   const auto probe = random_tokens(rng, 3, V);

@@ -7,24 +7,43 @@
 
 namespace tandem::cache {
 
-size_t recurrent_state_bytes(const Geometry& g) {
+namespace {
+int64_t recurrent_layers(const Geometry& g) {
   int64_t layers = 0;
   for (int64_t l = 0; l < g.n_layer; ++l) layers += g.recurrent(l) ? 1 : 0;
-  return static_cast<size_t>(layers * ((g.ssm_d_conv - 1) * g.ssm_d_inner + g.ssm_d_inner * g.ssm_d_state)) *
+  return layers;
+}
+}  // namespace
+
+size_t recurrent_state_bytes(const Geometry& g) {
+  return static_cast<size_t>(recurrent_layers(g) *
+                             ((g.ssm_d_conv - 1) * g.ssm_d_inner + g.ssm_d_inner * g.ssm_d_state)) *
          sizeof(float);
 }
 
+size_t recurrent_sequence_bytes(const Geometry& g, int64_t depth) {
+  const auto inputs = static_cast<size_t>(recurrent_layers(g) * RecurrentState::rows_kept(depth) *
+                                          (2 * g.ssm_d_inner + 2 * g.ssm_d_state)) *
+                      sizeof(float);
+  return 2 * recurrent_state_bytes(g) + inputs;
+}
+
 RecurrentState::RecurrentState(const Geometry& g, int64_t depth)
-    : depth_(depth), d_inner_(g.ssm_d_inner), d_state_(g.ssm_d_state), d_conv_(g.ssm_d_conv) {
+    : depth_(depth),
+      d_inner_(g.ssm_d_inner),
+      d_state_(g.ssm_d_state),
+      d_conv_(g.ssm_d_conv),
+      rows_(static_cast<size_t>(rows_kept(depth))) {
   TANDEM_CHECK(depth >= 1, "recurrent rollback depth must be at least 1");
   TANDEM_CHECK(d_inner_ > 0 && d_state_ > 0 && d_conv_ >= 1, "bad recurrent state shape");
   index_.assign(static_cast<size_t>(g.n_layer), -1);
   for (int64_t l = 0; l < g.n_layer; ++l)
     if (g.recurrent(l)) index_[static_cast<size_t>(l)] = static_cast<int32_t>(n_recurrent_++);
-  const auto slots = static_cast<size_t>(n_recurrent_ * (depth_ + 1));
+  const auto layers = static_cast<size_t>(n_recurrent_);
   try {
-    conv_.assign(slots * conv_size(), 0.0f);
-    ssm_.assign(slots * ssm_size(), 0.0f);
+    conv_.assign(layers * 2 * conv_size(), 0.0f);
+    ssm_.assign(layers * 2 * ssm_size(), 0.0f);
+    inputs_.assign(layers * rows_ * input_size(), 0.0f);
   } catch (const std::bad_alloc&) {
     throw Error("cannot allocate the recurrent state (" + std::to_string(bytes() >> 20) +
                 " MiB per sequence); use fewer sequences");
@@ -35,18 +54,15 @@ size_t RecurrentState::bytes_per_state() const {
   return static_cast<size_t>(n_recurrent_) * (conv_size() + ssm_size()) * sizeof(float);
 }
 
-void RecurrentState::clear_slot(int64_t length) {
-  for (int64_t l = 0; l < static_cast<int64_t>(index_.size()); ++l) {
-    if (index_[static_cast<size_t>(l)] < 0) continue;
-    std::fill_n(conv(l, length), conv_size(), 0.0f);
-    std::fill_n(ssm(l, length), ssm_size(), 0.0f);
-  }
+size_t RecurrentState::bytes() const {
+  return 2 * bytes_per_state() + static_cast<size_t>(n_recurrent_) * rows_ * input_size() * sizeof(float);
 }
 
 void RecurrentState::rollback(int64_t n) {
   if (n == 0) {
-    clear_slot(0);
-    oldest_ = newest_ = 0;
+    std::fill(conv_.begin(), conv_.end(), 0.0f);
+    std::fill(ssm_.begin(), ssm_.end(), 0.0f);
+    oldest_ = newest_ = current_ = 0;
     return;
   }
   if (n < oldest_ || n > newest_)
@@ -58,9 +74,15 @@ void RecurrentState::rollback(int64_t n) {
 }
 
 void RecurrentState::begin_append(int64_t first, int64_t end) {
-  TANDEM_CHECK(first >= oldest_ && first <= newest_ && first < end, "recurrent append must continue a state");
-  newest_ = end;
-  oldest_ = std::max(oldest_, end - depth_);
+  TANDEM_CHECK(first >= oldest_ && first == newest_ && first < end, "recurrent append must continue a state");
+  append_.first = first;
+  append_.end = end;
+  append_.old_base = oldest_;
+  append_.rebuild = current_ != first;
+  // The kept rows [base, end) must fit: past them, base moves to depth rows before the end.
+  append_.new_base = end - oldest_ > static_cast<int64_t>(rows_) ? end - depth_ : oldest_;
+  oldest_ = append_.new_base;
+  newest_ = current_ = end;
 }
 
 }  // namespace tandem::cache

@@ -1,16 +1,24 @@
 // The state a sequence keeps for its recurrent (state-space) layers, in place of keys and values: per layer,
 // the causal convolution's last d_conv - 1 inputs and the selective scan's state.
 //
-// Rollback is exact and costs nothing: the states after each of the last `depth` positions are kept, in a
-// ring of depth + 1 slots indexed by length % (depth + 1). A forward row at position p reads the slot of
-// length p and writes the slot of length p + 1, so a verify window of w <= depth rows leaves the state after
-// every one of its rows, and accepting k of them is rollback(first + k): it only moves `newest`. The state
-// after length 0 is all zeros.
+// Rollback is exact and keeps little: per layer two states, `base` (after oldest() positions) and `current`
+// (after current() positions), and the inputs of each row since oldest() (the convolution's input x, the
+// time step dt before softplus, B and C: 2 d_inner + 2 d_state floats, against d_conv - 1 + d_state rows of
+// d_inner for a state). Accepting k of w rows is rollback(first + k): it only moves newest(); the next
+// forward (model/ssm.h) rebuilds the current state from `base` by running the same kernels on the kept
+// inputs of the accepted rows, which gives the bits that decoding them did. The rows kept reach back at
+// least `depth` positions from newest() (unless a rollback came between); `base` moves forward in strides
+// of about depth / 2 rows, so that it is replayed once per stride, not once per token. The state after
+// length 0 is all zeros.
+//
+// A forward announces its rows with begin_append(), which records the plan the mixer follows layer by layer
+// (append()); the lengths already describe the state after the forward.
 //
 // Not thread safe: one thread appends and rolls back; a forward's channel-parallel passes read and write
-// disjoint channels of the slots.
+// disjoint channels of the states and inputs.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -20,61 +28,84 @@
 namespace tandem::cache {
 
 // Bytes of one state of every recurrent layer of `geometry` (0 when it has none). A decode step reads one
-// and writes one; a sequence keeps depth + 1 of them.
+// and writes one.
 size_t recurrent_state_bytes(const Geometry& geometry);
+// Bytes a sequence keeps for its recurrent layers with rollback depth `depth`: two states and the inputs of
+// RecurrentState::rows_kept(depth) rows.
+size_t recurrent_sequence_bytes(const Geometry& geometry, int64_t depth);
 
 class RecurrentState {
  public:
+  enum class Slot { kBase, kCurrent };
+
+  // The plan of the forward begin_append() announced, for rows [first, end): before its rows, a layer
+  // rebuilds `current` at first (when `rebuild`: `base` after old_base, then the kept rows
+  // [old_base, first)); then moves `base` to new_base by replaying rows [old_base, new_base) when
+  // old_base < new_base <= first. When new_base > first, the row at new_base - 1 writes its state into
+  // `base` and the row at new_base reads it from there. Rows from max(first, new_base) on keep their inputs.
+  struct Append {
+    int64_t first = 0, end = 0, old_base = 0, new_base = 0;
+    bool rebuild = false;
+  };
+
   // depth >= 1: the deepest rollback kept, in positions.
   RecurrentState(const Geometry& geometry, int64_t depth);
+
+  // Rows whose inputs a sequence of rollback depth `depth` keeps.
+  static int64_t rows_kept(int64_t depth) { return depth + std::max<int64_t>(1, depth / 2); }
 
   int64_t depth() const { return depth_; }
   int64_t d_inner() const { return d_inner_; }
   int64_t d_state() const { return d_state_; }
   int64_t d_conv() const { return d_conv_; }
-  // The lengths whose state is held: [oldest(), newest()].
+  // The lengths a rollback may reach: [oldest(), newest()].
   int64_t oldest() const { return oldest_; }
   int64_t newest() const { return newest_; }
-  // Bytes of one state (every recurrent layer) and of all the slots this sequence holds.
+  // The length whose state `current` holds: newest() after a forward; after a rollback, until the next
+  // forward rebuilds it, the length before the rollback.
+  int64_t current() const { return current_; }
+  const Append& append() const { return append_; }
+  // Bytes of one state (every recurrent layer) and of everything this sequence keeps.
   size_t bytes_per_state() const;
-  size_t bytes() const { return bytes_per_state() * static_cast<size_t>(depth_ + 1); }
+  size_t bytes() const;
 
-  // The state of a recurrent layer after the first `length` positions: conv [d_conv - 1, d_inner] (oldest
-  // input first) and ssm [d_state, d_inner]. `length` selects a ring slot; whether it is held is the
-  // caller's contract (oldest() <= length <= newest(), or about to be written by a forward).
-  float* conv(int64_t layer, int64_t length) { return conv_.data() + offset(layer, length, conv_size()); }
-  float* ssm(int64_t layer, int64_t length) { return ssm_.data() + offset(layer, length, ssm_size()); }
-  const float* conv(int64_t layer, int64_t length) const {
-    return conv_.data() + offset(layer, length, conv_size());
+  // A recurrent layer's states: conv [d_conv - 1, d_inner] (oldest input first) and ssm [d_state, d_inner].
+  float* conv(int64_t layer, Slot s) { return conv_.data() + slot_offset(layer, s, conv_size()); }
+  float* ssm(int64_t layer, Slot s) { return ssm_.data() + slot_offset(layer, s, ssm_size()); }
+  const float* conv(int64_t layer, Slot s) const { return conv_.data() + slot_offset(layer, s, conv_size()); }
+  const float* ssm(int64_t layer, Slot s) const { return ssm_.data() + slot_offset(layer, s, ssm_size()); }
+  // The kept inputs of the row at position `pos` of a recurrent layer: [x: d_inner][dt: d_inner][B: d_state]
+  // [C: d_state]. Held for oldest() <= pos < newest() (and written by the forward that runs the row).
+  float* inputs(int64_t layer, int64_t pos) {
+    return inputs_.data() + (static_cast<size_t>(index_[static_cast<size_t>(layer)]) * rows_ +
+                             static_cast<size_t>(pos % static_cast<int64_t>(rows_))) *
+                                input_size();
   }
-  const float* ssm(int64_t layer, int64_t length) const {
-    return ssm_.data() + offset(layer, length, ssm_size());
-  }
+  size_t input_size() const { return static_cast<size_t>(2 * d_inner_ + 2 * d_state_); }
 
   // Makes `n` the newest length (n = 0: the zero state). Throws tandem::Error, changing nothing, when the
-  // state after n positions is no longer held.
+  // state after n positions is no longer reachable.
   void rollback(int64_t n);
-  // A forward is about to write the states after lengths (first, end] from the state after `first` (which
-  // must be held): afterwards [max(oldest, end - depth), end] are held.
+  // A forward is about to run rows [first, end) from the state after `first` (== newest()): records its
+  // plan (append()) and the lengths after it.
   void begin_append(int64_t first, int64_t end);
 
  private:
   size_t conv_size() const { return static_cast<size_t>((d_conv_ - 1) * d_inner_); }
   size_t ssm_size() const { return static_cast<size_t>(d_inner_ * d_state_); }
-  size_t offset(int64_t layer, int64_t length, size_t size) const {
-    const auto slot = static_cast<size_t>(length % (depth_ + 1));
-    return (static_cast<size_t>(index_[static_cast<size_t>(layer)]) * static_cast<size_t>(depth_ + 1) +
-            slot) *
-           size;
+  size_t slot_offset(int64_t layer, Slot s, size_t size) const {
+    return (static_cast<size_t>(index_[static_cast<size_t>(layer)]) * 2 + (s == Slot::kBase ? 0 : 1)) * size;
   }
-  void clear_slot(int64_t length);
 
   int64_t depth_, d_inner_, d_state_, d_conv_;
+  size_t rows_;  // rows_kept(depth)
   int64_t n_recurrent_ = 0;
   std::vector<int32_t> index_;  // [n_layer] position among the recurrent layers, -1 for other layers
-  std::vector<float> conv_;     // [recurrent layers, depth + 1, d_conv - 1, d_inner]
-  std::vector<float> ssm_;      // [recurrent layers, depth + 1, d_state, d_inner]
-  int64_t oldest_ = 0, newest_ = 0;
+  std::vector<float> conv_;     // [recurrent layers, 2 (base, current), d_conv - 1, d_inner]
+  std::vector<float> ssm_;      // [recurrent layers, 2, d_state, d_inner]
+  std::vector<float> inputs_;   // [recurrent layers, rows_, 2 * d_inner + 2 * d_state]
+  int64_t oldest_ = 0, newest_ = 0, current_ = 0;
+  Append append_;
 };
 
 }  // namespace tandem::cache

@@ -245,10 +245,9 @@ void add_bench_command(CLI::App& app) {
         decode_tps, static_cast<long long>(ctx), decode_median_tps, bytes_per_token / 1e6,
         static_cast<long long>(far_steps), steps.size());
     if (state_bytes > 0)
-      std::printf("recurrent state  %.1f KiB per state, %.2f MiB per sequence (%lld kept for rollback)\n",
-                  state_bytes / 1024.0,
-                  state_bytes * static_cast<double>(session.cache().recurrent()->depth() + 1) / 1048576.0,
-                  static_cast<long long>(session.cache().recurrent()->depth() + 1));
+      std::printf("recurrent state  %.1f KiB per state, %.2f MiB per sequence (rollback depth %lld)\n",
+                  state_bytes / 1024.0, static_cast<double>(session.cache().recurrent()->bytes()) / 1048576.0,
+                  static_cast<long long>(session.cache().recurrent()->depth()));
     std::printf(
         "roofline         %.3f  (against the passes beside each round of steps: median %.3f, %.3f-%.3f)\n",
         roofline, decode_beside, *std::min_element(beside.begin(), beside.end()),
