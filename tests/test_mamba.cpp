@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include "tandem/engine/cache_pool.h"
 #include "tandem/engine/generate.h"
 #include "tandem/engine/generate_speculative.h"
 #include "tandem/kernels/ssm.h"
@@ -190,7 +191,8 @@ TEST_F(Mamba, DeepRollbacksContinueAsPlainDecoding) {
   }
 }
 
-// A sequence keeps two states and the inputs of the rows a rollback may replay, not a state per position.
+// A sequence keeps two states, the inputs of the rows a rollback may replay and the snapshots for prefix
+// reuse, not a state per position.
 TEST_F(Mamba, RollbackKeepsTwoStatesAndTheRowInputs) {
   ThreadPool pool(1);
   model::Session s(*f32_, pool, options());
@@ -200,9 +202,10 @@ TEST_F(Mamba, RollbackKeepsTwoStatesAndTheRowInputs) {
   // 4 layers; per row x and dt (256 each), B and C (16 each).
   const size_t inputs = size_t{4} * static_cast<size_t>(cache::RecurrentState::rows_kept(depth)) *
                         (2 * 256 + 2 * 16) * sizeof(float);
-  EXPECT_EQ(st.bytes(), 2 * st.bytes_per_state() + inputs);
+  const auto states = static_cast<size_t>(2 + cache::RecurrentState::kMaxSnapshots);
+  EXPECT_EQ(st.bytes(), states * st.bytes_per_state() + inputs);
   EXPECT_EQ(st.bytes(), cache::recurrent_sequence_bytes(f32_->config().kv_geometry(), depth));
-  EXPECT_LT(st.bytes() * 3, st.bytes_per_state() * static_cast<size_t>(depth + 1));
+  EXPECT_LT(st.bytes() * 2, st.bytes_per_state() * static_cast<size_t>(depth + 1));
 }
 
 TEST_F(Mamba, RollbackPastTheKeptDepthIsRefused) {
@@ -240,6 +243,58 @@ TEST_F(Mamba, RowsOutOfOrderAreRefused) {
     EXPECT_NE(std::string(e.what()).find("consecutive positions"), std::string::npos) << e.what();
   }
   EXPECT_EQ(kv.length(), 2);
+}
+
+// Evaluates tokens[from, n) onto `kv` in forwards of at most 64 rows; the last token's logits.
+std::vector<float> eval_on(model::Forward& fwd, cache::KvCache& kv, std::span<const int32_t> tokens,
+                           int64_t from, int64_t n_vocab) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  std::vector<float> logits(static_cast<size_t>(n_vocab));
+  std::vector<model::Row> rows;
+  cache::KvCache* caches[] = {&kv};
+  for (int64_t b = from; b < n; b += 64) {
+    rows.clear();
+    for (int64_t p = b; p < std::min(n, b + 64); ++p)
+      rows.push_back({tokens[static_cast<size_t>(p)], p, 0, p == n - 1});
+    fwd.run(rows, caches, logits.data());
+  }
+  return logits;
+}
+
+// The server's cache pool resumes a recurrent sequence that shares a prefix with a finished one from the
+// newest snapshot within the shared part when that part ends beyond the rollback depth, and the logits are
+// those of a fresh evaluation.
+TEST_F(Mamba, CachePoolResumesFromASnapshot) {
+  ThreadPool pool(2);
+  std::mt19937 rng(31);
+  const model::Model& m = *q8_;
+  const int64_t V = m.config().n_vocab;
+  model::Forward fwd(m, pool, 64);
+  engine::SlotCachePool caches(m.config(), 512, cache::KvType::kF16, 1);
+  const auto first = random_tokens(rng, 300, static_cast<int32_t>(V));
+  auto lease = caches.acquire(first);
+  EXPECT_EQ(lease.reused, 0);
+  eval_on(fwd, *lease.cache, first, 0, V);
+  EXPECT_EQ(lease.cache->recurrent()->snapshot_lengths(), (std::vector<int64_t>{256}));
+  caches.release(std::move(lease.cache), first);
+
+  // Shares 280 tokens: past the reach of a rollback from 300, so it resumes at the snapshot.
+  auto second = std::vector<int32_t>(first.begin(), first.begin() + 280);
+  const auto tail = random_tokens(rng, 30, static_cast<int32_t>(V));
+  second.insert(second.end(), tail.begin(), tail.end());
+  EXPECT_EQ(caches.reusable(second), 256);
+  lease = caches.acquire(second);
+  ASSERT_EQ(lease.reused, 256);
+  const auto resumed = eval_on(fwd, *lease.cache, second, lease.reused, V);
+  cache::KvCache fresh(m.config().kv_geometry(), 512, cache::KvType::kF16, 64);
+  const auto expected = eval_on(fwd, fresh, second, 0, V);
+  EXPECT_EQ(resumed, expected);
+  caches.release(std::move(lease.cache), second);
+
+  // Shares all but the last few tokens: a plain rollback.
+  auto third = second;
+  third.back() = third.back() == 3 ? 4 : 3;
+  EXPECT_EQ(caches.reusable(third), static_cast<int64_t>(third.size()) - 1);
 }
 
 std::vector<int32_t> plain_greedy(const model::Model& m, ThreadPool& pool, std::span<const int32_t> prompt,

@@ -25,7 +25,7 @@ size_t recurrent_sequence_bytes(const Geometry& g, int64_t depth) {
   const auto inputs = static_cast<size_t>(recurrent_layers(g) * RecurrentState::rows_kept(depth) *
                                           (2 * g.ssm_d_inner + 2 * g.ssm_d_state)) *
                       sizeof(float);
-  return 2 * recurrent_state_bytes(g) + inputs;
+  return static_cast<size_t>(2 + RecurrentState::kMaxSnapshots) * recurrent_state_bytes(g) + inputs;
 }
 
 RecurrentState::RecurrentState(const Geometry& g, int64_t depth)
@@ -44,6 +44,7 @@ RecurrentState::RecurrentState(const Geometry& g, int64_t depth)
     conv_.assign(layers * 2 * conv_size(), 0.0f);
     ssm_.assign(layers * 2 * ssm_size(), 0.0f);
     inputs_.assign(layers * rows_ * input_size(), 0.0f);
+    snapshots_.resize(static_cast<size_t>(kMaxSnapshots));
   } catch (const std::bad_alloc&) {
     throw Error("cannot allocate the recurrent state (" + std::to_string(bytes() >> 20) +
                 " MiB per sequence); use fewer sequences");
@@ -55,7 +56,52 @@ size_t RecurrentState::bytes_per_state() const {
 }
 
 size_t RecurrentState::bytes() const {
-  return 2 * bytes_per_state() + static_cast<size_t>(n_recurrent_) * rows_ * input_size() * sizeof(float);
+  return static_cast<size_t>(2 + kMaxSnapshots) * bytes_per_state() +
+         static_cast<size_t>(n_recurrent_) * rows_ * input_size() * sizeof(float);
+}
+
+int64_t RecurrentState::reachable(int64_t n) const {
+  if (n >= oldest_ && n <= newest_) return n;
+  int64_t best = 0;
+  for (const Snapshot& snap : snapshots_)
+    if (snap.length <= n) best = std::max(best, snap.length);
+  return best;
+}
+
+std::vector<int64_t> RecurrentState::snapshot_lengths() const {
+  std::vector<int64_t> out;
+  for (const Snapshot& snap : snapshots_)
+    if (snap.length > 0) out.push_back(snap.length);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void RecurrentState::take_snapshot() {
+  Snapshot* slot = &snapshots_[0];
+  for (Snapshot& snap : snapshots_)
+    if (snap.length < slot->length) slot = &snap;  // an unused one (-1), else the shortest
+  const auto layers = static_cast<size_t>(n_recurrent_);
+  if (slot->conv.empty()) {
+    slot->conv.resize(layers * conv_size());
+    slot->ssm.resize(layers * ssm_size());
+  }
+  for (size_t l = 0; l < index_.size(); ++l) {
+    if (index_[l] < 0) continue;
+    const auto i = static_cast<size_t>(index_[l]);
+    std::copy_n(conv(static_cast<int64_t>(l), Slot::kCurrent), conv_size(),
+                slot->conv.data() + i * conv_size());
+    std::copy_n(ssm(static_cast<int64_t>(l), Slot::kCurrent), ssm_size(), slot->ssm.data() + i * ssm_size());
+  }
+  slot->length = current_;
+  last_snapshot_ = current_;
+}
+
+void RecurrentState::drop_snapshots_after(int64_t n) {
+  last_snapshot_ = 0;
+  for (Snapshot& snap : snapshots_) {
+    if (snap.length > n) snap.length = -1;
+    last_snapshot_ = std::max(last_snapshot_, snap.length);
+  }
 }
 
 void RecurrentState::rollback(int64_t n) {
@@ -63,18 +109,37 @@ void RecurrentState::rollback(int64_t n) {
     std::fill(conv_.begin(), conv_.end(), 0.0f);
     std::fill(ssm_.begin(), ssm_.end(), 0.0f);
     oldest_ = newest_ = current_ = 0;
+    drop_snapshots_after(0);
     return;
   }
-  if (n < oldest_ || n > newest_)
-    throw Error("cannot roll back the recurrent state to position " + std::to_string(n) +
-                ": it holds the states after positions " + std::to_string(oldest_) + " to " +
-                std::to_string(newest_) + " only (a rollback reaches at most " + std::to_string(depth_) +
-                " positions back)");
-  newest_ = n;
+  if (n >= oldest_ && n <= newest_) {
+    newest_ = n;
+    drop_snapshots_after(n);
+    return;
+  }
+  for (const Snapshot& snap : snapshots_) {
+    if (snap.length != n || n > newest_) continue;
+    for (size_t l = 0; l < index_.size(); ++l) {
+      if (index_[l] < 0) continue;
+      const auto i = static_cast<size_t>(index_[l]);
+      for (Slot s : {Slot::kBase, Slot::kCurrent}) {
+        std::copy_n(snap.conv.data() + i * conv_size(), conv_size(), conv(static_cast<int64_t>(l), s));
+        std::copy_n(snap.ssm.data() + i * ssm_size(), ssm_size(), ssm(static_cast<int64_t>(l), s));
+      }
+    }
+    oldest_ = newest_ = current_ = n;
+    drop_snapshots_after(n);
+    return;
+  }
+  throw Error("cannot roll back the recurrent state to position " + std::to_string(n) +
+              ": it holds the states after positions " + std::to_string(oldest_) + " to " +
+              std::to_string(newest_) + " only (a rollback reaches at most " + std::to_string(depth_) +
+              " positions back, or to a snapshot's length)");
 }
 
 void RecurrentState::begin_append(int64_t first, int64_t end) {
   TANDEM_CHECK(first >= oldest_ && first == newest_ && first < end, "recurrent append must continue a state");
+  if (current_ == first && first > 0 && first - last_snapshot_ >= kSnapshotEvery) take_snapshot();
   append_.first = first;
   append_.end = end;
   append_.old_base = oldest_;

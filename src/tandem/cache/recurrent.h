@@ -11,6 +11,11 @@
 // of about depth / 2 rows, so that it is replayed once per stride, not once per token. The state after
 // length 0 is all zeros.
 //
+// Prefix reuse: when a forward starts kSnapshotEvery or more positions past the last snapshot, the current
+// state is copied aside with its length (at most kMaxSnapshots, the oldest replaced). A rollback to exactly
+// such a length restores it, however far back it is, so a sequence sharing that many leading tokens resumes
+// there (engine/cache_pool.h). Snapshots past a rollback's length are dropped, since later tokens may differ.
+//
 // A forward announces its rows with begin_append(), which records the plan the mixer follows layer by layer
 // (append()); the lengths already describe the state after the forward.
 //
@@ -30,8 +35,8 @@ namespace tandem::cache {
 // Bytes of one state of every recurrent layer of `geometry` (0 when it has none). A decode step reads one
 // and writes one.
 size_t recurrent_state_bytes(const Geometry& geometry);
-// Bytes a sequence keeps for its recurrent layers with rollback depth `depth`: two states and the inputs of
-// RecurrentState::rows_kept(depth) rows.
+// Bytes a sequence keeps for its recurrent layers with rollback depth `depth`: two states, the inputs of
+// RecurrentState::rows_kept(depth) rows and, at most, RecurrentState::kMaxSnapshots snapshots.
 size_t recurrent_sequence_bytes(const Geometry& geometry, int64_t depth);
 
 class RecurrentState {
@@ -47,6 +52,9 @@ class RecurrentState {
     int64_t first = 0, end = 0, old_base = 0, new_base = 0;
     bool rebuild = false;
   };
+
+  static constexpr int64_t kSnapshotEvery = 256;
+  static constexpr int64_t kMaxSnapshots = 2;
 
   // depth >= 1: the deepest rollback kept, in positions.
   RecurrentState(const Geometry& geometry, int64_t depth);
@@ -65,7 +73,8 @@ class RecurrentState {
   // forward rebuilds it, the length before the rollback.
   int64_t current() const { return current_; }
   const Append& append() const { return append_; }
-  // Bytes of one state (every recurrent layer) and of everything this sequence keeps.
+  // Bytes of one state (every recurrent layer) and of everything this sequence keeps (snapshots counted
+  // at their most).
   size_t bytes_per_state() const;
   size_t bytes() const;
 
@@ -83,6 +92,12 @@ class RecurrentState {
   }
   size_t input_size() const { return static_cast<size_t>(2 * d_inner_ + 2 * d_state_); }
 
+  // The longest length <= n (n <= newest()) a rollback reaches: n within the rollback depth, else the
+  // longest snapshot's, else 0.
+  int64_t reachable(int64_t n) const;
+  // Lengths of the snapshots held, for tests.
+  std::vector<int64_t> snapshot_lengths() const;
+
   // Makes `n` the newest length (n = 0: the zero state). Throws tandem::Error, changing nothing, when the
   // state after n positions is no longer reachable.
   void rollback(int64_t n);
@@ -97,6 +112,14 @@ class RecurrentState {
     return (static_cast<size_t>(index_[static_cast<size_t>(layer)]) * 2 + (s == Slot::kBase ? 0 : 1)) * size;
   }
 
+  struct Snapshot {
+    int64_t length = -1;      // -1: unused
+    std::vector<float> conv;  // [recurrent layers, d_conv - 1, d_inner]
+    std::vector<float> ssm;   // [recurrent layers, d_state, d_inner]
+  };
+  void take_snapshot();
+  void drop_snapshots_after(int64_t n);
+
   int64_t depth_, d_inner_, d_state_, d_conv_;
   size_t rows_;  // rows_kept(depth)
   int64_t n_recurrent_ = 0;
@@ -106,6 +129,8 @@ class RecurrentState {
   std::vector<float> inputs_;   // [recurrent layers, rows_, 2 * d_inner + 2 * d_state]
   int64_t oldest_ = 0, newest_ = 0, current_ = 0;
   Append append_;
+  std::vector<Snapshot> snapshots_;  // [kMaxSnapshots], buffers allocated on first use
+  int64_t last_snapshot_ = 0;        // length of the newest snapshot taken (0: none)
 };
 
 }  // namespace tandem::cache

@@ -76,12 +76,15 @@ void add_info_command(CLI::App& app) {
         std::printf(
             "recurrent state: %.2f MiB per sequence (2 states of %.1f KiB: conv %lld x %lld, scan %lld x "
             "%lld "
-            "per layer; the inputs of %lld rows for rollbacks of up to %lld)\n",
+            "per layer; the inputs of %lld rows for rollbacks of up to %lld; at most %lld snapshots for "
+            "prefix "
+            "reuse)\n",
             static_cast<double>(cache::recurrent_sequence_bytes(c.kv_geometry(), depth)) / 1048576.0,
             static_cast<double>(state) / 1024.0, static_cast<long long>(c.ssm_d_conv - 1),
             static_cast<long long>(c.ssm_d_inner), static_cast<long long>(c.ssm_d_state),
             static_cast<long long>(c.ssm_d_inner),
-            static_cast<long long>(cache::RecurrentState::rows_kept(depth)), static_cast<long long>(depth));
+            static_cast<long long>(cache::RecurrentState::rows_kept(depth)), static_cast<long long>(depth),
+            static_cast<long long>(cache::RecurrentState::kMaxSnapshots));
       }
     } catch (const Error& e) {
       std::printf("not runnable: %s\n", e.what());
