@@ -130,47 +130,36 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
       timed(&PhaseTimes::matmul_s,
             [&] { ssm_->run(l, il, rows, caches, xb_.data(), x_.data(), pool_, scratch_); });
       // Mamba's layers end with the mixer; a hybrid's (jamba) go on to the FFN.
-      if (l.ffn_norm.empty()) {
-        if (capture) (*capture)(il, x_.data(), R);
-        continue;
-      }
-      for_rows(R, [&](int64_t r) {
-        kernels::rms_norm(x_.data() + r * c.n_embd, l.ffn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
-                          c.norm_eps);
-      });
-    } else {
-      if (!l.mla.empty()) {
-        timed(&PhaseTimes::matmul_s, [&] {
-          mla_.run(l.mla, xb_.data(), R, rope_cs_.data(), q_.data(), k_.data(), v_.data(), pool_, scratch_);
+      if (!l.ffn_norm.empty()) {
+        for_rows(R, [&](int64_t r) {
+          kernels::rms_norm(x_.data() + r * c.n_embd, l.ffn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
+                            c.norm_eps);
         });
-        for (int64_t r = 0; r < R; ++r)
-          caches[static_cast<size_t>(rows[static_cast<size_t>(r)].seq)]->store(
-              il, rows[static_cast<size_t>(r)].pos, k_.data() + r * c.kv_dim(), v_.data() + r * c.v_dim());
-      } else {
-        project_qkv(l, rows, caches, il);
+        ffn_residual(l, R);
       }
-      timed(&PhaseTimes::attention_s, [&] { attention(rows, caches, il); });
-      timed(&PhaseTimes::matmul_s,
-            [&] { kernels::matmul(l.wo, att_.data(), R, xb_.data(), pool_, scratch_); });
-      for_rows(R, [&](int64_t r) {
-        float* out = xb_.data() + r * c.n_embd;
-        if (!l.post_attn_norm.empty())
-          kernels::rms_norm(out, l.post_attn_norm.data, out, c.n_embd, c.norm_eps);
-        kernels::add_in_place(x_.data() + r * c.n_embd, out, c.n_embd);
-        kernels::rms_norm(x_.data() + r * c.n_embd, l.ffn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
-                          c.norm_eps);
+      if (capture) (*capture)(il, x_.data(), R);
+      continue;
+    }
+    if (!l.mla.empty()) {
+      timed(&PhaseTimes::matmul_s, [&] {
+        mla_.run(l.mla, xb_.data(), R, rope_cs_.data(), q_.data(), k_.data(), v_.data(), pool_, scratch_);
       });
-    }
-    if (!l.moe.empty()) {
-      timed(&PhaseTimes::matmul_s, [&] { moe_.run(l.moe, xb_.data(), R, pool_, scratch_); });
+      for (int64_t r = 0; r < R; ++r)
+        caches[static_cast<size_t>(rows[static_cast<size_t>(r)].seq)]->store(
+            il, rows[static_cast<size_t>(r)].pos, k_.data() + r * c.kv_dim(), v_.data() + r * c.v_dim());
     } else {
-      dense_ffn(l, R);
+      project_qkv(l, rows, caches, il);
     }
+    timed(&PhaseTimes::attention_s, [&] { attention(rows, caches, il); });
+    timed(&PhaseTimes::matmul_s, [&] { kernels::matmul(l.wo, att_.data(), R, xb_.data(), pool_, scratch_); });
     for_rows(R, [&](int64_t r) {
       float* out = xb_.data() + r * c.n_embd;
-      if (!l.post_ffn_norm.empty()) kernels::rms_norm(out, l.post_ffn_norm.data, out, c.n_embd, c.norm_eps);
+      if (!l.post_attn_norm.empty()) kernels::rms_norm(out, l.post_attn_norm.data, out, c.n_embd, c.norm_eps);
       kernels::add_in_place(x_.data() + r * c.n_embd, out, c.n_embd);
+      kernels::rms_norm(x_.data() + r * c.n_embd, l.ffn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
+                        c.norm_eps);
     });
+    ffn_residual(l, R);
     if (capture) (*capture)(il, x_.data(), R);
   }
 
@@ -227,6 +216,20 @@ void Forward::project_qkv(const LayerWeights& l, std::span<const Row> rows,
     }
     caches[static_cast<size_t>(rows[static_cast<size_t>(r)].seq)]->store(il, pos, k, v);
   }
+}
+
+void Forward::ffn_residual(const LayerWeights& l, int64_t R) {
+  const Config& c = model_.config();
+  if (!l.moe.empty()) {
+    timed(&PhaseTimes::matmul_s, [&] { moe_.run(l.moe, xb_.data(), R, pool_, scratch_); });
+  } else {
+    dense_ffn(l, R);
+  }
+  for_rows(R, [&](int64_t r) {
+    float* out = xb_.data() + r * c.n_embd;
+    if (!l.post_ffn_norm.empty()) kernels::rms_norm(out, l.post_ffn_norm.data, out, c.n_embd, c.norm_eps);
+    kernels::add_in_place(x_.data() + r * c.n_embd, out, c.n_embd);
+  });
 }
 
 void Forward::dense_ffn(const LayerWeights& l, int64_t R) {
