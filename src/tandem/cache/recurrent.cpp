@@ -109,6 +109,7 @@ void RecurrentState::rollback(int64_t n) {
     std::fill(conv_.begin(), conv_.end(), 0.0f);
     std::fill(ssm_.begin(), ssm_.end(), 0.0f);
     oldest_ = newest_ = current_ = 0;
+    swapped_ = false;
     drop_snapshots_after(0);
     return;
   }
@@ -140,13 +141,33 @@ void RecurrentState::rollback(int64_t n) {
 void RecurrentState::begin_append(int64_t first, int64_t end) {
   TANDEM_CHECK(first >= oldest_ && first == newest_ && first < end, "recurrent append must continue a state");
   if (current_ == first && first > 0 && first - last_snapshot_ >= kSnapshotEvery) take_snapshot();
-  append_.first = first;
-  append_.end = end;
-  append_.old_base = oldest_;
-  append_.rebuild = current_ != first;
-  // The kept rows [base, end) must fit: past them, base moves to depth rows before the end.
-  append_.new_base = end - oldest_ > static_cast<int64_t>(rows_) ? end - depth_ : oldest_;
-  oldest_ = append_.new_base;
+  const auto rows = static_cast<int64_t>(rows_);
+  const bool long_run = end - first > rows;  // the kept rows cannot start at first
+  Append& a = append_;
+  a = Append{};
+  a.first = first;
+  a.end = end;
+  if (current_ != first) {
+    // After a rollback: `base` is replayed up to first, and the window starts there.
+    a.replay_from = oldest_;
+    a.replay_to = first;
+    a.first_reads_base = true;
+    a.new_base = long_run ? end - depth_ : first;
+  } else if (long_run) {
+    a.new_base = end - depth_;
+  } else if (end - first > 1) {
+    // The current slot (after first) becomes `base`; the rows write the other one.
+    swapped_ = !swapped_;
+    a.first_reads_base = true;
+    a.new_base = first;
+  } else if (end - oldest_ > rows) {
+    a.replay_from = oldest_;
+    a.replay_to = end - depth_;
+    a.new_base = end - depth_;
+  } else {
+    a.new_base = oldest_;
+  }
+  oldest_ = a.new_base;
   newest_ = current_ = end;
 }
 

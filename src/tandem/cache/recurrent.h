@@ -4,12 +4,16 @@
 // Rollback is exact and keeps little: per layer two states, `base` (after oldest() positions) and `current`
 // (after current() positions), and the inputs of each row since oldest() (the convolution's input x, the
 // time step dt before softplus, B and C: 2 d_inner + 2 d_state floats, against d_conv - 1 + d_state rows of
-// d_inner for a state). Accepting k of w rows is rollback(first + k): it only moves newest(); the next
-// forward (model/ssm.h) rebuilds the current state from `base` by running the same kernels on the kept
-// inputs of the accepted rows, which gives the bits that decoding them did. The rows kept reach back at
-// least `depth` positions from newest() (unless a rollback came between); `base` moves forward in strides
-// of about depth / 2 rows, so that it is replayed once per stride, not once per token. The state after
-// length 0 is all zeros.
+// d_inner for a state). A forward of several rows (a verify window, a prompt chunk) starts `base` at its
+// first row for free: its first row reads the current state and writes the other slot, and the two slots
+// exchange roles. Accepting k of w rows is rollback(first + k): it only moves newest(); the next forward
+// (model/ssm.h) replays the kept inputs of the k accepted rows on `base` with the same kernels, which gives
+// the bits that decoding them did, and continues from there (`base` then starts at the rollback's length).
+// So a rollback reaches back to the first row of the last forward of several rows (to depth rows before the
+// end of one longer than depth + depth / 2), or the last rollback's length, and across runs of single rows
+// (a drafter's steps, plain decoding) at least `depth` positions: those keep `base` where it is until the
+// kept rows would pass depth + depth / 2, and then move it to depth rows before the end by one replay of the
+// rows between. The state after length 0 is all zeros.
 //
 // Prefix reuse: when a forward starts kSnapshotEvery or more positions past the last snapshot, the current
 // state is copied aside with its length (at most kMaxSnapshots, the oldest replaced). A rollback to exactly
@@ -43,14 +47,17 @@ class RecurrentState {
  public:
   enum class Slot { kBase, kCurrent };
 
-  // The plan of the forward begin_append() announced, for rows [first, end): before its rows, a layer
-  // rebuilds `current` at first (when `rebuild`: `base` after old_base, then the kept rows
-  // [old_base, first)); then moves `base` to new_base by replaying rows [old_base, new_base) when
-  // old_base < new_base <= first. When new_base > first, the row at new_base - 1 writes its state into
-  // `base` and the row at new_base reads it from there. Rows from max(first, new_base) on keep their inputs.
+  // The plan of the forward begin_append() announced, for rows [first, end), in the roles the slots have
+  // after it. Before its rows, a layer replays the kept rows [replay_from, replay_to) on `base` in place
+  // (after a rollback: up to first, so that `base` holds the state after first; or, in long runs of single
+  // rows, to move `base` forward). The row at first reads `base` when first_reads_base, else `current`;
+  // when new_base > first, the row at new_base - 1 writes its state into `base` and the row at new_base
+  // reads it from there; every other row updates `current` in place. Rows from max(first, new_base) on keep
+  // their inputs.
   struct Append {
-    int64_t first = 0, end = 0, old_base = 0, new_base = 0;
-    bool rebuild = false;
+    int64_t first = 0, end = 0, new_base = 0;
+    int64_t replay_from = 0, replay_to = 0;
+    bool first_reads_base = false;
   };
 
   static constexpr int64_t kSnapshotEvery = 256;
@@ -109,7 +116,8 @@ class RecurrentState {
   size_t conv_size() const { return static_cast<size_t>((d_conv_ - 1) * d_inner_); }
   size_t ssm_size() const { return static_cast<size_t>(d_inner_ * d_state_); }
   size_t slot_offset(int64_t layer, Slot s, size_t size) const {
-    return (static_cast<size_t>(index_[static_cast<size_t>(layer)]) * 2 + (s == Slot::kBase ? 0 : 1)) * size;
+    const size_t which = (s == Slot::kBase) != swapped_ ? 0 : 1;
+    return (static_cast<size_t>(index_[static_cast<size_t>(layer)]) * 2 + which) * size;
   }
 
   struct Snapshot {
@@ -128,6 +136,7 @@ class RecurrentState {
   std::vector<float> ssm_;      // [recurrent layers, 2, d_state, d_inner]
   std::vector<float> inputs_;   // [recurrent layers, rows_, 2 * d_inner + 2 * d_state]
   int64_t oldest_ = 0, newest_ = 0, current_ = 0;
+  bool swapped_ = false;  // the slots' roles are exchanged (a window starting from the current state)
   Append append_;
   std::vector<Snapshot> snapshots_;  // [kMaxSnapshots], buffers allocated on first use
   int64_t last_snapshot_ = 0;        // length of the newest snapshot taken (0: none)

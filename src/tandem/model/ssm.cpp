@@ -58,7 +58,9 @@ using Slot = cache::RecurrentState::Slot;
 
 // Where the row at `pos` of a forward reads its state and writes the next one (RecurrentState::Append).
 Slot read_slot(const cache::RecurrentState::Append& plan, int64_t pos) {
-  return plan.new_base > plan.first && pos == plan.new_base ? Slot::kBase : Slot::kCurrent;
+  const bool from_base =
+      (pos == plan.first && plan.first_reads_base) || (plan.new_base > plan.first && pos == plan.new_base);
+  return from_base ? Slot::kBase : Slot::kCurrent;
 }
 Slot write_slot(const cache::RecurrentState::Append& plan, int64_t pos) {
   return plan.new_base > plan.first && pos + 1 == plan.new_base ? Slot::kBase : Slot::kCurrent;
@@ -103,18 +105,8 @@ void SsmMixer::replay(const LayerWeights& l, int64_t layer, cache::RecurrentStat
 void SsmMixer::prepare(const LayerWeights& l, int64_t layer, cache::RecurrentState& st, int64_t i0,
                        int64_t i1) {
   const cache::RecurrentState::Append& plan = st.append();
-  const int64_t N = c_.ssm_d_inner;
-  if (plan.rebuild) {
-    for (int64_t k = 0; k + 1 < c_.ssm_d_conv; ++k)
-      std::copy(st.conv(layer, Slot::kBase) + k * N + i0, st.conv(layer, Slot::kBase) + k * N + i1,
-                st.conv(layer, Slot::kCurrent) + k * N + i0);
-    for (int64_t s = 0; s < c_.ssm_d_state; ++s)
-      std::copy(st.ssm(layer, Slot::kBase) + s * N + i0, st.ssm(layer, Slot::kBase) + s * N + i1,
-                st.ssm(layer, Slot::kCurrent) + s * N + i0);
-    replay(l, layer, st, Slot::kCurrent, plan.old_base, plan.first, i0, i1);
-  }
-  if (plan.new_base > plan.old_base && plan.new_base <= plan.first)
-    replay(l, layer, st, Slot::kBase, plan.old_base, plan.new_base, i0, i1);
+  if (plan.replay_from < plan.replay_to)
+    replay(l, layer, st, Slot::kBase, plan.replay_from, plan.replay_to, i0, i1);
 }
 
 void SsmMixer::run(const LayerWeights& l, int64_t layer, std::span<const Row> rows,

@@ -2,9 +2,9 @@
 // together: the projections are packed matrix products over all rows; the convolution and the scan run per
 // channel range across the team, each range taking the rows in batch order, so a sequence's rows see the
 // state its previous row left. Before a sequence's first row, each layer carries out the plan its
-// RecurrentState recorded (cache/recurrent.h): after a rollback it rebuilds the current state from the base
-// state by replaying the kept inputs of the accepted rows through the same kernels (so the bits are those
-// decoding gave), and it moves the base state forward; each row then keeps its inputs for later replays.
+// RecurrentState recorded (cache/recurrent.h): after a rollback it brings the base state up to the accepted
+// length by replaying the kept inputs of the accepted rows through the same kernels (so the bits are those
+// decoding gave), or moves the base state forward; each row then keeps its inputs for later replays.
 // Workspace is allocated once for `max_rows`; run() does not allocate (except to track more sequences than
 // any batch before).
 #pragma once
@@ -39,7 +39,7 @@ class SsmMixer {
 
  private:
   using Slot = cache::RecurrentState::Slot;
-  // Channels [i0, i1) of a layer: the rebuild and base move of st.append(), before the forward's first row.
+  // Channels [i0, i1) of a layer: the replay of st.append(), before the forward's first row.
   void prepare(const LayerWeights& l, int64_t layer, cache::RecurrentState& st, int64_t i0, int64_t i1);
   // Runs the kept rows [from, to) on `slot` in place, for channels [i0, i1).
   void replay(const LayerWeights& l, int64_t layer, cache::RecurrentState& st, Slot slot, int64_t from,
