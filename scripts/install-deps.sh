@@ -30,6 +30,8 @@ optional=()
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || optional+=(chromium)
 # HAProxy for scripts/serve-cluster.sh and its test, optional in the same way: that test skips without it.
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || optional+=(haproxy)
+# NumPy for the independent reference of the hybrid (attention + Mamba) model's test, optional likewise.
+dpkg-query -W -f='${Status}' python3-numpy 2>/dev/null | grep -q "install ok installed" || optional+=(python3-numpy)
 if [ ${#missing[@]} -eq 0 ] && [ ${#optional[@]} -eq 0 ]; then
   exit 0
 fi

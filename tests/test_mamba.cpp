@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include "tandem/engine/cache_pool.h"
 #include "tandem/engine/generate.h"
 #include "tandem/engine/generate_speculative.h"
 #include "tandem/kernels/ssm.h"
@@ -58,16 +59,19 @@ std::vector<int32_t> random_tokens(std::mt19937& rng, size_t n, int32_t vocab) {
   return t;
 }
 
-// Every recurrent layer's conv and scan state after the sequence's current length.
+// Every recurrent layer's conv and scan state after the sequence's current length (as a forward leaves it:
+// a rollback's state is rebuilt by the next forward).
 std::vector<float> state_of(const model::Session& s) {
   const cache::RecurrentState* st = const_cast<model::Session&>(s).cache().recurrent();
   std::vector<float> out;
-  const int64_t n = s.length();
+  EXPECT_EQ(st->current(), s.length());
   const auto conv = static_cast<size_t>((st->d_conv() - 1) * st->d_inner());
   const auto ssm = static_cast<size_t>(st->d_inner() * st->d_state());
   for (int64_t l = 0; l < s.model().config().n_layer; ++l) {
-    out.insert(out.end(), st->conv(l, n), st->conv(l, n) + conv);
-    out.insert(out.end(), st->ssm(l, n), st->ssm(l, n) + ssm);
+    out.insert(out.end(), st->conv(l, cache::RecurrentState::Slot::kCurrent),
+               st->conv(l, cache::RecurrentState::Slot::kCurrent) + conv);
+    out.insert(out.end(), st->ssm(l, cache::RecurrentState::Slot::kCurrent),
+               st->ssm(l, cache::RecurrentState::Slot::kCurrent) + ssm);
   }
   return out;
 }
@@ -136,6 +140,12 @@ TEST_F(Mamba, StateAfterAnyAcceptRejectSequenceEqualsPlainDecoding) {
     spec.truncate(base + k);
     if (k > 0) plain.eval(std::span<const int32_t>(draft).first(static_cast<size_t>(k)), true);
     ASSERT_EQ(spec.length(), plain.length());
+    // One more token on both: its logits and the state after it come from the rebuilt state.
+    const int32_t next = random_tokens(rng, 1, V)[0];
+    const auto a = spec.eval(std::span<const int32_t>(&next, 1));
+    const std::vector<float> from_spec(a.begin(), a.end());
+    const auto b = plain.eval(std::span<const int32_t>(&next, 1));
+    ASSERT_EQ(std::memcmp(from_spec.data(), b.data(), b.size() * sizeof(float)), 0) << "round " << round;
     ASSERT_EQ(state_of(spec), state_of(plain)) << "round " << round << ": " << k << " of " << w;
   }
   const auto probe = random_tokens(rng, 3, V);
@@ -143,6 +153,59 @@ TEST_F(Mamba, StateAfterAnyAcceptRejectSequenceEqualsPlainDecoding) {
   const std::vector<float> from_spec(a.begin(), a.end());
   const auto b = plain.eval(probe, true);
   EXPECT_EQ(std::memcmp(from_spec.data(), b.data(), b.size() * sizeof(float)), 0);
+}
+
+// Rollbacks reach `depth` positions back however the rows came: in one prompt chunk longer than the depth
+// (the base state is taken inside the forward) or in single-token forwards (the base state moves in
+// strides); the rebuilt state continues exactly as plain decoding of the kept tokens.
+TEST_F(Mamba, DeepRollbacksContinueAsPlainDecoding) {
+  ThreadPool pool(2);
+  std::mt19937 rng(21);
+  const model::Model& m = *q8_;
+  const auto V = static_cast<int32_t>(m.config().n_vocab);
+  const auto tokens = random_tokens(rng, 57, V);
+  const auto probe = random_tokens(rng, 2, V);
+  for (const bool one_by_one : {false, true}) {
+    for (const int64_t length : {int64_t{50}}) {
+      model::Session s(m, pool, options());
+      const int64_t depth = s.cache().recurrent()->depth();
+      for (const int64_t back : {depth, int64_t{7}, int64_t{1}}) {
+        s.truncate(0);
+        const auto prefix = std::span<const int32_t>(tokens).first(static_cast<size_t>(length));
+        if (one_by_one) {
+          for (int32_t t : prefix) s.eval(std::span<const int32_t>(&t, 1));
+        } else {
+          s.eval(prefix);
+        }
+        s.truncate(length - back);
+        const auto a = s.eval(probe, true);
+        const std::vector<float> got(a.begin(), a.end());
+        model::Session plain(m, pool, options());
+        plain.eval(prefix.first(static_cast<size_t>(length - back)));
+        const auto b = plain.eval(probe, true);
+        ASSERT_EQ(std::memcmp(got.data(), b.data(), b.size() * sizeof(float)), 0)
+            << (one_by_one ? "one by one" : "one chunk") << ", " << length << " back " << back;
+        ASSERT_EQ(state_of(s), state_of(plain));
+      }
+    }
+  }
+}
+
+// A sequence keeps two states, the inputs of the rows a rollback may replay and the snapshots for prefix
+// reuse, not a state per position.
+TEST_F(Mamba, RollbackKeepsTwoStatesAndTheRowInputs) {
+  ThreadPool pool(1);
+  model::Session s(*f32_, pool, options());
+  const cache::RecurrentState& st = *s.cache().recurrent();
+  const int64_t depth = st.depth();
+  EXPECT_EQ(depth, 16);
+  // 4 layers; per row x and dt (256 each), B and C (16 each).
+  const size_t inputs = size_t{4} * static_cast<size_t>(cache::RecurrentState::rows_kept(depth)) *
+                        (2 * 256 + 2 * 16) * sizeof(float);
+  const auto states = static_cast<size_t>(2 + cache::RecurrentState::kMaxSnapshots);
+  EXPECT_EQ(st.bytes(), states * st.bytes_per_state() + inputs);
+  EXPECT_EQ(st.bytes(), cache::recurrent_sequence_bytes(f32_->config().kv_geometry(), depth));
+  EXPECT_LT(st.bytes() * 2, st.bytes_per_state() * static_cast<size_t>(depth + 1));
 }
 
 TEST_F(Mamba, RollbackPastTheKeptDepthIsRefused) {
@@ -180,6 +243,58 @@ TEST_F(Mamba, RowsOutOfOrderAreRefused) {
     EXPECT_NE(std::string(e.what()).find("consecutive positions"), std::string::npos) << e.what();
   }
   EXPECT_EQ(kv.length(), 2);
+}
+
+// Evaluates tokens[from, n) onto `kv` in forwards of at most 64 rows; the last token's logits.
+std::vector<float> eval_on(model::Forward& fwd, cache::KvCache& kv, std::span<const int32_t> tokens,
+                           int64_t from, int64_t n_vocab) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  std::vector<float> logits(static_cast<size_t>(n_vocab));
+  std::vector<model::Row> rows;
+  cache::KvCache* caches[] = {&kv};
+  for (int64_t b = from; b < n; b += 64) {
+    rows.clear();
+    for (int64_t p = b; p < std::min(n, b + 64); ++p)
+      rows.push_back({tokens[static_cast<size_t>(p)], p, 0, p == n - 1});
+    fwd.run(rows, caches, logits.data());
+  }
+  return logits;
+}
+
+// The server's cache pool resumes a recurrent sequence that shares a prefix with a finished one from the
+// newest snapshot within the shared part when that part ends beyond the rollback depth, and the logits are
+// those of a fresh evaluation.
+TEST_F(Mamba, CachePoolResumesFromASnapshot) {
+  ThreadPool pool(2);
+  std::mt19937 rng(31);
+  const model::Model& m = *q8_;
+  const int64_t V = m.config().n_vocab;
+  model::Forward fwd(m, pool, 64);
+  engine::SlotCachePool caches(m.config(), 512, cache::KvType::kF16, 1);
+  const auto first = random_tokens(rng, 300, static_cast<int32_t>(V));
+  auto lease = caches.acquire(first);
+  EXPECT_EQ(lease.reused, 0);
+  eval_on(fwd, *lease.cache, first, 0, V);
+  EXPECT_EQ(lease.cache->recurrent()->snapshot_lengths(), (std::vector<int64_t>{256}));
+  caches.release(std::move(lease.cache), first);
+
+  // Shares 280 tokens: past the reach of a rollback from 300, so it resumes at the snapshot.
+  auto second = std::vector<int32_t>(first.begin(), first.begin() + 280);
+  const auto tail = random_tokens(rng, 30, static_cast<int32_t>(V));
+  second.insert(second.end(), tail.begin(), tail.end());
+  EXPECT_EQ(caches.reusable(second), 256);
+  lease = caches.acquire(second);
+  ASSERT_EQ(lease.reused, 256);
+  const auto resumed = eval_on(fwd, *lease.cache, second, lease.reused, V);
+  cache::KvCache fresh(m.config().kv_geometry(), 512, cache::KvType::kF16, 64);
+  const auto expected = eval_on(fwd, fresh, second, 0, V);
+  EXPECT_EQ(resumed, expected);
+  caches.release(std::move(lease.cache), second);
+
+  // Shares all but the last few tokens: a plain rollback.
+  auto third = second;
+  third.back() = third.back() == 3 ? 4 : 3;
+  EXPECT_EQ(caches.reusable(third), static_cast<int64_t>(third.size()) - 1);
 }
 
 std::vector<int32_t> plain_greedy(const model::Model& m, ThreadPool& pool, std::span<const int32_t> prompt,
@@ -288,6 +403,16 @@ TEST(SsmKernels, MatchScalarReference) {
       kernels::ssm_conv_step(a, i0, N);
       kernels::ssm_conv_step_ref(r, i0, N);
       EXPECT_EQ(out_a, out_b) << N << " " << K;
+      // In place (the recurrent cache updates its current state so) gives the same bits.
+      std::vector<float> in_place = st, y_c(y_a.size());
+      kernels::SsmConvArgs c = a;
+      c.state_in = c.state_out = in_place.data();
+      c.y = y_c.data();
+      kernels::ssm_conv_step(c, i0, N);
+      for (int64_t i = i0; i < N; ++i)
+        for (int64_t k = 0; k + 1 < K; ++k)
+          EXPECT_EQ(in_place[static_cast<size_t>(k * N + i)], out_a[static_cast<size_t>(k * N + i)]);
+      EXPECT_EQ(y_c, y_a);
       for (int64_t i = i0; i < N; ++i)
         EXPECT_NEAR(y_a[static_cast<size_t>(i)], y_b[static_cast<size_t>(i)], 1e-5f) << N << " " << K;
     }
@@ -321,6 +446,12 @@ TEST(SsmKernels, MatchScalarReference) {
       split.y = y_c.data();
       for (int64_t i = 0; i < N; i += 5) kernels::ssm_scan_step(split, i, std::min<int64_t>(N, i + 5));
       EXPECT_EQ(out_c, out_a) << N << " " << S;
+      std::vector<float> in_place = st;
+      kernels::SsmScanArgs same = a;
+      same.state_in = same.state_out = in_place.data();
+      same.y = y_c.data();
+      kernels::ssm_scan_step(same, 0, N);
+      EXPECT_EQ(in_place, out_a) << N << " " << S;
       EXPECT_EQ(y_c, y_a) << N << " " << S;
       for (size_t i = 0; i < out_a.size(); ++i)
         EXPECT_NEAR(out_a[i], out_b[i], 1e-5f * (1.0f + std::abs(out_b[i]))) << N << " " << S << " " << i;

@@ -7,24 +7,44 @@
 
 namespace tandem::cache {
 
-size_t recurrent_state_bytes(const Geometry& g) {
+namespace {
+int64_t recurrent_layers(const Geometry& g) {
   int64_t layers = 0;
   for (int64_t l = 0; l < g.n_layer; ++l) layers += g.recurrent(l) ? 1 : 0;
-  return static_cast<size_t>(layers * ((g.ssm_d_conv - 1) * g.ssm_d_inner + g.ssm_d_inner * g.ssm_d_state)) *
+  return layers;
+}
+}  // namespace
+
+size_t recurrent_state_bytes(const Geometry& g) {
+  return static_cast<size_t>(recurrent_layers(g) *
+                             ((g.ssm_d_conv - 1) * g.ssm_d_inner + g.ssm_d_inner * g.ssm_d_state)) *
          sizeof(float);
 }
 
+size_t recurrent_sequence_bytes(const Geometry& g, int64_t depth) {
+  const auto inputs = static_cast<size_t>(recurrent_layers(g) * RecurrentState::rows_kept(depth) *
+                                          (2 * g.ssm_d_inner + 2 * g.ssm_d_state)) *
+                      sizeof(float);
+  return static_cast<size_t>(2 + RecurrentState::kMaxSnapshots) * recurrent_state_bytes(g) + inputs;
+}
+
 RecurrentState::RecurrentState(const Geometry& g, int64_t depth)
-    : depth_(depth), d_inner_(g.ssm_d_inner), d_state_(g.ssm_d_state), d_conv_(g.ssm_d_conv) {
+    : depth_(depth),
+      d_inner_(g.ssm_d_inner),
+      d_state_(g.ssm_d_state),
+      d_conv_(g.ssm_d_conv),
+      rows_(static_cast<size_t>(rows_kept(depth))) {
   TANDEM_CHECK(depth >= 1, "recurrent rollback depth must be at least 1");
   TANDEM_CHECK(d_inner_ > 0 && d_state_ > 0 && d_conv_ >= 1, "bad recurrent state shape");
   index_.assign(static_cast<size_t>(g.n_layer), -1);
   for (int64_t l = 0; l < g.n_layer; ++l)
     if (g.recurrent(l)) index_[static_cast<size_t>(l)] = static_cast<int32_t>(n_recurrent_++);
-  const auto slots = static_cast<size_t>(n_recurrent_ * (depth_ + 1));
+  const auto layers = static_cast<size_t>(n_recurrent_);
   try {
-    conv_.assign(slots * conv_size(), 0.0f);
-    ssm_.assign(slots * ssm_size(), 0.0f);
+    conv_.assign(layers * 2 * conv_size(), 0.0f);
+    ssm_.assign(layers * 2 * ssm_size(), 0.0f);
+    inputs_.assign(layers * rows_ * input_size(), 0.0f);
+    snapshots_.resize(static_cast<size_t>(kMaxSnapshots));
   } catch (const std::bad_alloc&) {
     throw Error("cannot allocate the recurrent state (" + std::to_string(bytes() >> 20) +
                 " MiB per sequence); use fewer sequences");
@@ -35,32 +55,120 @@ size_t RecurrentState::bytes_per_state() const {
   return static_cast<size_t>(n_recurrent_) * (conv_size() + ssm_size()) * sizeof(float);
 }
 
-void RecurrentState::clear_slot(int64_t length) {
-  for (int64_t l = 0; l < static_cast<int64_t>(index_.size()); ++l) {
-    if (index_[static_cast<size_t>(l)] < 0) continue;
-    std::fill_n(conv(l, length), conv_size(), 0.0f);
-    std::fill_n(ssm(l, length), ssm_size(), 0.0f);
+size_t RecurrentState::bytes() const {
+  return static_cast<size_t>(2 + kMaxSnapshots) * bytes_per_state() +
+         static_cast<size_t>(n_recurrent_) * rows_ * input_size() * sizeof(float);
+}
+
+int64_t RecurrentState::reachable(int64_t n) const {
+  if (n >= oldest_ && n <= newest_) return n;
+  int64_t best = 0;
+  for (const Snapshot& snap : snapshots_)
+    if (snap.length <= n) best = std::max(best, snap.length);
+  return best;
+}
+
+std::vector<int64_t> RecurrentState::snapshot_lengths() const {
+  std::vector<int64_t> out;
+  for (const Snapshot& snap : snapshots_)
+    if (snap.length > 0) out.push_back(snap.length);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void RecurrentState::take_snapshot() {
+  Snapshot* slot = &snapshots_[0];
+  for (Snapshot& snap : snapshots_)
+    if (snap.length < slot->length) slot = &snap;  // an unused one (-1), else the shortest
+  const auto layers = static_cast<size_t>(n_recurrent_);
+  if (slot->conv.empty()) {
+    slot->conv.resize(layers * conv_size());
+    slot->ssm.resize(layers * ssm_size());
+  }
+  for (size_t l = 0; l < index_.size(); ++l) {
+    if (index_[l] < 0) continue;
+    const auto i = static_cast<size_t>(index_[l]);
+    std::copy_n(conv(static_cast<int64_t>(l), Slot::kCurrent), conv_size(),
+                slot->conv.data() + i * conv_size());
+    std::copy_n(ssm(static_cast<int64_t>(l), Slot::kCurrent), ssm_size(), slot->ssm.data() + i * ssm_size());
+  }
+  slot->length = current_;
+  last_snapshot_ = current_;
+}
+
+void RecurrentState::drop_snapshots_after(int64_t n) {
+  last_snapshot_ = 0;
+  for (Snapshot& snap : snapshots_) {
+    if (snap.length > n) snap.length = -1;
+    last_snapshot_ = std::max(last_snapshot_, snap.length);
   }
 }
 
 void RecurrentState::rollback(int64_t n) {
   if (n == 0) {
-    clear_slot(0);
-    oldest_ = newest_ = 0;
+    std::fill(conv_.begin(), conv_.end(), 0.0f);
+    std::fill(ssm_.begin(), ssm_.end(), 0.0f);
+    oldest_ = newest_ = current_ = 0;
+    swapped_ = false;
+    drop_snapshots_after(0);
     return;
   }
-  if (n < oldest_ || n > newest_)
-    throw Error("cannot roll back the recurrent state to position " + std::to_string(n) +
-                ": it holds the states after positions " + std::to_string(oldest_) + " to " +
-                std::to_string(newest_) + " only (a rollback reaches at most " + std::to_string(depth_) +
-                " positions back)");
-  newest_ = n;
+  if (n >= oldest_ && n <= newest_) {
+    newest_ = n;
+    drop_snapshots_after(n);
+    return;
+  }
+  for (const Snapshot& snap : snapshots_) {
+    if (snap.length != n || n > newest_) continue;
+    for (size_t l = 0; l < index_.size(); ++l) {
+      if (index_[l] < 0) continue;
+      const auto i = static_cast<size_t>(index_[l]);
+      for (Slot s : {Slot::kBase, Slot::kCurrent}) {
+        std::copy_n(snap.conv.data() + i * conv_size(), conv_size(), conv(static_cast<int64_t>(l), s));
+        std::copy_n(snap.ssm.data() + i * ssm_size(), ssm_size(), ssm(static_cast<int64_t>(l), s));
+      }
+    }
+    oldest_ = newest_ = current_ = n;
+    drop_snapshots_after(n);
+    return;
+  }
+  throw Error("cannot roll back the recurrent state to position " + std::to_string(n) +
+              ": it holds the states after positions " + std::to_string(oldest_) + " to " +
+              std::to_string(newest_) + " only (a rollback reaches at most " + std::to_string(depth_) +
+              " positions back, or to a snapshot's length)");
 }
 
 void RecurrentState::begin_append(int64_t first, int64_t end) {
-  TANDEM_CHECK(first >= oldest_ && first <= newest_ && first < end, "recurrent append must continue a state");
-  newest_ = end;
-  oldest_ = std::max(oldest_, end - depth_);
+  TANDEM_CHECK(first >= oldest_ && first == newest_ && first < end, "recurrent append must continue a state");
+  if (current_ == first && first > 0 && first - last_snapshot_ >= kSnapshotEvery) take_snapshot();
+  const auto rows = static_cast<int64_t>(rows_);
+  const bool long_run = end - first > rows;  // the kept rows cannot start at first
+  Append& a = append_;
+  a = Append{};
+  a.first = first;
+  a.end = end;
+  if (current_ != first) {
+    // After a rollback: `base` is replayed up to first, and the window starts there.
+    a.replay_from = oldest_;
+    a.replay_to = first;
+    a.first_reads_base = true;
+    a.new_base = long_run ? end - depth_ : first;
+  } else if (long_run) {
+    a.new_base = end - depth_;
+  } else if (end - first > 1) {
+    // The current slot (after first) becomes `base`; the rows write the other one.
+    swapped_ = !swapped_;
+    a.first_reads_base = true;
+    a.new_base = first;
+  } else if (end - oldest_ > rows) {
+    a.replay_from = oldest_;
+    a.replay_to = end - depth_;
+    a.new_base = end - depth_;
+  } else {
+    a.new_base = oldest_;
+  }
+  oldest_ = a.new_base;
+  newest_ = current_ = end;
 }
 
 }  // namespace tandem::cache

@@ -299,10 +299,9 @@ void add_bench_command(CLI::App& app) {
         decode_tps, static_cast<long long>(ctx), decode_median_tps, bytes_per_token / 1e6,
         static_cast<long long>(far_steps), steps.size());
     if (state_bytes > 0)
-      std::printf("recurrent state  %.1f KiB per state, %.2f MiB per sequence (%lld kept for rollback)\n",
-                  state_bytes / 1024.0,
-                  state_bytes * static_cast<double>(session.cache().recurrent()->depth() + 1) / 1048576.0,
-                  static_cast<long long>(session.cache().recurrent()->depth() + 1));
+      std::printf("recurrent state  %.1f KiB per state, %.2f MiB per sequence (rollback depth %lld)\n",
+                  state_bytes / 1024.0, static_cast<double>(session.cache().recurrent()->bytes()) / 1048576.0,
+                  static_cast<long long>(session.cache().recurrent()->depth()));
     std::printf("kv cache         %.0f bytes per token (%s)", kv_token_bytes,
                 std::string(cache::kv_type_name(so.kv_type)).c_str());
     if (c.mla.kv_lora_rank > 0)
@@ -321,8 +320,7 @@ void add_bench_command(CLI::App& app) {
     if (residency)
       std::printf(
           "expert budget    %.1f MB: %.1f MB resident (%lld of %lld experts); decode read %.1f%% of its "
-          "expert "
-          "bytes from resident copies\n",
+          "expert bytes from resident copies\n",
           static_cast<double>(residency_decode.budget_bytes) / 1e6,
           static_cast<double>(residency_decode.resident_bytes) / 1e6,
           static_cast<long long>(residency_decode.resident_experts),

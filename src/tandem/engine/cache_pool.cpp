@@ -28,9 +28,11 @@ int SlotCachePool::best_slot(std::span<const int32_t> prompt, int64_t& reused) c
   for (size_t i = 0; i < free_.size(); ++i) {
     const Slot& s = free_[i];
     // The last prompt token is always evaluated: its logits start the generation.
-    const int64_t r =
+    int64_t r =
         s.cache ? std::min<int64_t>(common_prefix(s.tokens, prompt), static_cast<int64_t>(prompt.size()) - 1)
                 : 0;
+    // A recurrent state resumes only where a rollback reaches: within its depth, or at a snapshot.
+    if (r > 0 && s.cache->recurrent()) r = s.cache->recurrent()->reachable(r);
     // Prefer the longest reuse; among equals, a slot never used, then the least recently used one, so
     // that cached prefixes survive as long as possible.
     auto rank = [&](const Slot& x) { return x.cache ? x.last_used + 1 : 0; };

@@ -5,6 +5,8 @@
 // token ids it holds; a new sequence takes the free slot sharing the longest prefix with its prompt and
 // truncates it there, so a repeated system prompt or a continued conversation is not evaluated again.
 // Because rows are batch-invariant, reused positions hold exactly the bits a fresh evaluation would write.
+// A recurrent model's cache resumes only at a length its state reaches (cache/recurrent.h: within the
+// rollback depth of its end, or at a snapshot taken every few hundred positions).
 //
 // Not thread safe: the scheduler thread is the only user.
 #pragma once

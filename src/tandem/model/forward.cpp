@@ -160,6 +160,14 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
     if (c.recurrent(il)) {
       timed(&PhaseTimes::matmul_s,
             [&] { ssm_->run(l, il, rows, caches, xb_.data(), x_.data(), pool_, scratch_); });
+      // Mamba's layers end with the mixer; a hybrid's (jamba) go on to the FFN.
+      if (!l.ffn_norm.empty()) {
+        for_rows(R, [&](int64_t r) {
+          kernels::rms_norm(x_.data() + r * c.n_embd, l.ffn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
+                            c.norm_eps);
+        });
+        ffn_residual(l, R, il);
+      }
       if (capture) (*capture)(il, x_.data(), R);
       continue;
     }
@@ -185,16 +193,7 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
       kernels::rms_norm(x_.data() + r * c.n_embd, l.ffn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
                         c.norm_eps);
     });
-    if (!l.moe.empty()) {
-      timed(&PhaseTimes::matmul_s, [&] { moe_.run(l.moe, xb_.data(), R, pool_, scratch_, residency_, il); });
-    } else {
-      dense_ffn(l, R);
-    }
-    for_rows(R, [&](int64_t r) {
-      float* out = xb_.data() + r * c.n_embd;
-      if (!l.post_ffn_norm.empty()) kernels::rms_norm(out, l.post_ffn_norm.data, out, c.n_embd, c.norm_eps);
-      kernels::add_in_place(x_.data() + r * c.n_embd, out, c.n_embd);
-    });
+    ffn_residual(l, R, il);
     if (capture) (*capture)(il, x_.data(), R);
   }
 
@@ -251,6 +250,20 @@ void Forward::project_qkv(const LayerWeights& l, std::span<const Row> rows,
     }
     caches[static_cast<size_t>(rows[static_cast<size_t>(r)].seq)]->store(il, pos, k, v);
   }
+}
+
+void Forward::ffn_residual(const LayerWeights& l, int64_t R, int64_t il) {
+  const Config& c = model_.config();
+  if (!l.moe.empty()) {
+    timed(&PhaseTimes::matmul_s, [&] { moe_.run(l.moe, xb_.data(), R, pool_, scratch_, residency_, il); });
+  } else {
+    dense_ffn(l, R);
+  }
+  for_rows(R, [&](int64_t r) {
+    float* out = xb_.data() + r * c.n_embd;
+    if (!l.post_ffn_norm.empty()) kernels::rms_norm(out, l.post_ffn_norm.data, out, c.n_embd, c.norm_eps);
+    kernels::add_in_place(x_.data() + r * c.n_embd, out, c.n_embd);
+  });
 }
 
 void Forward::dense_ffn(const LayerWeights& l, int64_t R) {

@@ -109,6 +109,9 @@ class Forward {
   // q_ = rope(xb_ Wq), and each row's k and v (from xb_) stored in its cache at layer il.
   void project_qkv(const LayerWeights& l, std::span<const Row> rows, std::span<cache::KvCache* const> caches,
                    int64_t il);
+  // x_ += FFN(xb_) (mixture of experts or dense, then the post-FFN norm where the layer has one) for R rows
+  // whose xb_ holds the FFN's normed input.
+  void ffn_residual(const LayerWeights& l, int64_t R, int64_t il);
   // xb_ = FFN(xb_) for R rows of a dense layer.
   void dense_ffn(const LayerWeights& l, int64_t R);
 

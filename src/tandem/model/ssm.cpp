@@ -26,6 +26,8 @@ SsmMixer::SsmMixer(const Config& config, int64_t max_rows) : c_(config) {
   alloc(dt_, c_.ssm_d_inner);
   alloc(y_, c_.ssm_d_inner);
   alloc(out_, c_.n_embd);
+  replay_xc_.assign(static_cast<size_t>(c_.ssm_d_inner), 0.0f);
+  replay_y_.assign(static_cast<size_t>(c_.ssm_d_inner), 0.0f);
 }
 
 void SsmMixer::check_rows(std::span<const Row> rows, std::span<cache::KvCache* const> caches) {
@@ -50,6 +52,63 @@ void SsmMixer::check_rows(std::span<const Row> rows, std::span<cache::KvCache* c
   }
 }
 
+namespace {
+
+using Slot = cache::RecurrentState::Slot;
+
+// Where the row at `pos` of a forward reads its state and writes the next one (RecurrentState::Append).
+Slot read_slot(const cache::RecurrentState::Append& plan, int64_t pos) {
+  const bool from_base =
+      (pos == plan.first && plan.first_reads_base) || (plan.new_base > plan.first && pos == plan.new_base);
+  return from_base ? Slot::kBase : Slot::kCurrent;
+}
+Slot write_slot(const cache::RecurrentState::Append& plan, int64_t pos) {
+  return plan.new_base > plan.first && pos + 1 == plan.new_base ? Slot::kBase : Slot::kCurrent;
+}
+
+}  // namespace
+
+void SsmMixer::replay(const LayerWeights& l, int64_t layer, cache::RecurrentState& st, Slot slot,
+                      int64_t from, int64_t to, int64_t i0, int64_t i1) {
+  const int64_t N = c_.ssm_d_inner, S = c_.ssm_d_state;
+  // Rows inside channel blocks, so that a block's state stays in cache across the rows.
+  for (int64_t c0 = i0; c0 < i1; c0 += kChannelGrain) {
+    const int64_t c1 = std::min(i1, c0 + kChannelGrain);
+    for (int64_t p = from; p < to; ++p) {
+      const float* in = st.inputs(layer, p);
+      kernels::SsmConvArgs a;
+      a.d_inner = N;
+      a.d_conv = c_.ssm_d_conv;
+      a.state_in = a.state_out = st.conv(layer, slot);
+      a.x = in;
+      a.w = l.ssm_conv_t;
+      a.b = l.ssm_conv1d_b.data;
+      a.y = replay_xc_.data();
+      kernels::ssm_conv_step(a, c0, c1);
+      kernels::SsmScanArgs b;
+      b.d_inner = N;
+      b.d_state = S;
+      b.state_in = b.state_out = st.ssm(layer, slot);
+      b.x = replay_xc_.data();
+      b.dt = in + N;
+      b.a = l.ssm_a_t;
+      b.b = in + 2 * N;
+      b.c = in + 2 * N + S;
+      b.d = l.ssm_d.data;
+      b.z = in;  // the output is not used: any finite gate
+      b.y = replay_y_.data();
+      kernels::ssm_scan_step(b, c0, c1);
+    }
+  }
+}
+
+void SsmMixer::prepare(const LayerWeights& l, int64_t layer, cache::RecurrentState& st, int64_t i0,
+                       int64_t i1) {
+  const cache::RecurrentState::Append& plan = st.append();
+  if (plan.replay_from < plan.replay_to)
+    replay(l, layer, st, Slot::kBase, plan.replay_from, plan.replay_to, i0, i1);
+}
+
 void SsmMixer::run(const LayerWeights& l, int64_t layer, std::span<const Row> rows,
                    std::span<cache::KvCache* const> caches, const float* xb, float* x, ThreadPool& pool,
                    kernels::MatmulScratch& scratch) {
@@ -64,32 +123,44 @@ void SsmMixer::run(const LayerWeights& l, int64_t layer, std::span<const Row> ro
   pool.parallel_for(N, kChannelGrain, [&](int64_t i0, int64_t i1, int) {
     for (int64_t r = 0; r < R; ++r) {
       cache::RecurrentState& st = state_of(r);
+      const cache::RecurrentState::Append& plan = st.append();
       const int64_t pos = rows[static_cast<size_t>(r)].pos;
+      if (pos == plan.first) prepare(l, layer, st, i0, i1);
       kernels::SsmConvArgs a;
       a.d_inner = N;
       a.d_conv = K;
-      a.state_in = st.conv(layer, pos);
-      a.state_out = st.conv(layer, pos + 1);
+      a.state_in = st.conv(layer, read_slot(plan, pos));
+      a.state_out = st.conv(layer, write_slot(plan, pos));
       a.x = xz_.data() + r * 2 * N;
       a.w = l.ssm_conv_t;
       a.b = l.ssm_conv1d_b.data;
       a.y = xc_.data() + r * N;
       kernels::ssm_conv_step(a, i0, i1);
+      if (pos >= plan.new_base) std::copy(a.x + i0, a.x + i1, st.inputs(layer, pos) + i0);
     }
   });
   kernels::matmul(l.ssm_x, xc_.data(), R, xdb_.data(), pool, scratch);
+  if (!l.ssm_dt_norm.empty()) {
+    for (int64_t r = 0; r < R; ++r) {
+      float* dbc = xdb_.data() + r * XDB;
+      kernels::rms_norm(dbc, l.ssm_dt_norm.data, dbc, DR, c_.norm_eps);
+      kernels::rms_norm(dbc + DR, l.ssm_b_norm.data, dbc + DR, S, c_.norm_eps);
+      kernels::rms_norm(dbc + DR + S, l.ssm_c_norm.data, dbc + DR + S, S, c_.norm_eps);
+    }
+  }
   for (int64_t r = 0; r < R; ++r) std::copy_n(xdb_.data() + r * XDB, DR, dtr_.data() + r * DR);
   kernels::matmul(l.ssm_dt, dtr_.data(), R, dt_.data(), pool, scratch);
   for (int64_t r = 0; r < R; ++r) kernels::add_in_place(dt_.data() + r * N, l.ssm_dt_b.data, N);
   pool.parallel_for(N, kChannelGrain, [&](int64_t i0, int64_t i1, int) {
     for (int64_t r = 0; r < R; ++r) {
       cache::RecurrentState& st = state_of(r);
+      const cache::RecurrentState::Append& plan = st.append();
       const int64_t pos = rows[static_cast<size_t>(r)].pos;
       kernels::SsmScanArgs a;
       a.d_inner = N;
       a.d_state = S;
-      a.state_in = st.ssm(layer, pos);
-      a.state_out = st.ssm(layer, pos + 1);
+      a.state_in = st.ssm(layer, read_slot(plan, pos));
+      a.state_out = st.ssm(layer, write_slot(plan, pos));
       a.x = xc_.data() + r * N;
       a.dt = dt_.data() + r * N;
       a.a = l.ssm_a_t;
@@ -99,6 +170,11 @@ void SsmMixer::run(const LayerWeights& l, int64_t layer, std::span<const Row> ro
       a.z = xz_.data() + r * 2 * N + N;
       a.y = y_.data() + r * N;
       kernels::ssm_scan_step(a, i0, i1);
+      if (pos >= plan.new_base) {
+        float* in = st.inputs(layer, pos);
+        std::copy(a.dt + i0, a.dt + i1, in + N + i0);
+        if (i0 == 0) std::copy_n(a.b, 2 * S, in + 2 * N);  // B then C
+      }
     }
   });
   kernels::matmul(l.ssm_out, y_.data(), R, out_.data(), pool, scratch);

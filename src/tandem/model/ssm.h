@@ -1,8 +1,10 @@
 // The Mamba-1 mixer of a recurrent layer over a batch of forward rows. Rows of different sequences run
 // together: the projections are packed matrix products over all rows; the convolution and the scan run per
 // channel range across the team, each range taking the rows in batch order, so a sequence's rows see the
-// state its previous row left. Each row at position p reads its sequence's state after p positions and writes
-// the state after p + 1 (cache/recurrent.h), which is what makes a verify window's rollback exact.
+// state its previous row left. Before a sequence's first row, each layer carries out the plan its
+// RecurrentState recorded (cache/recurrent.h): after a rollback it brings the base state up to the accepted
+// length by replaying the kept inputs of the accepted rows through the same kernels (so the bits are those
+// decoding gave), or moves the base state forward; each row then keeps its inputs for later replays.
 // Workspace is allocated once for `max_rows`; run() does not allocate (except to track more sequences than
 // any batch before).
 #pragma once
@@ -36,16 +38,25 @@ class SsmMixer {
            kernels::MatmulScratch& scratch);
 
  private:
+  using Slot = cache::RecurrentState::Slot;
+  // Channels [i0, i1) of a layer: the replay of st.append(), before the forward's first row.
+  void prepare(const LayerWeights& l, int64_t layer, cache::RecurrentState& st, int64_t i0, int64_t i1);
+  // Runs the kept rows [from, to) on `slot` in place, for channels [i0, i1).
+  void replay(const LayerWeights& l, int64_t layer, cache::RecurrentState& st, Slot slot, int64_t from,
+              int64_t to, int64_t i0, int64_t i1);
+
   const Config& c_;
   // Activations, [max_rows, width] each.
-  std::vector<float> xz_;      // [, 2 * d_inner]: x then z
-  std::vector<float> xc_;      // [, d_inner]: silu(conv(x))
-  std::vector<float> xdb_;     // [, dt_rank + 2 * d_state]: dt, B, C
-  std::vector<float> dtr_;     // [, dt_rank]
-  std::vector<float> dt_;      // [, d_inner]: dt projection + bias (before softplus)
-  std::vector<float> y_;       // [, d_inner]
-  std::vector<float> out_;     // [, n_embd]
-  std::vector<int64_t> next_;  // per sequence, the position its next row must have (-1: none yet)
+  std::vector<float> xz_;         // [, 2 * d_inner]: x then z
+  std::vector<float> xc_;         // [, d_inner]: silu(conv(x))
+  std::vector<float> xdb_;        // [, dt_rank + 2 * d_state]: dt, B, C
+  std::vector<float> dtr_;        // [, dt_rank]
+  std::vector<float> dt_;         // [, d_inner]: dt projection + bias (before softplus)
+  std::vector<float> y_;          // [, d_inner]
+  std::vector<float> out_;        // [, n_embd]
+  std::vector<float> replay_xc_;  // [d_inner] a replayed row's convolution output
+  std::vector<float> replay_y_;   // [d_inner] a replayed row's (unused) output
+  std::vector<int64_t> next_;     // per sequence, the position its next row must have (-1: none yet)
 };
 
 }  // namespace tandem::model

@@ -145,6 +145,8 @@ const std::vector<SynthPreset>& synth_presets() {
        SynthMoe{8, 2, 32, 64, 0, 0}},
       {"tiny-deepseek2-d64", "deepseek2", 64, 128, 3, 4, 4, 384, 4096, 10000.0f, false, 0, 0, 0,
        SynthMoe{8, 2, 32, 0, 2, 1}, SynthMla{0, 32, 48, 32, 16, 4.0f, 1024, 0.1f}},
+      {"tiny-jamba-d64", "jamba", 64, 160, 4, 4, 2, 384, 512, 0.0f, true, 16, 4, 2, SynthMoe{}, SynthMla{}, 2,
+       1},
   };
   return presets;
 }
@@ -389,14 +391,24 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
   w.add_u32(a + ".context_length", static_cast<uint32_t>(p.n_ctx_train));
   w.add_u32(a + ".embedding_length", static_cast<uint32_t>(p.n_embd));
   w.add_u32(a + ".block_count", static_cast<uint32_t>(p.n_layer));
-  const bool mamba = p.arch == "mamba";
+  const bool mamba = p.arch == "mamba", jamba = p.arch == "jamba";
   const int64_t d_inner = p.ssm_expand * p.n_embd, dt_rank = (p.n_embd + 15) / 16;
-  if (mamba) {
+  const auto attends = [&](int64_t layer) { return jamba && layer % p.attn_period == p.attn_offset; };
+  if (mamba || jamba) {
     w.add_u32(a + ".ssm.conv_kernel", static_cast<uint32_t>(p.ssm_d_conv));
     w.add_u32(a + ".ssm.inner_size", static_cast<uint32_t>(d_inner));
     w.add_u32(a + ".ssm.state_size", static_cast<uint32_t>(p.ssm_d_state));
     w.add_u32(a + ".ssm.time_step_rank", static_cast<uint32_t>(dt_rank));
-  } else {
+  }
+  if (jamba) {
+    w.add_u32(a + ".feed_forward_length", static_cast<uint32_t>(p.n_ff));
+    w.add_u32(a + ".attention.head_count", static_cast<uint32_t>(p.n_head));
+    std::vector<int32_t> kv_heads(static_cast<size_t>(p.n_layer));
+    for (int64_t i = 0; i < p.n_layer; ++i)
+      kv_heads[static_cast<size_t>(i)] = attends(i) ? static_cast<int32_t>(p.n_head_kv) : 0;
+    w.add_array(a + ".attention.head_count_kv", std::span<const int32_t>(kv_heads));
+    w.add_u32(a + ".expert_count", 0);
+  } else if (!mamba) {
     w.add_u32(a + ".feed_forward_length", static_cast<uint32_t>(p.n_ff));
     w.add_u32(a + ".attention.head_count", static_cast<uint32_t>(p.n_head));
     if (p.arch == "bert" || p.arch == "nomic-bert") return write_bert(w, p, ft, path, pool, seed);
@@ -438,9 +450,8 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
       emit_rows(pool, DType::F32, rows, cols, gen, sink);
     });
   };
-  for (int64_t i = 0; mamba && i < p.n_layer; ++i) {
+  auto mixer = [&](int64_t i) {
     const std::string b = "blk." + std::to_string(i) + ".";
-    vec(b + "attn_norm.weight", p.n_embd, 0.1f, 1.0f);
     matrix(b + "ssm_in.weight", p.n_embd, 2 * d_inner, i, fan_in(p.n_embd));
     f32_matrix(b + "ssm_conv1d.weight", p.ssm_d_conv, d_inner, 0.5f, 0.0f);
     vec(b + "ssm_conv1d.bias", d_inner, 0.1f, 0.0f);
@@ -453,6 +464,15 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
                -0.5f * static_cast<float>(p.ssm_d_state + 1));
     vec(b + "ssm_d", d_inner, 0.5f, 1.0f);
     matrix(b + "ssm_out.weight", d_inner, p.n_embd, i, fan_in(d_inner));
+    if (jamba) {
+      vec(b + "ssm_dt_norm.weight", dt_rank, 0.1f, 1.0f);
+      vec(b + "ssm_b_norm.weight", p.ssm_d_state, 0.1f, 1.0f);
+      vec(b + "ssm_c_norm.weight", p.ssm_d_state, 0.1f, 1.0f);
+    }
+  };
+  for (int64_t i = 0; mamba && i < p.n_layer; ++i) {
+    vec("blk." + std::to_string(i) + ".attn_norm.weight", p.n_embd, 0.1f, 1.0f);
+    mixer(i);
   }
   const bool moe = p.moe.n_expert > 0;
   if (moe) {
@@ -479,15 +499,19 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
   for (int64_t i = 0; !mamba && !moe && i < p.n_layer; ++i) {
     const std::string b = "blk." + std::to_string(i) + ".";
     vec(b + "attn_norm.weight", p.n_embd, 0.1f, 1.0f);
-    matrix(b + "attn_q.weight", p.n_embd, p.n_embd, i, fan_in(p.n_embd));
-    matrix(b + "attn_k.weight", p.n_embd, kv_dim, i, fan_in(p.n_embd));
-    matrix(b + "attn_v.weight", p.n_embd, kv_dim, i, fan_in(p.n_embd));
-    if (p.arch == "qwen2") {
-      vec(b + "attn_q.bias", p.n_embd, 0.1f, 0.0f);
-      vec(b + "attn_k.bias", kv_dim, 0.1f, 0.0f);
-      vec(b + "attn_v.bias", kv_dim, 0.1f, 0.0f);
+    if (jamba && !attends(i)) {
+      mixer(i);
+    } else {
+      matrix(b + "attn_q.weight", p.n_embd, p.n_embd, i, fan_in(p.n_embd));
+      matrix(b + "attn_k.weight", p.n_embd, kv_dim, i, fan_in(p.n_embd));
+      matrix(b + "attn_v.weight", p.n_embd, kv_dim, i, fan_in(p.n_embd));
+      if (p.arch == "qwen2") {
+        vec(b + "attn_q.bias", p.n_embd, 0.1f, 0.0f);
+        vec(b + "attn_k.bias", kv_dim, 0.1f, 0.0f);
+        vec(b + "attn_v.bias", kv_dim, 0.1f, 0.0f);
+      }
+      matrix(b + "attn_output.weight", p.n_embd, p.n_embd, i, fan_in(p.n_embd));
     }
-    matrix(b + "attn_output.weight", p.n_embd, p.n_embd, i, fan_in(p.n_embd));
     vec(b + "ffn_norm.weight", p.n_embd, 0.1f, 1.0f);
     matrix(b + "ffn_gate.weight", p.n_embd, p.n_ff, i, fan_in(p.n_embd));
     matrix(b + "ffn_up.weight", p.n_embd, p.n_ff, i, fan_in(p.n_embd));

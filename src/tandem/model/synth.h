@@ -37,7 +37,8 @@ struct SynthMla {
 
 struct SynthPreset {
   std::string_view name;
-  std::string_view arch;  // "llama", "qwen2", "bert", "nomic-bert", "mamba", "qwen2moe" or "deepseek2"
+  std::string_view
+      arch;  // "llama", "qwen2", "bert", "nomic-bert", "mamba", "jamba", "qwen2moe" or "deepseek2"
   int64_t n_embd, n_ff, n_layer, n_head, n_head_kv, n_vocab, n_ctx_train;
   float rope_base;
   bool tied_embeddings;  // no output.weight: the head reuses token_embd
@@ -46,10 +47,14 @@ struct SynthPreset {
   int64_t ssm_d_state = 0, ssm_d_conv = 0, ssm_expand = 0;
   SynthMoe moe = {};
   SynthMla mla = {};
+  // jamba: layer i attends when i % attn_period == attn_offset (as Jamba's attn_layer_period and
+  // attn_layer_offset); the other layers are Mamba layers. Every layer has a SwiGLU FFN of width n_ff.
+  int64_t attn_period = 0, attn_offset = 0;
 };
 
 // tinyllama-1.1b, llama-3.2-1b, qwen2.5-0.5b, qwen2.5-1.5b, bge-small (a bert encoder), nomic-embed-text (a
-// nomic-bert encoder), mamba-1.4b, qwen1.5-moe-a2.7b, deepseek-v2-lite, and small test shapes.
+// nomic-bert encoder), mamba-1.4b, qwen1.5-moe-a2.7b, deepseek-v2-lite, and small test shapes (a jamba hybrid
+// among them).
 const std::vector<SynthPreset>& synth_presets();
 // Throws tandem::Error listing the known names.
 const SynthPreset& find_synth_preset(std::string_view name);

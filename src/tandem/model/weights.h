@@ -59,7 +59,8 @@ struct LayerWeights {
   VectorView attn_out_norm, attn_out_norm_b;    // [n_embd]
   VectorView layer_out_norm, layer_out_norm_b;  // [n_embd]
 
-  // Mamba-1 mixer of a recurrent layer (which has attn_norm and none of the above), else empty.
+  // Mamba-1 mixer of a recurrent layer (which has attn_norm and, in a hybrid, ffn_norm and the FFN), else
+  // empty.
   MatrixView ssm_in;        // [2 * d_inner, n_embd]: the mixer input x, then the gate z
   MatrixView ssm_conv1d;    // F32 [d_inner, d_conv]: per channel, the oldest input's weight first
   VectorView ssm_conv1d_b;  // [d_inner]
@@ -69,6 +70,10 @@ struct LayerWeights {
   MatrixView ssm_a;         // F32 [d_inner, d_state]: A = -exp(A_log)
   VectorView ssm_d;         // [d_inner]
   MatrixView ssm_out;       // [n_embd, d_inner]
+  // Jamba: RMSNorm weights applied to dt, B and C after ssm_x; empty for Mamba-1.
+  VectorView ssm_dt_norm;  // [dt_rank]
+  VectorView ssm_b_norm;   // [d_state]
+  VectorView ssm_c_norm;   // [d_state]
   // Channel-minor copies that the kernels' vectors run over (kernels/ssm.h), owned by the Model; null until
   // Model::from_file makes them.
   const float* ssm_conv_t = nullptr;  // [d_conv, d_inner]: ssm_conv1d transposed

@@ -144,6 +144,9 @@ void DraftModelSource::roll_back_to(std::span<const int32_t> text) {
   size_t keep = 0;
   const size_t limit = std::min(cached_.size(), text.size());
   while (keep < limit && cached_[keep] == text[keep]) ++keep;
+  // A recurrent (mamba) draft state goes back only so far; past that, it restarts from what it can reach.
+  if (const cache::RecurrentState* r = session_.cache().recurrent(); r != nullptr && keep < cached_.size())
+    keep = static_cast<size_t>(r->reachable(static_cast<int64_t>(keep)));
   cached_.resize(keep);
   session_.truncate(static_cast<int64_t>(keep));
 }
