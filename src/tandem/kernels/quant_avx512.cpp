@@ -25,6 +25,7 @@
 #include "tandem/kernels/quant_act_avx512.h"
 #include "tandem/kernels/quant_direct_x86.h"
 #include "tandem/kernels/quant_kquants_avx512.h"
+#include "tandem/kernels/quant_lane_pairs_avx512.h"
 #include "tandem/kernels/quant_legacy_avx512.h"
 #include "tandem/kernels/quant_prefetch_avx512.h"
 #include "tandem/kernels/quant_regs_avx512.h"
