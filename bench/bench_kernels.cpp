@@ -349,7 +349,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) inline __m512i pieces64(c
 // lane pairs (repack.h), one lane per block across two super-blocks (288 bytes: the 16 scales, then four code
 // vectors whose lane b holds block b's bytes 4v..4v+3), so per two super-blocks one scale convert (no
 // permute), one offset-sum and one activation-scale load, one multiply, convert and FMA
-// (quant_lane_pairs_avx512.inc, which also splits each block's sum over two dependency chains). Three L2
+// (quant_lane_pairs_avx512.h, which also splits each block's sum over two dependency chains). Three L2
 // prefetches per 144 bytes (five per 288), as the tile issues them 6 KB ahead. Items = weight rows x
 // super-blocks.
 template <int kLanes>

@@ -11,16 +11,13 @@ namespace tandem::cache {
 namespace {
 
 // How far ahead of the block being read attention prefetches keys and values into L2 (attend_pass).
-// Measured on TinyLlama decode (f16 cache, 2 KB per block of 16 positions and KV head) against one block
-// ahead into L1 alone: see docs/performance.md.
+// How far ahead the keys and values of the span are prefetched into L2 (docs/performance.md).
 constexpr size_t kAheadBytes = size_t{64} << 10;
 
 // Stack scratch of one pass (attend_pass): prepared queries and value sums.
 constexpr int64_t kPreparedFloats = 16384, kAccFloats = 8192;
 // Cache blocks whose value rows one accumulate_runs call weighs: four 16-position blocks of f16 values (8 KB
-// at head size 64) stay in L1 beside the scores. One block a call took 1.26-1.29x the time for 8 queries'
-// value sums (AttentionValues/8/1 against /8/4), and a decode row's attention at context 256-4096 1.04-1.07x
-// (AttendWindow).
+// at head size 64) stay in L1 beside the scores; one block a call is slower (docs/performance.md).
 constexpr int64_t kValueRunBlocks = 4;
 
 // The values of a latent cache (Geometry::values_in_keys): each position's key row decoded once (anchor
@@ -65,7 +62,7 @@ void attend_pass(const KvCache& cache, int64_t layer, int64_t kv_head, const flo
 
   // Scores block by block: each run of positions lies in one block, rows consecutive. A sequence's blocks lie
   // apart in the pool, so each is prefetched into L1 while the one before it is scored (and its values while
-  // the one before is weighed): a decode step at context 2000 took 0.81-0.93x the time, at 256 0.96x.
+  // the one before is weighed), so that the scoring does not wait for its reads.
   // Further ahead, the keys and then the values of the span, in the order the two loops read them, are
   // prefetched into L2 kAheadBytes ahead of the block being read (the weights streaming through every layer
   // have evicted them since the last step). Row i's scores past last + i are computed and never read.

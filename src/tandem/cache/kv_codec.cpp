@@ -158,8 +158,8 @@ class F16Codec final : public KvCodec {
 };
 
 // The f16 codec of a cache's keys: blocks dimension-major (element i of row p at i * block_rows + p), scored
-// by kernels::dots_dim_major_f16 without a horizontal sum per score (0.3x the time of row-major f16 keys'
-// grouped scores at 8 queries, AttentionDots). A row on its own (encode, decode, dots) is a block of one row,
+// by kernels::dots_dim_major_f16 without a horizontal sum per score (faster than row-major f16 keys' grouped
+// scores, docs/performance.md). A row on its own (encode, decode, dots) is a block of one row,
 // so every score has the same bits as in the cache.
 class F16KeyCodec final : public KvCodec {
  public:

@@ -23,18 +23,15 @@
 //         head, so one block scale fits every element better.
 // The block b is 32 when dim is a multiple of 32, else the largest even divisor of dim below 32 (head size 8
 // gives blocks of 8). q8_0 halves b when it would span the whole head vector (b8 = 4 for head size 8): the
-// RoPE pairs of a small head differ in magnitude by 10x in real models, and one scale over all of them cost
-// q8_0 3x in KL divergence on the head-size-8 models (2 more bytes per row).
+// RoPE pairs of a small head differ widely in magnitude in real models, and one scale over all of them costs
+// q8_0 far more KL divergence on small heads than the 2 more bytes per row (docs/performance.md).
 //
 // Why q4 and q4r share a symmetric, scale-only format rather than scale and minimum (as GGUF Q4_1): after a
 // rotation (and after key anchoring, see KeyAnchor) the coordinates are centred, so a stored minimum mostly
-// repeats -max; the symmetric form spends its 2 header bytes on the scale alone. Measured with tandem kld
-// (mean KLD, anchored keys, q4 / q4r), scale+min vs symmetric: stories260K 0.079 / 0.060 at 340 B/token vs
-// 0.157 / 0.116 at 260; llama2xs 0.096 / 0.067 vs 0.146 / 0.109; synth d256 (head 64) 0.0104 / 0.0120 at
-// 528 vs 0.0140 / 0.0142 at 480. Scale+min buys 1.3-2x lower KLD for 31% (head 8) or 10% (head 64) more
-// bytes, well short of what those bits give as finer levels, and the rotation's relative gain is the same
-// in both. One scale over the whole rotated head vector (saving 2 bytes per 32 elements) measured worse on
-// head size 64 (q4r 0.018 vs 0.014), so q4r keeps per-block scales.
+// repeats -max; the symmetric form spends its 2 header bytes on the scale alone. A minimum lowers the KL
+// divergence (tandem kld) less than the same bytes spent on finer levels would, and the rotation gains as
+// much in both forms. One scale over the whole rotated head vector (saving 2 bytes per 32 elements) loses
+// accuracy at head size 64, so q4r keeps per-block scales. Figures: docs/performance.md.
 #pragma once
 
 #include <cstddef>

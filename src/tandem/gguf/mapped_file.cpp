@@ -104,8 +104,8 @@ bool MappedFile::copy_in(int fd, bool required) {
   ::madvise(dst, len, MADV_HUGEPAGE);  // advisory: without it the copy stays in 4 KB pages
 #endif
 #ifdef MADV_POPULATE_WRITE
-  // All pages in one call before the reads (advisory): faulting them in during the copy took 5x as long
-  // (synthetic TinyLlama Q4_0: 0.09 s in all against 0.32-0.40 s with 2 MB pages, 1.9-2.3 s with 4 KB ones).
+  // All pages in one call before the reads (advisory): faulting them in one by one during the copy is several
+  // times slower (docs/performance.md, Weights in memory).
   ::madvise(dst, len, MADV_POPULATE_WRITE);
 #endif
   size_t done = 0;

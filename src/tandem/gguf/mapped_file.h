@@ -3,9 +3,8 @@
 // loader may repack some in place into private pages (writable()).
 //
 // Why a copy: decode streams every weight once per token, and on some virtual machines pages of a file
-// mapping pay periodic stalls that anonymous memory does not (measured on this project's benchmark machine:
-// a read loop over a mapped file averaged 1.5-2.2x the time per pass of the same bytes in anonymous 2 MB
-// pages). A mapping keeps what only it gives: pages shared between processes and files larger than memory.
+// mapping pay periodic stalls that anonymous memory does not (docs/performance.md, Weights in memory). A
+// mapping keeps what only it gives: pages shared between processes and files larger than memory.
 #pragma once
 
 #include <cstddef>

@@ -4,7 +4,7 @@
 // How far ahead the one-row kernels should prefetch depends on the machine's memory at the moment, not only
 // on the machine: on this project's development machine kind the memory moves between a slow and a fast
 // state within seconds, and the far reach decodes faster in the fast state and slower in the slow one
-// (kernels/quant_prefetch_avx512.inc, far_prefetch_bytes; two-row Q4_0 windows alike; performance.md). So
+// (kernels/quant_prefetch_avx512.h, far_prefetch_bytes; two-row Q4_0 windows alike; performance.md). So
 // each forward of the tuner's width takes the current reach, and every kExplore-th one tries the other. The
 // current reach's estimated time is smoothed over the forwards it runs (a quarter of the weight to the
 // newest). A try replaces the other's estimate, but a try that beats the current estimate by kMargin is

@@ -20,6 +20,9 @@
 #include <immintrin.h>
 
 #include "tandem/kernels/quant_direct_x86.h"
+#include "tandem/kernels/quant_kquants_avx2.h"
+#include "tandem/kernels/quant_legacy_avx2.h"
+#include "tandem/kernels/quant_regs_avx2.h"
 #include "tandem/kernels/quant_unpack.h"
 #include "tandem/kernels/quant_x86_ops.h"
 

@@ -22,7 +22,14 @@
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 #include <immintrin.h>
 
+#include "tandem/kernels/quant_act_avx512.h"
 #include "tandem/kernels/quant_direct_x86.h"
+#include "tandem/kernels/quant_kquants_avx512.h"
+#include "tandem/kernels/quant_lane_pairs_avx512.h"
+#include "tandem/kernels/quant_legacy_avx512.h"
+#include "tandem/kernels/quant_prefetch_avx512.h"
+#include "tandem/kernels/quant_regs_avx512.h"
+#include "tandem/kernels/quant_signed_avx512.h"
 #include "tandem/kernels/quant_unpack.h"
 #include "tandem/kernels/quant_x86_ops.h"
 

@@ -146,7 +146,7 @@ struct DirectX86 {
   }
 
   // The tiles of up to this many rows that take the first prefetch of PrefetchReach's L1 forms into L1
-  // (TilePart::near_l1; quant_prefetch_avx512.inc).
+  // (TilePart::near_l1; quant_prefetch_avx512.h).
   static constexpr int64_t kL1NearRows = 3;
 
   // The TilePart of a tile of n_rows that reads whole rows: its prefetch (whole_row_prefetch, far_to_l2, or

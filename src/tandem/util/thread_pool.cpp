@@ -1,5 +1,6 @@
 #include "tandem/util/thread_pool.h"
 
+#include <chrono>
 #include <fstream>
 #include <set>
 #include <string>
@@ -18,8 +19,29 @@
 
 namespace tandem {
 namespace {
-constexpr int kSpinIterations = 1 << 14;
+
+// How long a waiting thread spins before it blocks. Back-to-back regions (a forward's matmuls, a few
+// microseconds of serial work apart) find the workers still spinning and pay no system call. Where more
+// threads are runnable than there are cores, a spinning thread holds a core that a thread with work (or the
+// region's caller) needs, for up to a scheduler time slice; blocking after a bounded spin gives it back.
+// (Yielding the core while spinning instead handed it to the other processes' threads for whole slices.)
+constexpr auto kSpinTime = std::chrono::microseconds(50);
+
+// Spins until done() holds or kSpinTime has passed; returns done() at the end. The clock is read once per
+// few pauses (a read costs about as much as one pause).
+template <typename Done>
+bool spin_until(Done&& done) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpinTime;
+  for (;;) {
+    for (int i = 0; i < 16; ++i) {
+      if (done()) return true;
+      TANDEM_PAUSE();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+  }
 }
+
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads) {
   if (n_threads < 1) throw Error("thread count must be at least 1 (got " + std::to_string(n_threads) + ")");
@@ -42,38 +64,55 @@ void ThreadPool::run_job(Job fn) {
   }
   job_ = fn;
   pending_.store(n_threads_ - 1, std::memory_order_release);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
+  const uint64_t g = generation_.fetch_add(1, std::memory_order_acq_rel) + 1;
   generation_.notify_all();
   fn(0);
-  // Wait for the workers: spin first (regions are short), then yield.
-  int spins = 0;
-  while (pending_.load(std::memory_order_acquire) != 0) {
-    if (++spins < kSpinIterations) {
-      TANDEM_PAUSE();
-    } else {
-      std::this_thread::yield();
+  // Indices whose workers have not started them run here, after a short wait for the workers to claim them:
+  // a region never waits for a thread that the system has not scheduled.
+  const auto all_claimed = [&] {
+    for (int t = 1; t < n_threads_; ++t)
+      if (shares_[static_cast<size_t>(t)].claimed.load(std::memory_order_acquire) < g) return false;
+    return true;
+  };
+  if (!spin_until(all_claimed)) {
+    for (int t = 1; t < n_threads_; ++t) {
+      if (!claim(t, g)) continue;
+      fn(t);
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
     }
   }
+  if (!spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
+    for (int left; (left = pending_.load(std::memory_order_acquire)) != 0;)
+      pending_.wait(left, std::memory_order_acquire);
+  }
   job_ = Job{};
+}
+
+bool ThreadPool::claim(int t, uint64_t generation) {
+  std::atomic<uint64_t>& claimed = shares_[static_cast<size_t>(t)].claimed;
+  uint64_t last = claimed.load(std::memory_order_acquire);
+  while (last < generation)
+    if (claimed.compare_exchange_weak(last, generation, std::memory_order_acq_rel, std::memory_order_acquire))
+      return true;
+  return false;
 }
 
 void ThreadPool::worker(int index) {
   uint64_t seen = 0;
   for (;;) {
-    uint64_t g = generation_.load(std::memory_order_acquire);
-    int spins = 0;
-    while (g == seen) {
-      if (++spins < kSpinIterations) {
-        TANDEM_PAUSE();
-      } else {
-        generation_.wait(g, std::memory_order_acquire);
-      }
-      g = generation_.load(std::memory_order_acquire);
+    uint64_t g = seen;
+    if (!spin_until([&] { return (g = generation_.load(std::memory_order_acquire)) != seen; })) {
+      while ((g = generation_.load(std::memory_order_acquire)) == seen)
+        generation_.wait(seen, std::memory_order_acquire);
     }
     seen = g;
     if (stop_.load(std::memory_order_acquire)) return;
+    // A worker that woke after the caller ran its index (or after the region ended: every index of a region
+    // is claimed before it ends) skips it.
+    if (!claim(index, g)) continue;
     job_(index);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    // The last index to finish wakes the caller if it blocked (a notify without waiters is one load).
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
   }
 }
 

@@ -1,5 +1,6 @@
 // A persistent team of threads for data-parallel loops. Threads are created once; each parallel region wakes
-// them through an atomic generation counter (spin briefly, then wait), so no thread is created per token.
+// them through an atomic generation counter, so no thread is created per token. A waiting thread (a worker
+// between regions, the caller at the end of one) spins for a bounded time, then blocks.
 // The calling thread takes part as thread 0. Not reentrant: one region at a time per pool.
 #pragma once
 
@@ -23,7 +24,11 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
-  // Runs fn(thread_index) on every thread of the team (0..size()-1) and returns when all have finished.
+  // Runs fn(t) once for each index t of the team (0..size()-1), each on one thread, and returns when all have
+  // finished: index 0 on the caller, index t on worker t, unless worker t has not started it by the time the
+  // caller is done with its own (a worker the system has not scheduled, where more threads are runnable
+  // than there are cores); the caller then runs it itself. Each index runs on one thread at a time, so
+  // per-index scratch needs no lock; nothing may rely on which thread runs an index.
   // The callable must not throw. It is referred to, not copied: a region allocates nothing (a
   // std::function of the loops' lambdas, which capture more than its inline buffer holds, allocated per
   // region).
@@ -129,11 +134,15 @@ class ThreadPool {
   void run_job(Job job);
   void worker(int index);
 
-  // One thread's share for parallel_for_stealing: [lo, hi) in units, lo in the high 32 bits; a cache line
-  // each, so that owners claiming from their own shares do not contend.
+  // One index's state, a cache line each: its share for parallel_for_stealing ([lo, hi) in units, lo in the
+  // high 32 bits), so that owners claiming from their own shares do not contend; and the generation of the
+  // last region whose index was claimed (by its worker or by the caller).
   struct alignas(64) Share {
     std::atomic<uint64_t> bounds{0};
+    std::atomic<uint64_t> claimed{0};
   };
+  // Claims index t for region `generation`; false where it is claimed already (a worker that woke late).
+  bool claim(int t, uint64_t generation);
   // The grains of a loop over [0, n), or 0 where there was nothing to share: no work, or run inline on the
   // caller as fn(0, n, 0) (one thread, or a single grain).
   template <typename Fn>

@@ -1,9 +1,8 @@
 // Zero-filled memory whose pages the system supplies on first touch (an anonymous mapping, RAII): a large
 // buffer that is mostly never written costs nothing for the part it does not use. The KV cache sizes its
-// blocks for the whole context up front; zero-filling them at creation took about 0.12 s per TinyLlama
-// sequence of 2048 positions on this project's development machine (each 4 KB page faulted in then), paid
-// inside a server iteration by every stream the first time a cache slot was used. A model file copied into
-// memory (gguf/mapped_file.h) lives in one too, aligned to 2 MB pages.
+// blocks for the whole context up front; zero-filling them at creation faults in every page then, inside a
+// server iteration, for every stream the first time a cache slot is used (docs/performance.md). A model file
+// copied into memory (gguf/mapped_file.h) lives in one too, aligned to 2 MB pages.
 #pragma once
 
 #include <cstddef>
