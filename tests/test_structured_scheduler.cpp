@@ -231,3 +231,51 @@ TEST(StructuredScheduler, DraftsAreCutAtTheFirstTokenTheGrammarRefuses) {
 }
 
 }  // namespace
+
+// Wraps a draft model and checks every proposal against the grammar the scheduler lends it: the draft
+// model masks its own rows, so what it proposes the grammar allows, and no verify row is wasted on a cut.
+class CheckedDraft final : public speculative::DraftSource {
+ public:
+  CheckedDraft(std::unique_ptr<speculative::DraftSource> inner, int& proposals, int& refused, int& lent)
+      : inner_(std::move(inner)), proposals_(proposals), refused_(refused), lent_(lent) {}
+  std::string_view kind() const override { return inner_->kind(); }
+  void begin(std::span<const int32_t> prompt, const speculative::DraftSettings& settings) override {
+    grammar_ = settings.grammar;
+    if (grammar_) ++lent_;
+    inner_->begin(prompt, settings);
+  }
+  void propose(std::span<const int32_t> committed, int max_depth, speculative::Draft& out) override {
+    inner_->propose(committed, max_depth, out);
+    if (out.tokens.empty()) return;
+    ++proposals_;
+    if (grammar_ == nullptr) return;
+    sampling::GrammarMatcher g = *grammar_;
+    if (g.accept_prefix(out.tokens) != out.tokens.size()) ++refused_;
+  }
+  void accept(std::span<const int32_t> committed, int n_accepted) override {
+    inner_->accept(committed, n_accepted);
+  }
+
+ private:
+  std::unique_ptr<speculative::DraftSource> inner_;
+  const sampling::GrammarMatcher* grammar_ = nullptr;
+  int &proposals_, &refused_, &lent_;
+};
+
+TEST(StructuredScheduler, TheDraftModelDraftsUnderTheRequestsGrammar) {
+  Fixture f;
+  model::Graph graph(*f.model, f.pool, model::GraphOptions{32, 16});
+  int proposals = 0, refused = 0, lent = 0;
+  for (const char* prompt : kPrompts) {
+    const Result plain = run(graph, f.model->config(), f.request(prompt, 0.0f), {1, 4, 32, 0});
+    const Result spec = run(graph, f.model->config(), f.request(prompt, 0.0f), {1, 4, 32, 6}, [&] {
+      return std::make_unique<CheckedDraft>(std::make_unique<speculative::DraftModelSource>(
+                                                *f.draft, *f.model, f.pool, model::SessionOptions{}),
+                                            proposals, refused, lent);
+    });
+    EXPECT_EQ(spec.tokens, plain.tokens) << prompt;
+  }
+  EXPECT_GT(lent, 0);
+  EXPECT_GT(proposals, 0);
+  EXPECT_EQ(refused, 0) << "of " << proposals << " proposals";
+}

@@ -505,7 +505,8 @@ void Scheduler::start_drafting(Sequence& s) {
   if (!drafts_ || options_.max_draft <= 0) return;
   s.draft = drafts_();
   if (!s.draft) return;
-  s.draft->begin(s.req.prompt, {s.req.sampling, s.req.sequence_id});
+  s.draft->begin(s.req.prompt,
+                 {s.req.sampling, s.req.sequence_id, s.req.grammar ? &*s.req.grammar : nullptr});
   s.gate.emplace(options_.gate, options_.costs, options_.max_draft);
   const std::span<const int64_t> layers = s.draft->target_layers();
   if (layers.empty()) return;
