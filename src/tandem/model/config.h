@@ -113,8 +113,13 @@ struct Config {
   // [latent, rotary part] and whose value is the key's latent part, stored once (model/mla.h).
   cache::Geometry kv_geometry() const {
     if (mla.kv_lora_rank > 0) {
-      cache::Geometry g{n_layer,      1, mla.kv_lora_rank + n_rot, mla.kv_lora_rank, sliding_window,
-                        layer_sliding};
+      cache::Geometry g;
+      g.n_layer = n_layer;
+      g.n_head_kv = 1;
+      g.head_dim = mla.kv_lora_rank + n_rot;
+      g.head_dim_v = mla.kv_lora_rank;
+      g.sliding_window = sliding_window;
+      g.layer_sliding = layer_sliding;
       g.values_in_keys = true;
       return g;
     }
