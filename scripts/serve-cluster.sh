@@ -89,7 +89,9 @@ trap 'exit 130' INT
 servers=""
 for i in $(seq 1 "$n"); do
   log="$dir/r$i.log"
-  "$bin" serve "${serve_args[@]}" --host 127.0.0.1 --port 0 --replica-name "r$i" 2>"$log" &
+  # Made here, not by the background job's redirection, which may run after the wait below first reads it.
+  : >"$log"
+  "$bin" serve "${serve_args[@]}" --host 127.0.0.1 --port 0 --replica-name "r$i" 2>>"$log" &
   pids+=("$!")
 done
 # A replica prints "listening on" once its warm-up forward is done (bounded: 120 s for all of them).
