@@ -3,7 +3,9 @@
 // ([d_state, d_inner], [d_conv, d_inner]), so each load is contiguous and no lane waits on another. The last
 // partial vector of a range goes through the same vector code on a padded copy, so a channel's bits depend
 // only on its inputs, never on how the channels were split.
+#include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "tandem/kernels/ssm.h"
 
@@ -70,25 +72,59 @@ HWY_INLINE void conv_chunk(const SsmConvArgs& a, int64_t i, size_t rest) {
   if (K > 1) store<kFull>(d, x, a.state_out + (K - 2) * N + i, rest);
 }
 
-template <bool kFull>
-HWY_INLINE void scan_chunk(const SsmScanArgs& a, int64_t i, size_t rest) {
+// Channels a scan block holds in its local buffers. The state rows of one channel are d_inner floats apart
+// (a page or more), so walking a vector's d_state rows one after another touches as many lines that share one
+// cache set, and the other half of each line is evicted before the next vector reads it. A block walks each
+// state row across all of its channels instead: every line is used whole, the rows stream in order, and each
+// channel's operations stay exactly those of the per-channel order (the same bits).
+constexpr int64_t kScanBlock = 64;
+
+void scan_block(const SsmScanArgs& a, int64_t i0, int64_t i1) {
   const DF d;
+  const auto L = static_cast<int64_t>(hn::Lanes(d));
   const int64_t N = a.d_inner;
-  const VF raw = load<kFull>(d, a.dt + i, rest);
-  const VF dt = hn::IfThenElse(hn::Gt(raw, hn::Set(d, 20.0f)), raw,
-                               hn::Log1p(d, hn::Exp(d, hn::Min(raw, hn::Set(d, 20.0f)))));
-  const VF x = load<kFull>(d, a.x + i, rest);
-  const VF x_dt = hn::Mul(x, dt);
-  VF sum = hn::Zero(d);
+  const int64_t n = i1 - i0;
+  const int64_t n_vec = (n + L - 1) / L;
+  const auto tail = static_cast<size_t>(n - (n_vec - 1) * L);  // lanes of the last vector
+  alignas(64) float dt_buf[kScanBlock + kMaxLanes], xdt_buf[kScanBlock + kMaxLanes],
+      sum_buf[kScanBlock + kMaxLanes];
+  // The last vector goes through load<false>/store<false> (a padded copy) when it is partial.
+  const auto for_vectors = [&](auto&& body) {
+    for (int64_t v = 0; v + 1 < n_vec; ++v) body(std::true_type{}, v * L, static_cast<size_t>(L));
+    if (tail == static_cast<size_t>(L))
+      body(std::true_type{}, (n_vec - 1) * L, tail);
+    else
+      body(std::false_type{}, (n_vec - 1) * L, tail);
+  };
+  for_vectors([&](auto full, int64_t o, size_t rest) {
+    constexpr bool kFull = decltype(full)::value;
+    const VF raw = load<kFull>(d, a.dt + i0 + o, rest);
+    const VF dt = hn::IfThenElse(hn::Gt(raw, hn::Set(d, 20.0f)), raw,
+                                 hn::Log1p(d, hn::Exp(d, hn::Min(raw, hn::Set(d, 20.0f)))));
+    hn::Store(dt, d, dt_buf + o);
+    hn::Store(hn::Mul(load<kFull>(d, a.x + i0 + o, rest), dt), d, xdt_buf + o);
+    hn::Store(hn::Zero(d), d, sum_buf + o);
+  });
   for (int64_t s = 0; s < a.d_state; ++s) {
-    const VF decay = hn::Exp(d, hn::Mul(dt, load<kFull>(d, a.a + s * N + i, rest)));
-    const VF s1 =
-        hn::MulAdd(load<kFull>(d, a.state_in + s * N + i, rest), decay, hn::Mul(hn::Set(d, a.b[s]), x_dt));
-    store<kFull>(d, s1, a.state_out + s * N + i, rest);
-    sum = hn::MulAdd(s1, hn::Set(d, a.c[s]), sum);
+    const VF b = hn::Set(d, a.b[s]), c = hn::Set(d, a.c[s]);
+    const float* state_in = a.state_in + s * N + i0;
+    float* state_out = a.state_out + s * N + i0;
+    const float* a_row = a.a + s * N + i0;
+    for_vectors([&](auto full, int64_t o, size_t rest) {
+      constexpr bool kFull = decltype(full)::value;
+      const VF decay = hn::Exp(d, hn::Mul(hn::Load(d, dt_buf + o), load<kFull>(d, a_row + o, rest)));
+      const VF s1 =
+          hn::MulAdd(load<kFull>(d, state_in + o, rest), decay, hn::Mul(b, hn::Load(d, xdt_buf + o)));
+      store<kFull>(d, s1, state_out + o, rest);
+      hn::Store(hn::MulAdd(s1, c, hn::Load(d, sum_buf + o)), d, sum_buf + o);
+    });
   }
-  const VF y = hn::MulAdd(x, load<kFull>(d, a.d + i, rest), sum);
-  store<kFull>(d, hn::Mul(y, silu(d, load<kFull>(d, a.z + i, rest))), a.y + i, rest);
+  for_vectors([&](auto full, int64_t o, size_t rest) {
+    constexpr bool kFull = decltype(full)::value;
+    const VF x = load<kFull>(d, a.x + i0 + o, rest);
+    const VF y = hn::MulAdd(x, load<kFull>(d, a.d + i0 + o, rest), hn::Load(d, sum_buf + o));
+    store<kFull>(d, hn::Mul(y, silu(d, load<kFull>(d, a.z + i0 + o, rest))), a.y + i0 + o, rest);
+  });
 }
 
 void SsmConvStep(const SsmConvArgs& a, int64_t i0, int64_t i1) {
@@ -99,10 +135,7 @@ void SsmConvStep(const SsmConvArgs& a, int64_t i0, int64_t i1) {
 }
 
 void SsmScanStep(const SsmScanArgs& a, int64_t i0, int64_t i1) {
-  const auto L = static_cast<int64_t>(hn::Lanes(DF()));
-  int64_t i = i0;
-  for (; i + L <= i1; i += L) scan_chunk<true>(a, i, static_cast<size_t>(L));
-  if (i < i1) scan_chunk<false>(a, i, static_cast<size_t>(i1 - i));
+  for (int64_t i = i0; i < i1; i += kScanBlock) scan_block(a, i, std::min(i1, i + kScanBlock));
 }
 
 }  // namespace HWY_NAMESPACE
