@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""An independent NumPy reference for jamba checkpoints (attention and Mamba-1 layers interleaved).
+"""An independent NumPy reference for jamba checkpoints (attention and Mamba-1 layers interleaved, each followed
+by a dense SwiGLU FFN or, where the file holds the layer's router, a mixture of SwiGLU experts).
 
 Usage: hybrid_reference.py MODEL.gguf TOKENS.txt OUT.f32
 
@@ -140,6 +141,29 @@ def attention(h, t, p, n_head, n_head_kv):
     return out.reshape(T, E) @ t[p + "attn_output.weight"].T
 
 
+def swiglu_ffn(h, gate, up, down):
+    return (silu(h @ gate.T) * (h @ up.T)) @ down.T
+
+
+def moe_ffn(h, t, p, n_used, renormalise):
+    """A mixture of experts: softmax over the router's logits, the n_used most probable experts of each
+    position weighed by their probabilities (divided by the chosen ones' sum when renormalise)."""
+    logits = h @ t[p + "ffn_gate_inp.weight"].T  # [T, n_expert]
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    gate, up, down = t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"], t[p + "ffn_down_exps.weight"]
+    out = np.zeros_like(h)
+    for i in range(len(h)):
+        # Highest probability first; equal ones in expert order.
+        chosen = sorted(range(probs.shape[1]), key=lambda e: (-probs[i, e], e))[:n_used]
+        weights = probs[i, chosen]
+        if renormalise:
+            weights = weights / weights.sum()
+        for e, w in zip(chosen, weights):
+            out[i] += w * swiglu_ffn(h[i:i + 1], gate[e], up[e], down[e])[0]
+    return out
+
+
 def forward(meta, t, tokens):
     arch = meta["general.architecture"]
     if arch != "jamba":
@@ -150,6 +174,10 @@ def forward(meta, t, tokens):
     n_layer = meta[arch + ".block_count"]
     if not isinstance(kv_heads, list):
         kv_heads = [kv_heads] * n_layer
+    n_used = meta.get(arch + ".expert_used_count", 0)
+    renormalise = bool(meta.get(arch + ".expert_weights_norm", False))
+    if meta.get(arch + ".expert_gating_func", 1) != 1:
+        raise ValueError("this reference routes experts by softmax only")
     x = t["token_embd.weight"][tokens]  # [T, n_embd]
     for il in range(n_layer):
         p = f"blk.{il}."
@@ -159,9 +187,10 @@ def forward(meta, t, tokens):
         else:
             x = x + attention(h, t, p, n_head, kv_heads[il])
         h = rms_norm(x, t[p + "ffn_norm.weight"], eps)
-        g = h @ t[p + "ffn_gate.weight"].T
-        u = h @ t[p + "ffn_up.weight"].T
-        x = x + (silu(g) * u) @ t[p + "ffn_down.weight"].T
+        if p + "ffn_gate_inp.weight" in t:
+            x = x + moe_ffn(h, t, p, n_used, renormalise)
+        else:
+            x = x + swiglu_ffn(h, t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"], t[p + "ffn_down.weight"])
     head = t.get("output.weight", t["token_embd.weight"])
     return rms_norm(x, t["output_norm.weight"], eps) @ head.T
 

@@ -2,9 +2,14 @@
 // reference converter's). Which layers attend is data: `jamba.attention.head_count_kv` is an array with one
 // entry per layer, 0 marking a Mamba layer (a single number means every layer attends). Every layer is
 // RMSNorm, its mixer (attention without positional encoding, or the selective state-space mixer with
-// RMSNorm-ed dt, B and C), the residual add, RMSNorm, a SwiGLU FFN and the residual add. The cache keeps
-// keys and values for the attention layers and a recurrent state for the others (cache/kv_cache.h).
-// Mixture-of-experts FFN layers (expert_count > 0) are not supported yet.
+// RMSNorm-ed dt, B and C), the residual add, RMSNorm, its FFN and the residual add. The cache keeps keys and
+// values for the attention layers and a recurrent state for the others (cache/kv_cache.h).
+// A layer's FFN is a mixture of experts when the file holds its router (blk.N.ffn_gate_inp), as the reference
+// converter writes every other layer of real checkpoints; else it is a dense SwiGLU. The experts run through
+// the shared MoE code (model/moe.h): expert_count routed experts as wide as feed_forward_length (unless
+// expert_feed_forward_length says otherwise), softmax over the router's logits, the top expert_used_count
+// weighed by their probabilities as they are (renormalised to sum 1 only where expert_weights_norm says so),
+// no shared expert.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -12,6 +17,7 @@
 #include <vector>
 
 #include "tandem/model/arch.h"
+#include "tandem/model/moe.h"
 #include "tandem/util/error.h"
 
 namespace tandem::model {
@@ -49,6 +55,34 @@ std::vector<int64_t> kv_heads_per_layer(const ArchReader& r, int64_t n_layer, in
   return heads;
 }
 
+// Which layers are mixtures of experts: those whose router tensor the file holds (never a layer pattern),
+// with the MoE hyperparameters read when any is. A router without expert_count, or experts without a router,
+// is refused naming what is missing.
+void read_jamba_moe(const ArchReader& r, Config& c) {
+  const int64_t experts = r.int_in("expert_count", 0, kMaxExperts, 0);
+  c.layer_moe.assign(static_cast<size_t>(c.n_layer), 0);
+  bool any = false;
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    const bool router = r.has_tensor(p + "ffn_gate_inp.weight");
+    if (router && experts == 0)
+      throw Error("tensor '" + p + "ffn_gate_inp.weight' is a mixture-of-experts router, but metadata '" +
+                  r.arch() + ".expert_count' is " + (r.has("expert_count") ? "0" : "absent") +
+                  "; the file is inconsistent (re-convert it)");
+    if (!router && r.has_tensor(p + "ffn_gate_exps.weight"))
+      throw Error("layer " + std::to_string(i) + " holds experts ('" + p +
+                  "ffn_gate_exps.weight') but no router ('" + p +
+                  "ffn_gate_inp.weight'); the file is incomplete");
+    c.layer_moe[static_cast<size_t>(i)] = router ? 1 : 0;
+    any = any || router;
+  }
+  if (!any) {  // expert_count without any router: a dense model
+    c.layer_moe.clear();
+    return;
+  }
+  read_moe_hparams(r, c, c.n_ff);
+}
+
 }  // namespace
 
 void load_jamba(const ArchReader& r, Config& c, Weights& w) {
@@ -67,12 +101,10 @@ void load_jamba(const ArchReader& r, Config& c, Weights& w) {
                 ", but the file holds only " + std::to_string(n_tensors) +
                 " tensors; block_count must be the number of blk.N layers");
   check_layer_count(r, c);
-  if (const int64_t experts = r.opt_int("expert_count", 0); experts > 0)
-    throw Error("metadata '" + r.arch() + ".expert_count' is " + std::to_string(experts) +
-                ": jamba's mixture-of-experts layers are not supported yet (only dense FFN layers are)");
   c.n_ctx_train = r.int_in("context_length", 1, std::numeric_limits<int32_t>::max(), 2048);
   c.norm_eps = r.positive_float("attention.layer_norm_rms_epsilon", 1e-6f);
-  c.n_ff = r.req_int("feed_forward_length");
+  c.n_ff = r.int_in("feed_forward_length", 1, std::numeric_limits<int32_t>::max(), std::nullopt);
+  read_jamba_moe(r, c);
   c.n_head = r.int_in("attention.head_count", 1, kMaxHeads, std::nullopt);
   if (c.n_embd % c.n_head != 0)
     throw Error("metadata '" + r.arch() + ".embedding_length' (" + std::to_string(c.n_embd) +
@@ -112,9 +144,13 @@ void load_jamba(const ArchReader& r, Config& c, Weights& w) {
       l.wo = r.matrix(p + "attn_output.weight", c.n_head * c.head_dim_v, c.n_embd);
     }
     l.ffn_norm = r.vector(p + "ffn_norm.weight", c.n_embd);
-    l.w_gate = r.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
-    l.w_up = r.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
-    l.w_down = r.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
+    if (c.moe_layer(i)) {
+      bind_moe_layer(r, c, i, l.moe);
+    } else {
+      l.w_gate = r.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
+      l.w_up = r.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
+      l.w_down = r.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
+    }
   }
 }
 

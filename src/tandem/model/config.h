@@ -79,8 +79,16 @@ struct Config {
   MoeConfig moe;
   MlaConfig mla;
 
+  // [n_layer], 1 when the layer's FFN is a mixture of experts, for families whose files say so per layer by
+  // the tensors present (jamba); empty: every layer from moe.n_leading_dense on is one.
+  std::vector<uint8_t> layer_moe;
+
   // Layers whose FFN is a mixture of experts (the others use w_gate / w_up / w_down).
-  bool moe_layer(int64_t layer) const { return moe.n_expert > 0 && layer >= moe.n_leading_dense; }
+  bool moe_layer(int64_t layer) const {
+    if (moe.n_expert == 0) return false;
+    if (!layer_moe.empty()) return layer_moe[static_cast<size_t>(layer)] != 0;
+    return layer >= moe.n_leading_dense;
+  }
 
   // Encoders (bert): learned absolute positions and token types, every position attends to every position of
   // its sequence, LayerNorm (with bias) after each residual add, an FFN of GELU(x W_up + b) W_down + b, and

@@ -1,5 +1,5 @@
-// Mixture-of-experts feed-forward layers (qwen2moe, qwen3moe, deepseek2): the router, top-k selection, the
-// routed SwiGLU experts and the shared expert.
+// Mixture-of-experts feed-forward layers (qwen2moe, qwen3moe, deepseek2, jamba): the router, top-k selection,
+// the routed SwiGLU experts and the shared expert.
 //
 // Rows are grouped by expert: each expert that any row of a call chose runs one matrix product over the rows
 // routed to it, reading only its own weights. Every matmul row's result depends only on that row
@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "tandem/kernels/matmul.h"
@@ -24,8 +25,11 @@ inline constexpr int64_t kMaxExperts = 1024;
 // Reads the MoE hyperparameters common to the families (expert_count, expert_used_count,
 // expert_feed_forward_length, expert_gating_func, expert_weights_norm, expert_weights_scale,
 // expert_group_count, expert_group_used_count) into c.moe, with their ranges checked. The family sets the
-// shared expert's width and the leading dense layers itself.
-void read_moe_hparams(const ArchReader& r, Config& c);
+// shared expert's width and the leading dense layers itself. `n_ff_expert_fallback`: the experts' width when
+// expert_feed_forward_length is absent (jamba's files give none: its experts are feed_forward_length wide);
+// without one the key is required.
+void read_moe_hparams(const ArchReader& r, Config& c,
+                      std::optional<int64_t> n_ff_expert_fallback = std::nullopt);
 
 // Binds layer `layer`'s router, experts and shared expert (named as in llama.cpp's GGUF files:
 // ffn_gate_inp, ffn_{gate,up,down}_exps, exp_probs_b, ffn_gate_inp_shexp, ffn_{gate,up,down}_shexp).

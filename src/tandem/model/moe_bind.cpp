@@ -10,12 +10,12 @@
 
 namespace tandem::model {
 
-void read_moe_hparams(const ArchReader& r, Config& c) {
+void read_moe_hparams(const ArchReader& r, Config& c, std::optional<int64_t> n_ff_expert_fallback) {
   MoeConfig& m = c.moe;
   m.n_expert = r.int_in("expert_count", 1, kMaxExperts, std::nullopt);
   m.n_expert_used = r.int_in("expert_used_count", 1, m.n_expert, std::nullopt);
   m.n_ff_expert =
-      r.int_in("expert_feed_forward_length", 1, std::numeric_limits<int32_t>::max(), std::nullopt);
+      r.int_in("expert_feed_forward_length", 1, std::numeric_limits<int32_t>::max(), n_ff_expert_fallback);
   const int64_t gating = r.int_in("expert_gating_func", 1, 2, 1);
   m.gating = gating == 2 ? ExpertGating::kSigmoid : ExpertGating::kSoftmax;
   const std::string norm_key = r.arch() + ".expert_weights_norm";

@@ -147,6 +147,27 @@ const std::vector<SynthPreset>& synth_presets() {
        SynthMoe{8, 2, 32, 0, 2, 1}, SynthMla{0, 32, 48, 32, 16, 4.0f, 1024, 0.1f}},
       {"tiny-jamba-d64", "jamba", 64, 160, 4, 4, 2, 384, 512, 0.0f, true, 16, 4, 2, SynthMoe{}, SynthMla{}, 2,
        1},
+      // A jamba hybrid with experts: attention at layers 1 and 4 (period 3, offset 1), a mixture of 8 experts
+      // (top 2) on the odd layers (period 2, offset 1), so that each kind of mixer meets each kind of FFN.
+      {.name = "tiny-jamba-moe-d64",
+       .arch = "jamba",
+       .n_embd = 64,
+       .n_ff = 96,
+       .n_layer = 6,
+       .n_head = 4,
+       .n_head_kv = 2,
+       .n_vocab = 384,
+       .n_ctx_train = 512,
+       .rope_base = 0.0f,
+       .tied_embeddings = true,
+       .ssm_d_state = 16,
+       .ssm_d_conv = 4,
+       .ssm_expand = 2,
+       .moe = SynthMoe{.n_expert = 8, .n_expert_used = 2, .n_ff_expert = 96},
+       .attn_period = 3,
+       .attn_offset = 1,
+       .expert_period = 2,
+       .expert_offset = 1},
   };
   return presets;
 }
@@ -317,6 +338,18 @@ struct LayerWriter {
   std::function<void(const std::string& name, int64_t cols, int64_t rows, int64_t n, int64_t layer)> experts;
 };
 
+// The router row scales of layer `layer` (SynthMoe::router_zipf): expert e's popularity rank is a permutation
+// of the experts that differs between layers.
+std::vector<float> router_popularity(const SynthMoe& m, int64_t layer) {
+  std::vector<float> popularity(static_cast<size_t>(m.n_expert));
+  for (int64_t e = 0; e < m.n_expert; ++e) {
+    const int64_t rank = (e * 7 + layer * 5) % m.n_expert;  // a permutation when gcd(7, n_expert) = 1
+    popularity[static_cast<size_t>(e)] =
+        static_cast<float>(std::pow(1.0 + static_cast<double>(rank), -static_cast<double>(m.router_zipf)));
+  }
+  return popularity;
+}
+
 // The layers of qwen2moe and deepseek2 files, named as the reference's converter names them. Routers stay
 // F32 (the reference's quantizer leaves ffn_gate_inp alone).
 void write_moe_layers(const SynthPreset& p, const LayerWriter& lw) {
@@ -362,13 +395,7 @@ void write_moe_layers(const SynthPreset& p, const LayerWriter& lw) {
       lw.matrix(b + "ffn_down.weight", p.n_ff, p.n_embd, i, fan_in(p.n_ff));
       continue;
     }
-    std::vector<float> popularity(static_cast<size_t>(m.n_expert));
-    for (int64_t e = 0; e < m.n_expert; ++e) {
-      const int64_t rank = (e * 7 + i * 5) % m.n_expert;  // a permutation when gcd(7, n_expert) = 1
-      popularity[static_cast<size_t>(e)] =
-          static_cast<float>(std::pow(1.0 + static_cast<double>(rank), -static_cast<double>(m.router_zipf)));
-    }
-    lw.router(b + "ffn_gate_inp.weight", p.n_embd, std::move(popularity));
+    lw.router(b + "ffn_gate_inp.weight", p.n_embd, router_popularity(m, i));
     lw.experts(b + "ffn_gate_exps.weight", p.n_embd, m.n_ff_expert, m.n_expert, i);
     lw.experts(b + "ffn_up_exps.weight", p.n_embd, m.n_ff_expert, m.n_expert, i);
     lw.experts(b + "ffn_down_exps.weight", m.n_ff_expert, p.n_embd, m.n_expert, i);
@@ -407,7 +434,10 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
     for (int64_t i = 0; i < p.n_layer; ++i)
       kv_heads[static_cast<size_t>(i)] = attends(i) ? static_cast<int32_t>(p.n_head_kv) : 0;
     w.add_array(a + ".attention.head_count_kv", std::span<const int32_t>(kv_heads));
-    w.add_u32(a + ".expert_count", 0);
+    // As the reference converter writes them: the experts' count and top-k only (the experts are
+    // feed_forward_length wide; softmax routing, weights not renormalised).
+    w.add_u32(a + ".expert_count", static_cast<uint32_t>(p.moe.n_expert));
+    if (p.moe.n_expert > 0) w.add_u32(a + ".expert_used_count", static_cast<uint32_t>(p.moe.n_expert_used));
   } else if (!mamba) {
     w.add_u32(a + ".feed_forward_length", static_cast<uint32_t>(p.n_ff));
     w.add_u32(a + ".attention.head_count", static_cast<uint32_t>(p.n_head));
@@ -475,28 +505,29 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
     mixer(i);
   }
   const bool moe = p.moe.n_expert > 0;
-  if (moe) {
-    const auto router = [&](const std::string& name, int64_t cols, std::vector<float> row_scale) {
-      const RowGen base = uniform_rows(seed, name, cols, fan_in(cols));
-      const auto rows = static_cast<int64_t>(row_scale.size());
-      RowGen gen = [base, row_scale = std::move(row_scale), cols](int64_t row, float* out) {
-        base(row, out);
-        for (int64_t i = 0; i < cols; ++i) out[i] *= row_scale[static_cast<size_t>(row)];
-      };
-      w.add_tensor(name, DType::F32, {cols, rows}, [&pool, rows, cols, gen](const gguf::ByteSink& sink) {
-        emit_rows(pool, DType::F32, rows, cols, gen, sink);
-      });
+  const auto router = [&](const std::string& name, int64_t cols, std::vector<float> row_scale) {
+    const RowGen base = uniform_rows(seed, name, cols, fan_in(cols));
+    const auto rows = static_cast<int64_t>(row_scale.size());
+    RowGen gen = [base, row_scale = std::move(row_scale), cols](int64_t row, float* out) {
+      base(row, out);
+      for (int64_t i = 0; i < cols; ++i) out[i] *= row_scale[static_cast<size_t>(row)];
     };
-    const auto experts = [&](const std::string& name, int64_t cols, int64_t rows, int64_t n, int64_t layer) {
-      const DType t = matrix_type(ft, name, cols, layer, p.n_layer);
-      RowGen gen = uniform_rows(seed, name, cols, fan_in(cols));
-      w.add_tensor(name, t, {cols, rows, n}, [&pool, t, rows, n, cols, gen](const gguf::ByteSink& sink) {
-        emit_rows(pool, t, rows * n, cols, gen, sink);
-      });
-    };
-    write_moe_layers(p, LayerWriter{matrix, vec, router, experts});
-  }
-  for (int64_t i = 0; !mamba && !moe && i < p.n_layer; ++i) {
+    w.add_tensor(name, DType::F32, {cols, rows}, [&pool, rows, cols, gen](const gguf::ByteSink& sink) {
+      emit_rows(pool, DType::F32, rows, cols, gen, sink);
+    });
+  };
+  const auto experts = [&](const std::string& name, int64_t cols, int64_t rows, int64_t n, int64_t layer) {
+    const DType t = matrix_type(ft, name, cols, layer, p.n_layer);
+    RowGen gen = uniform_rows(seed, name, cols, fan_in(cols));
+    w.add_tensor(name, t, {cols, rows, n}, [&pool, t, rows, n, cols, gen](const gguf::ByteSink& sink) {
+      emit_rows(pool, t, rows * n, cols, gen, sink);
+    });
+  };
+  if (moe && !jamba) write_moe_layers(p, LayerWriter{matrix, vec, router, experts});
+  const auto expert_layer = [&](int64_t layer) {
+    return jamba && moe && layer % p.expert_period == p.expert_offset;
+  };
+  for (int64_t i = 0; !mamba && (jamba || !moe) && i < p.n_layer; ++i) {
     const std::string b = "blk." + std::to_string(i) + ".";
     vec(b + "attn_norm.weight", p.n_embd, 0.1f, 1.0f);
     if (jamba && !attends(i)) {
@@ -513,6 +544,13 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
       matrix(b + "attn_output.weight", p.n_embd, p.n_embd, i, fan_in(p.n_embd));
     }
     vec(b + "ffn_norm.weight", p.n_embd, 0.1f, 1.0f);
+    if (expert_layer(i)) {
+      router(b + "ffn_gate_inp.weight", p.n_embd, router_popularity(p.moe, i));
+      experts(b + "ffn_gate_exps.weight", p.n_embd, p.n_ff, p.moe.n_expert, i);
+      experts(b + "ffn_up_exps.weight", p.n_embd, p.n_ff, p.moe.n_expert, i);
+      experts(b + "ffn_down_exps.weight", p.n_ff, p.n_embd, p.moe.n_expert, i);
+      continue;
+    }
     matrix(b + "ffn_gate.weight", p.n_embd, p.n_ff, i, fan_in(p.n_embd));
     matrix(b + "ffn_up.weight", p.n_embd, p.n_ff, i, fan_in(p.n_embd));
     matrix(b + "ffn_down.weight", p.n_ff, p.n_embd, i, fan_in(p.n_ff));

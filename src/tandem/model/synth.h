@@ -14,9 +14,10 @@
 
 namespace tandem::model {
 
-// Mixture-of-experts shapes (qwen2moe, deepseek2); zero for dense models.
+// Mixture-of-experts shapes (qwen2moe, deepseek2, jamba); zero for dense models.
 struct SynthMoe {
-  int64_t n_expert = 0, n_expert_used = 0, n_ff_expert = 0;
+  int64_t n_expert = 0, n_expert_used = 0;
+  int64_t n_ff_expert = 0;      // jamba: the experts are n_ff wide (its files give no other width)
   int64_t n_ff_shared = 0;      // qwen2moe: the sigmoid-gated shared expert's width
   int64_t n_shared = 0;         // deepseek2: shared experts, together n_shared * n_ff_expert wide
   int64_t n_leading_dense = 0;  // deepseek2: dense layers (n_ff wide) before the MoE layers
@@ -48,13 +49,17 @@ struct SynthPreset {
   SynthMoe moe = {};
   SynthMla mla = {};
   // jamba: layer i attends when i % attn_period == attn_offset (as Jamba's attn_layer_period and
-  // attn_layer_offset); the other layers are Mamba layers. Every layer has a SwiGLU FFN of width n_ff.
+  // attn_layer_offset); the other layers are Mamba layers. Every layer has a SwiGLU FFN of width n_ff: with
+  // experts (moe.n_expert > 0), layer i's is a mixture of n_expert experts of width n_ff when
+  // i % expert_period == expert_offset (Jamba's expert_layer_period and expert_layer_offset), a dense one
+  // otherwise.
   int64_t attn_period = 0, attn_offset = 0;
+  int64_t expert_period = 0, expert_offset = 0;
 };
 
 // tinyllama-1.1b, llama-3.2-1b, qwen2.5-0.5b, qwen2.5-1.5b, bge-small (a bert encoder), nomic-embed-text (a
-// nomic-bert encoder), mamba-1.4b, qwen1.5-moe-a2.7b, deepseek-v2-lite, and small test shapes (a jamba hybrid
-// among them).
+// nomic-bert encoder), mamba-1.4b, qwen1.5-moe-a2.7b, deepseek-v2-lite, and small test shapes (jamba hybrids,
+// dense and with experts, among them).
 const std::vector<SynthPreset>& synth_presets();
 // Throws tandem::Error listing the known names.
 const SynthPreset& find_synth_preset(std::string_view name);
