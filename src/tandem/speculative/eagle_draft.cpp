@@ -271,7 +271,8 @@ void EagleDraftSource::set_taps(int64_t first_pos, std::span<const float> rows) 
 
 void EagleDraftSource::forward(int64_t n, const float* given_g, const int32_t* next_ids, bool want_logits) {
   if (rows_.rows == 0) rows_ = Rows(cfg_, kChunk, 1);  // a batched source proposing alone
-  const Segment one{this, n, given_g, next_ids, want_logits};
+  const Segment one{
+      .source = this, .n = n, .given_g = given_g, .next_ids = next_ids, .want_logits = want_logits};
   run(std::span<const Segment>(&one, 1), rows_);
 }
 
@@ -482,8 +483,11 @@ void EagleDraftSource::propose_batch(std::span<const DraftRequest> requests) {
       const int64_t last = static_cast<int64_t>(m.committed.size()) - 1;
       if (src.real_len_ >= last || rows >= max_rows) continue;
       const int64_t chunk = std::min(last - src.real_len_, max_rows - rows);
-      segments.push_back(
-          {&src, chunk, nullptr, m.committed.data() + src.real_len_ + 1, src.real_len_ + chunk == last});
+      segments.push_back({.source = &src,
+                          .n = chunk,
+                          .given_g = nullptr,
+                          .next_ids = m.committed.data() + src.real_len_ + 1,
+                          .want_logits = src.real_len_ + chunk == last});
       rows += chunk;
     }
     if (segments.empty()) break;
@@ -498,7 +502,11 @@ void EagleDraftSource::propose_batch(std::span<const DraftRequest> requests) {
     if (members.empty()) break;
     segments.clear();
     for (EagleDraftBatch::Member& m : members)
-      segments.push_back({m.source, 1, m.source->g_last_.data(), &m.out->tokens.back(), true});
+      segments.push_back({.source = m.source,
+                          .n = 1,
+                          .given_g = m.source->g_last_.data(),
+                          .next_ids = &m.out->tokens.back(),
+                          .want_logits = true});
     run(segments, b.rows_);
   }
 }
