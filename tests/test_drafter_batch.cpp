@@ -134,7 +134,7 @@ TEST(DrafterBatch, EagleBatchProposesAsEachSequenceAlone) {
   Fixture f;
   const std::vector<int32_t> taps = default_eagle_taps(f.target->config().n_layer);
   const train::EagleConfig cfg = eagle_drafter(*f.target)->config();
-  EagleDraftBatch batch(cfg, 4, 16);
+  EagleDraftBatch batch(cfg, f.pool, 4, kCtx, 16);
   std::vector<std::unique_ptr<EagleDraftSource>> batched, alone;
   for (size_t i = 0; i < kSequences; ++i) {
     batched.push_back(
@@ -172,7 +172,7 @@ TEST(DrafterBatch, EagleBatchRefusesADrafterOfAnotherShape) {
   Fixture f;
   train::EagleConfig cfg = eagle_drafter(*f.target)->config();
   cfg.n_layer = 1;
-  EagleDraftBatch batch(cfg, 2);
+  EagleDraftBatch batch(cfg, f.pool, 2, kCtx);
   try {
     EagleDraftSource s(eagle_drafter(*f.target), default_eagle_taps(f.target->config().n_layer), f.pool, kCtx,
                        &batch);
@@ -346,7 +346,7 @@ TEST(DrafterBatch, SchedulerWithBatchedDraftersEqualsPlainGreedy) {
   train::save_drafter(dflash_file, dflash.info, params);
 
   {
-    EagleDraftBatch batch(eagle_config_of(eagle.info), 8, 64);
+    EagleDraftBatch batch(eagle_config_of(eagle.info), f.pool, 8, kCtx, 64);
     engine::SchedulerStats stats;
     const auto spec = serve_all(
         graph, f.target->config(), 4,

@@ -305,8 +305,8 @@ void serve(const ServeOptions& o) {
       dflash_batch = std::make_unique<speculative::DflashDraftBatch>(speculative::dflash_config_of(info),
                                                                      pool, o.parallel, n_ctx, o.rows);
     else
-      eagle_batch = std::make_unique<speculative::EagleDraftBatch>(speculative::eagle_config_of(info),
-                                                                   o.parallel, o.rows);
+      eagle_batch = std::make_unique<speculative::EagleDraftBatch>(speculative::eagle_config_of(info), pool,
+                                                                   o.parallel, n_ctx, o.rows);
     std::vector<std::unique_ptr<speculative::DraftSource>> sources;
     for (int i = 0; i < o.parallel; ++i)
       if (dflash)

@@ -138,12 +138,16 @@ void check_eagle_target(const train::DrafterInfo& info, const model::Model& targ
                 std::to_string(target.config().n_embd) + "): train one for this target");
 }
 
-EagleDraftSource::Rows::Rows(const train::EagleConfig& cfg, int64_t n, int64_t n_logits)
-    : rows(n), logit_rows(n_logits) {
+EagleDraftSource::Rows::Rows(const train::EagleConfig& cfg, int threads, int64_t n, int64_t n_logits,
+                             int64_t context)
+    : rows(n), logit_rows(n_logits), n_ctx(context), n_threads(threads) {
   const int64_t d = cfg.d, qw = cfg.n_head * cfg.head_dim, kvw = cfg.n_kv_head * cfg.head_dim;
   const auto sized = [&](int64_t width) { return std::vector<float>(static_cast<size_t>(n * width), 0.0f); };
   pos.assign(static_cast<size_t>(n), 0);
   ids.assign(static_cast<size_t>(n), 0);
+  segment.assign(static_cast<size_t>(n), 0);
+  visible.assign(static_cast<size_t>(n), 0);
+  scores.assign(static_cast<size_t>(threads * context), 0.0f);
   in = sized(cfg.n_taps * d);
   for (auto* b : {&g, &e, &ne, &ng, &h1, &n2, &h2, &f}) *b = sized(d);
   u = sized(2 * d);
@@ -165,11 +169,14 @@ bool same_shape(const train::EagleConfig& a, const train::EagleConfig& b) {
 
 }  // namespace
 
-EagleDraftBatch::EagleDraftBatch(const train::EagleConfig& config, int max_sequences, int64_t max_rows)
+EagleDraftBatch::EagleDraftBatch(const train::EagleConfig& config, ThreadPool& pool, int max_sequences,
+                                 int64_t n_ctx, int64_t max_rows)
     : cfg_(config) {
   if (max_sequences < 1) throw Error("an EAGLE drafter batch holds at least one sequence");
+  if (n_ctx < 1) throw Error("the EAGLE drafter needs a context of at least one position");
   const auto n = static_cast<size_t>(max_sequences);
-  rows_ = EagleDraftSource::Rows(cfg_, std::max<int64_t>(max_rows, max_sequences), max_sequences);
+  rows_ = EagleDraftSource::Rows(cfg_, pool.size(), std::max<int64_t>(max_rows, max_sequences), max_sequences,
+                                 n_ctx);
   members_.reserve(n);
   segments_.reserve(n);
 }
@@ -187,9 +194,19 @@ EagleDraftSource::EagleDraftSource(std::unique_ptr<train::EagleDrafter> drafter,
     throw Error("the EAGLE drafter reads " + std::to_string(cfg_.n_taps) + " tap layers, but " +
                 std::to_string(taps_layers_.size()) + " were named");
   if (n_ctx_ < 1) throw Error("the EAGLE drafter needs a context of at least one position");
-  if (batch != nullptr && !same_shape(batch->config(), cfg_))
-    throw Error(
-        "the EAGLE drafter's shape differs from its batch's: make the batch from the drafter's config");
+  if (batch != nullptr) {
+    if (!same_shape(batch->config(), cfg_))
+      throw Error(
+          "the EAGLE drafter's shape differs from its batch's: make the batch from the drafter's config");
+    if (batch->rows_.n_ctx < n_ctx_)
+      throw Error("the EAGLE drafter's context of " + std::to_string(n_ctx_) +
+                  " positions is longer than its batch's (" + std::to_string(batch->rows_.n_ctx) +
+                  "): make the batch with the sources' context");
+    if (batch->rows_.n_threads < pool.size())
+      throw Error(
+          "the EAGLE drafter's batch was made for fewer threads than the drafter's pool: make it with "
+          "the sources' pool");
+  }
   batch_ = batch;
   const std::vector<train::Param*> params = drafter_->params();
   fc_ = find(params, "fc.weight");
@@ -222,8 +239,7 @@ EagleDraftSource::EagleDraftSource(std::unique_ptr<train::EagleDrafter> drafter,
   taps_ = sized(n_ctx_, cfg_.n_taps * d);
   k_ = sized(n_ctx_, kv_width_);
   v_ = sized(n_ctx_, kv_width_);
-  if (batch_ == nullptr) rows_ = Rows(cfg_, kChunk, 1);
-  scores_ = sized(n_ctx_, 1);
+  if (batch_ == nullptr) rows_ = Rows(cfg_, pool.size(), kChunk, 1, n_ctx_);
   g_last_ = sized(1, d);
   logits_ = sized(1, cfg_.vocab);
 }
@@ -270,7 +286,7 @@ void EagleDraftSource::set_taps(int64_t first_pos, std::span<const float> rows) 
 }
 
 void EagleDraftSource::forward(int64_t n, const float* given_g, const int32_t* next_ids, bool want_logits) {
-  if (rows_.rows == 0) rows_ = Rows(cfg_, kChunk, 1);  // a batched source proposing alone
+  if (rows_.rows == 0) rows_ = Rows(cfg_, compute_.pool.size(), kChunk, 1, n_ctx_);  // batched, alone now
   const Segment one{
       .source = this, .n = n, .given_g = given_g, .next_ids = next_ids, .want_logits = want_logits};
   run(std::span<const Segment>(&one, 1), rows_);
@@ -278,7 +294,7 @@ void EagleDraftSource::forward(int64_t n, const float* given_g, const int32_t* n
 
 void EagleDraftSource::run(std::span<const Segment> segments, Rows& w) {
   const int64_t d = cfg_.d, H = cfg_.n_head, Hkv = cfg_.n_kv_head, hd = cfg_.head_dim, F = cfg_.ffn;
-  const int64_t tw = cfg_.n_taps * d, qw = H * hd, kvw = kv_width_;
+  const int64_t tw = cfg_.n_taps * d, kvw = kv_width_;
   const float eps = cfg_.norm_eps;
   train::Compute& c = compute_;
   const auto bytes = [](int64_t floats) { return static_cast<size_t>(floats) * sizeof(float); };
@@ -286,11 +302,17 @@ void EagleDraftSource::run(std::span<const Segment> segments, Rows& w) {
   // Each row's position, next token and g: fc(taps) for the rows that read taps (gathered, one product over
   // all of them, then put in place), the given g for the others.
   int64_t n = 0, tap_rows = 0, n_logits = 0;
-  for (const Segment& s : segments) {
+  for (size_t si = 0; si < segments.size(); ++si) {
+    const Segment& s = segments[si];
     const EagleDraftSource& src = *s.source;
+    TANDEM_CHECK(src.n_ctx_ <= w.n_ctx, "an EAGLE source's context is longer than its scratch's");
+    TANDEM_CHECK(n + s.n <= w.rows, "an EAGLE drafter forward beyond its rows");
     for (int64_t i = 0; i < s.n; ++i) {
-      w.pos[static_cast<size_t>(n + i)] = static_cast<int32_t>(src.len_ + i);
-      w.ids[static_cast<size_t>(n + i)] = s.next_ids[i];
+      const auto r = static_cast<size_t>(n + i);
+      w.pos[r] = static_cast<int32_t>(src.len_ + i);
+      w.ids[r] = s.next_ids[i];
+      w.segment[r] = static_cast<int32_t>(si);
+      w.visible[r] = src.len_ + i + 1;  // causal: the cache up to the row itself
     }
     if (s.given_g != nullptr) {
       std::memcpy(w.g.data() + n * d, s.given_g, bytes(s.n * d));
@@ -301,7 +323,7 @@ void EagleDraftSource::run(std::span<const Segment> segments, Rows& w) {
     n += s.n;
     n_logits += s.want_logits ? 1 : 0;
   }
-  TANDEM_CHECK(n >= 1 && n <= w.rows && n_logits <= w.logit_rows, "an EAGLE drafter forward beyond its rows");
+  TANDEM_CHECK(n >= 1 && n_logits <= w.logit_rows, "an EAGLE drafter forward beyond its rows");
   if (tap_rows > 0) {
     train::linear_forward(*fc_, nullptr, w.in.data(), tap_rows, w.h1.data(), c);
     int64_t r = 0, t = 0;
@@ -321,8 +343,8 @@ void EagleDraftSource::run(std::span<const Segment> segments, Rows& w) {
     std::memcpy(w.u.data() + r * 2 * d + d, w.ng.data() + r * d, bytes(d));
   }
   const train::Rope rope{hd, cfg_.rope_theta, cfg_.rope_layout};
-  // Keys and values of every row, roped, into each segment's own cache; then each segment's attention over
-  // that cache. layer < 0: the first layer's cache, else plain layer `layer`'s.
+  // Keys and values of every row, roped, into each segment's own cache; then every row's attention over its
+  // own segment's cache. layer < 0: the first layer's cache, else plain layer `layer`'s.
   const auto attention = [&](int64_t layer) {
     train::rope_forward(rope, w.q.data(), n, H, w.pos.data(), c);
     train::rope_forward(rope, w.k.data(), n, Hkv, w.pos.data(), c);
@@ -333,9 +355,9 @@ void EagleDraftSource::run(std::span<const Segment> segments, Rows& w) {
       std::vector<float>& vc = layer < 0 ? src.v_ : src.plain_[static_cast<size_t>(layer)].v;
       std::memcpy(kc.data() + src.len_ * kvw, w.k.data() + r * kvw, bytes(s.n * kvw));
       std::memcpy(vc.data() + src.len_ * kvw, w.v.data() + r * kvw, bytes(s.n * kvw));
-      src.attend(w.q.data() + r * qw, kc.data(), vc.data(), s.n, w.att.data() + r * qw);
       r += s.n;
     }
+    attend(segments, layer, n, w);
   };
   train::linear_forward(*wq_, nullptr, w.u.data(), n, w.q.data(), c);
   train::linear_forward(*wk_, nullptr, w.u.data(), n, w.k.data(), c);
@@ -386,38 +408,42 @@ void EagleDraftSource::run(std::span<const Segment> segments, Rows& w) {
       std::memcpy(s.source->logits_.data(), w.logits.data() + j++ * cfg_.vocab, bytes(cfg_.vocab));
 }
 
-void EagleDraftSource::attend(const float* q, const float* k_cache, const float* v_cache, int64_t n,
-                              float* att) {
+void EagleDraftSource::attend(std::span<const Segment> segments, int64_t layer, int64_t n, Rows& w) {
   const int64_t H = cfg_.n_head, hd = cfg_.head_dim, qw = H * hd, group = H / cfg_.n_kv_head;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t visible = len_ + i + 1;
-    for (int64_t h = 0; h < H; ++h) {
-      const float* qh = q + i * qw + h * hd;
+  compute_.pool.parallel_for(n * H, 1, [&](int64_t i0, int64_t i1, int t) {
+    float* scores = w.scores.data() + static_cast<int64_t>(t) * w.n_ctx;
+    for (int64_t ih = i0; ih < i1; ++ih) {
+      const int64_t i = ih / H, h = ih % H;
+      const EagleDraftSource& src = *segments[static_cast<size_t>(w.segment[static_cast<size_t>(i)])].source;
+      const float* k_cache = layer < 0 ? src.k_.data() : src.plain_[static_cast<size_t>(layer)].k.data();
+      const float* v_cache = layer < 0 ? src.v_.data() : src.plain_[static_cast<size_t>(layer)].v.data();
+      const int64_t visible = w.visible[static_cast<size_t>(i)];
+      const float* qh = w.q.data() + i * qw + h * hd;
       const int64_t kvh = h / group;
       float top = -INFINITY;
       for (int64_t j = 0; j < visible; ++j) {
         const float* kj = k_cache + j * kv_width_ + kvh * hd;
         float s = 0.0f;
         for (int64_t x = 0; x < hd; ++x) s += qh[x] * kj[x];
-        scores_[static_cast<size_t>(j)] = s * scale;
+        scores[j] = s * scale;
         top = std::max(top, s * scale);
       }
       float sum = 0.0f;
       for (int64_t j = 0; j < visible; ++j) {
-        float& s = scores_[static_cast<size_t>(j)];
+        float& s = scores[j];
         s = std::exp(s - top);
         sum += s;
       }
-      float* out = att + i * qw + h * hd;
+      float* out = w.att.data() + i * qw + h * hd;
       std::fill(out, out + hd, 0.0f);
       for (int64_t j = 0; j < visible; ++j) {
-        const float w = scores_[static_cast<size_t>(j)] / sum;
+        const float wt = scores[j] / sum;
         const float* vj = v_cache + j * kv_width_ + kvh * hd;
-        for (int64_t x = 0; x < hd; ++x) out[x] += w * vj[x];
+        for (int64_t x = 0; x < hd; ++x) out[x] += wt * vj[x];
       }
     }
-  }
+  });
 }
 
 void EagleDraftSource::draw(int64_t position, size_t i, Draft& out) {

@@ -113,12 +113,16 @@ class EagleDraftSource final : public DraftSource {
   friend class EagleDraftBatch;
 
   // Scratch of drafter forwards over at most `rows` rows (a source's own, or its batch's), logits for at most
-  // logit_rows of them.
+  // logit_rows of them, attention for `threads` threads over at most n_ctx cache rows.
   struct Rows {
     Rows() = default;
-    Rows(const train::EagleConfig& cfg, int64_t rows, int64_t logit_rows);
-    int64_t rows = 0, logit_rows = 0;
+    Rows(const train::EagleConfig& cfg, int threads, int64_t rows, int64_t logit_rows, int64_t context);
+    int64_t rows = 0, logit_rows = 0, n_ctx = 0;
+    int n_threads = 0;
     std::vector<int32_t> pos, ids;                   // [rows]
+    std::vector<int32_t> segment;                    // [rows] the segment each row belongs to
+    std::vector<int64_t> visible;                    // [rows] the cache rows each row attends to
+    std::vector<float> scores;                       // [threads, n_ctx]
     std::vector<float> in;                           // [rows, n_taps * d] the taps of the rows that read them
     std::vector<float> g, e, ne, ng, h1, n2, h2, f;  // [rows, d]
     std::vector<float> u;                            // [rows, 2 * d]
@@ -145,9 +149,10 @@ class EagleDraftSource final : public DraftSource {
   void run(std::span<const Segment> segments, Rows& w);
   // One segment of this source's own in its own scratch.
   void forward(int64_t n, const float* given_g, const int32_t* next_ids, bool want_logits);
-  // Causal attention of n rows of roped queries q [n, n_head * head_dim] over cache rows 0 .. len_ + i
-  // (row i), into att [n, n_head * head_dim].
-  void attend(const float* q, const float* k_cache, const float* v_cache, int64_t n, float* att);
+  // Causal attention of the forward's n rows of roped queries (w.q) over their own segment's cache of
+  // `layer` (< 0: the first layer, else plain layer `layer`), into w.att; (row, head) pairs split over the
+  // threads, each computed as in a forward of its own.
+  void attend(std::span<const Segment> segments, int64_t layer, int64_t n, Rows& w);
   // Draws draft i (at position `position`) from logits_ into out.
   void draw(int64_t position, size_t i, Draft& out);
 
@@ -179,7 +184,6 @@ class EagleDraftSource final : public DraftSource {
   int64_t real_len_ = 0;  // rows computed from the target's taps: positions 0 .. real_len_ - 1
   EagleDraftBatch* batch_ = nullptr;
   Rows rows_;                  // this source's own scratch (made on its first proposal alone in a batch)
-  std::vector<float> scores_;  // [n_ctx]
   std::vector<float> g_last_;  // [d]
   std::vector<float> logits_;  // [vocab]
   std::vector<int32_t> history_;
@@ -190,11 +194,14 @@ class EagleDraftSource final : public DraftSource {
 // every sequence still lacks in forwards shared with the others, then each drafting step one row per sequence
 // in one forward. Every row is computed as alone (the float matrix products give a row the same bits in
 // every row count, docs/kernels.md), so every sequence drafts exactly what it drafts alone. The sources of
-// one batch must hold the same drafter (one file). Used by one thread at a time.
+// one batch must hold the same drafter (one file) and a context of at most n_ctx positions. Used by one
+// thread at a time.
 class EagleDraftBatch {
  public:
-  // max_sequences: the most sources that propose together; max_rows: rows per forward (>= max_sequences).
-  EagleDraftBatch(const train::EagleConfig& config, int max_sequences, int64_t max_rows = 64);
+  // pool: the sources' threads; max_sequences: the most sources that propose together; n_ctx: the sources'
+  // context; max_rows: rows per forward (>= max_sequences).
+  EagleDraftBatch(const train::EagleConfig& config, ThreadPool& pool, int max_sequences, int64_t n_ctx,
+                  int64_t max_rows = 64);
 
   const train::EagleConfig& config() const { return cfg_; }
   // Batched proposals run, and the most sequences one of them drafted for.
