@@ -4,6 +4,7 @@
 // and the scheduler with a batched hidden-state drafter under 8 concurrent streams gives output identical to
 // plain greedy decoding request by request, its proposals batched across sequences.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -326,7 +327,8 @@ TEST(DrafterBatch, SchedulerWithBatchedDraftersEqualsPlainGreedy) {
   eo.seed = 3;
   EagleTrainResult eagle = train_eagle(*f.target, f.pool, eo);
   eagle.info.target_file_hash = target_hash;
-  const std::string eagle_file = ::testing::TempDir() + "drafter_batch_eagle.gguf";
+  const std::string eagle_file =
+      ::testing::TempDir() + std::to_string(getpid()) + "_drafter_batch_eagle.gguf";
   std::vector<train::Param*> params = eagle.source->drafter().params();
   train::save_drafter(eagle_file, eagle.info, params);
 
@@ -341,7 +343,8 @@ TEST(DrafterBatch, SchedulerWithBatchedDraftersEqualsPlainGreedy) {
   dopt.anchors = 8;
   DflashTrainResult dflash = train_dflash(*f.target, f.pool, dopt);
   dflash.info.target_file_hash = target_hash;
-  const std::string dflash_file = ::testing::TempDir() + "drafter_batch_dflash.gguf";
+  const std::string dflash_file =
+      ::testing::TempDir() + std::to_string(getpid()) + "_drafter_batch_dflash.gguf";
   params = dflash.source->drafter().params();
   train::save_drafter(dflash_file, dflash.info, params);
 
