@@ -160,11 +160,14 @@ bool warm_up_embeddings(engine::EmbeddingBatcher& embeddings, const tokenizer::T
 
 // Drafters that are costly to build (an EAGLE-3 drafter holds f32 copies of the target's embedding and head)
 // are built once per running slot and lent to sequences: a lent source forwards every call to its pooled one
-// and gives it back when its sequence ends. The scheduler's thread is the only user.
+// (a batched proposal to the pooled sources of its requests) and gives it back when its sequence ends. The
+// scheduler's thread is the only user.
 class SourceLender {
  public:
   explicit SourceLender(std::vector<std::unique_ptr<speculative::DraftSource>> sources)
-      : free_(std::move(sources)) {}
+      : free_(std::move(sources)) {
+    requests_.reserve(free_.size());
+  }
 
   // Null when every source is lent (the scheduler runs at most as many sequences as there are sources).
   std::unique_ptr<speculative::DraftSource> lend() {
@@ -192,6 +195,15 @@ class SourceLender {
     void accept(std::span<const int32_t> committed, int n_accepted) override {
       s_->accept(committed, n_accepted);
     }
+    const void* batch_group() const override { return s_->batch_group(); }
+    // The requests' sources are lent ones of the same group (only they return the pooled sources' group).
+    void propose_batch(std::span<const speculative::DraftRequest> requests) override {
+      auto& pooled = owner_.requests_;
+      pooled.clear();
+      for (const speculative::DraftRequest& r : requests)
+        pooled.push_back({static_cast<Lent&>(*r.source).s_.get(), r.committed, r.max_depth, r.out});
+      s_->propose_batch(pooled);
+    }
     std::span<const int64_t> target_layers() const override { return s_->target_layers(); }
     void on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
                           int64_t first_pos) override {
@@ -203,6 +215,7 @@ class SourceLender {
     std::unique_ptr<speculative::DraftSource> s_;
   };
   std::vector<std::unique_ptr<speculative::DraftSource>> free_;
+  std::vector<speculative::DraftRequest> requests_;  // a batched proposal's requests to the pooled sources
 };
 
 void serve(const ServeOptions& o) {
@@ -268,6 +281,8 @@ void serve(const ServeOptions& o) {
   so.gate = o.gate;
   std::unique_ptr<model::Model> draft;
   std::unique_ptr<speculative::DraftModelBatch> draft_batch;
+  std::unique_ptr<speculative::EagleDraftBatch> eagle_batch;
+  std::unique_ptr<speculative::DflashDraftBatch> dflash_batch;
   std::unique_ptr<SourceLender> lender;
   engine::DraftFactory drafts;
   std::string draft_hash;
@@ -283,13 +298,23 @@ void serve(const ServeOptions& o) {
     };
   } else if (!o.drafter.empty()) {
     const std::string target_hash = speculative::file_fingerprint(o.model.model_path);
-    const bool dflash = train::load_drafter(o.drafter, {}).kind == speculative::kDflashKind;
+    const train::DrafterInfo info = train::load_drafter(o.drafter, {});
+    const bool dflash = info.kind == speculative::kDflashKind;
+    // One drafter forward per drafting step proposes for every sequence that drafts in an iteration.
+    if (dflash)
+      dflash_batch = std::make_unique<speculative::DflashDraftBatch>(speculative::dflash_config_of(info),
+                                                                     pool, o.parallel, n_ctx, o.rows);
+    else
+      eagle_batch = std::make_unique<speculative::EagleDraftBatch>(speculative::eagle_config_of(info), pool,
+                                                                   o.parallel, n_ctx, o.rows);
     std::vector<std::unique_ptr<speculative::DraftSource>> sources;
     for (int i = 0; i < o.parallel; ++i)
       if (dflash)
-        sources.push_back(speculative::DflashDraftSource::load(o.drafter, *model, target_hash, pool, n_ctx));
+        sources.push_back(speculative::DflashDraftSource::load(o.drafter, *model, target_hash, pool, n_ctx,
+                                                               dflash_batch.get()));
       else
-        sources.push_back(speculative::EagleDraftSource::load(o.drafter, *model, target_hash, pool, n_ctx));
+        sources.push_back(speculative::EagleDraftSource::load(o.drafter, *model, target_hash, pool, n_ctx,
+                                                              eagle_batch.get()));
     lender = std::make_unique<SourceLender>(std::move(sources));
     drafts = [&] { return lender->lend(); };
   } else if (o.draft == "ngram") {

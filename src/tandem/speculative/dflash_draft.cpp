@@ -96,12 +96,49 @@ DflashDraftSource::Matrix DflashDraftSource::make_matrix(const train::Param& p) 
   return m;
 }
 
-void DflashDraftSource::matmul(const MatrixView& w, const float* x, int64_t rows, float* y) {
-  kernels::matmul(w, x, rows, y, compute_.pool, mm_scratch_);
+void DflashDraftSource::matmul(const MatrixView& w, const float* x, int64_t rows, float* y, Rows& rw) {
+  kernels::matmul(w, x, rows, y, compute_.pool, rw.mm);
+}
+
+DflashDraftSource::Rows::Rows(const train::DflashConfig& cfg, int threads, int64_t n_ctx_rows,
+                              int64_t n_block_rows, int64_t context)
+    : ctx_rows(n_ctx_rows), block_rows(n_block_rows), n_ctx(context), n_threads(threads) {
+  const int64_t d = cfg.d, qw = cfg.n_head * cfg.head_dim, kvw = cfg.n_kv_head * cfg.head_dim;
+  const int64_t most = std::max(ctx_rows, block_rows);
+  const auto sized = [](int64_t rows, int64_t width) {
+    return std::vector<float>(static_cast<size_t>(rows * width), 0.0f);
+  };
+  pos.assign(static_cast<size_t>(most), 0);
+  k = sized(most, kvw);
+  v = sized(most, kvw);
+  in = sized(ctx_rows, cfg.n_taps * d);
+  g = sized(ctx_rows, d);
+  ctx = sized(ctx_rows, d);
+  for (auto* b : {&x, &xn, &h, &hn, &f}) *b = sized(block_rows, d);
+  for (auto* b : {&q, &att}) *b = sized(block_rows, qw);
+  for (auto* b : {&gate, &up, &act}) *b = sized(block_rows, cfg.ffn);
+  inv = sized(most, 1);
+  scores = sized(n_threads, n_ctx + cfg.block);
+  logits = sized(block_rows, cfg.vocab);
+  mm = kernels::MatmulScratch(n_threads, std::max({cfg.n_taps * d, qw, cfg.ffn, d}), most);
+}
+
+DflashDraftBatch::DflashDraftBatch(const train::DflashConfig& config, ThreadPool& pool, int max_sequences,
+                                   int64_t n_ctx, int64_t max_rows)
+    : cfg_(config) {
+  if (max_sequences < 1) throw Error("a DFlash drafter batch holds at least one sequence");
+  if (n_ctx < 1) throw Error("the DFlash drafter needs a context of at least one position");
+  const auto n = static_cast<size_t>(max_sequences);
+  rows_ = DflashDraftSource::Rows(cfg_, pool.size(), std::max<int64_t>(max_rows, 1),
+                                  max_sequences * cfg_.block, n_ctx);
+  members_.reserve(n);
+  spans_.reserve(n);
+  blocks_.reserve(n);
 }
 
 DflashDraftSource::DflashDraftSource(std::unique_ptr<train::DflashDrafter> drafter, std::vector<int32_t> taps,
-                                     ThreadPool& pool, int64_t n_ctx, const MatrixView* target_head)
+                                     ThreadPool& pool, int64_t n_ctx, const MatrixView* target_head,
+                                     DflashDraftBatch* batch)
     : drafter_(std::move(drafter)),
       cfg_(drafter_->config()),
       taps_layers_(std::move(taps)),
@@ -113,7 +150,24 @@ DflashDraftSource::DflashDraftSource(std::unique_ptr<train::DflashDrafter> draft
     throw Error("the DFlash drafter reads " + std::to_string(cfg_.n_taps) + " tap layers, but " +
                 std::to_string(taps_layers_.size()) + " were named");
   if (n_ctx_ < 1) throw Error("the DFlash drafter needs a context of at least one position");
-  const int64_t d = cfg_.d, B = cfg_.block, qw = cfg_.n_head * cfg_.head_dim;
+  if (batch != nullptr) {
+    const train::DflashConfig& b = batch->config();
+    if (b.d != cfg_.d || b.n_head != cfg_.n_head || b.n_kv_head != cfg_.n_kv_head ||
+        b.head_dim != cfg_.head_dim || b.ffn != cfg_.ffn || b.vocab != cfg_.vocab ||
+        b.n_taps != cfg_.n_taps || b.n_layers != cfg_.n_layers || b.block != cfg_.block)
+      throw Error(
+          "the DFlash drafter's shape differs from its batch's: make the batch from the drafter's config");
+    if (batch->rows_.n_ctx < n_ctx_)
+      throw Error("the DFlash drafter's context of " + std::to_string(n_ctx_) +
+                  " positions is longer than its batch's (" + std::to_string(batch->rows_.n_ctx) +
+                  "): make the batch with the sources' context");
+    if (batch->rows_.n_threads < pool.size())
+      throw Error(
+          "the DFlash drafter's batch was made for fewer threads than the drafter's pool: make it with "
+          "the sources' pool");
+  }
+  batch_ = batch;
+  const int64_t d = cfg_.d, B = cfg_.block;
   const auto sized = [](int64_t rows, int64_t width) {
     return std::vector<float>(static_cast<size_t>(rows * width), 0.0f);
   };
@@ -122,14 +176,7 @@ DflashDraftSource::DflashDraftSource(std::unique_ptr<train::DflashDrafter> draft
     k_.push_back(sized(n_ctx_ + B, kv_width_));
     v_.push_back(sized(n_ctx_ + B, kv_width_));
   }
-  const int64_t rows = std::max(kChunk, B);
-  pos_.assign(static_cast<size_t>(rows), 0);
-  for (auto* b : {&g_, &ctx_, &x_, &xn_, &h_, &hn_, &f_}) *b = sized(rows, d);
-  for (auto* b : {&q_, &att_}) *b = sized(B, qw);
-  for (auto* b : {&gate_, &up_, &act_}) *b = sized(B, cfg_.ffn);
-  inv_ = sized(rows, 1);
-  scores_ = sized(pool.size(), n_ctx_ + B);
-  logits_ = sized(B, cfg_.vocab);
+  if (batch_ == nullptr) own_rows();
 
   const train::DflashDrafter& m = *drafter_;
   fc_ = make_matrix(m.fc());
@@ -151,14 +198,18 @@ DflashDraftSource::DflashDraftSource(std::unique_ptr<train::DflashDrafter> draft
     throw Error("the target's output head is [" + std::to_string(head_.rows) + ", " +
                 std::to_string(head_.cols) + "], the DFlash drafter needs [" + std::to_string(cfg_.vocab) +
                 ", " + std::to_string(d) + "]");
-  const int64_t max_cols = std::max({cfg_.n_taps * d, qw, cfg_.ffn, d});
-  mm_scratch_ = kernels::MatmulScratch(pool.size(), max_cols, rows);
+}
+
+DflashDraftSource::Rows& DflashDraftSource::own_rows() {
+  if (rows_.block_rows == 0) rows_ = Rows(cfg_, compute_.pool.size(), kChunk, cfg_.block, n_ctx_);
+  return rows_;
 }
 
 std::unique_ptr<DflashDraftSource> DflashDraftSource::load(const std::string& path,
                                                            const model::Model& target,
                                                            const std::string& target_file_hash,
-                                                           ThreadPool& pool, int64_t n_ctx) {
+                                                           ThreadPool& pool, int64_t n_ctx,
+                                                           DflashDraftBatch* batch) {
   // The metadata first (no parameters), to build a drafter of the recorded shape.
   train::DrafterInfo info = train::load_drafter(path, {});
   const train::DflashConfig cfg = dflash_config_of(info);
@@ -168,7 +219,7 @@ std::unique_ptr<DflashDraftSource> DflashDraftSource::load(const std::string& pa
   info = train::load_drafter(path, params);
   copy_target_weights(target, *drafter);
   return std::make_unique<DflashDraftSource>(std::move(drafter), info.tap_layers, pool, n_ctx,
-                                             &target.weights().output);
+                                             &target.weights().output, batch);
 }
 
 void DflashDraftSource::begin(std::span<const int32_t> /*prompt*/, const DraftSettings& settings) {
@@ -197,62 +248,93 @@ void DflashDraftSource::set_taps(int64_t first_pos, std::span<const float> rows)
                 static_cast<size_t>(n * width) * sizeof(float));
 }
 
-void DflashDraftSource::extend_context(int64_t n) {
+void DflashDraftSource::extend_context(std::span<const Span> spans, Rows& w) {
   const train::DflashDrafter& m = *drafter_;
   const train::Rope rope{cfg_.head_dim, cfg_.rope_theta, cfg_.rope_layout};
   train::Compute& c = compute_;
-  for (int64_t i = 0; i < n; ++i) pos_[static_cast<size_t>(i)] = static_cast<int32_t>(ctx_len_ + i);
-  matmul(fc_.view, taps_.data() + ctx_len_ * cfg_.n_taps * cfg_.d, n, g_.data());
-  train::rmsnorm_forward(m.context_norm(), cfg_.norm_eps, g_.data(), n, ctx_.data(), inv_.data(), c);
-  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-    float* k = k_[static_cast<size_t>(l)].data() + ctx_len_ * kv_width_;
-    float* v = v_[static_cast<size_t>(l)].data() + ctx_len_ * kv_width_;
-    const Matrix* mats = layer_mats_.data() + l * kLayerMatrices;
-    matmul(mats[kWk].view, ctx_.data(), n, k);
-    matmul(mats[kWv].view, ctx_.data(), n, v);
-    train::rope_forward(rope, k, n, cfg_.n_kv_head, pos_.data(), c);
+  const int64_t tw = cfg_.n_taps * cfg_.d, kvw = kv_width_;
+  const auto bytes = [](int64_t floats) { return static_cast<size_t>(floats) * sizeof(float); };
+  int64_t n = 0;
+  for (const Span& s : spans) {
+    const DflashDraftSource& src = *s.source;
+    for (int64_t i = 0; i < s.n; ++i)
+      w.pos[static_cast<size_t>(n + i)] = static_cast<int32_t>(src.ctx_len_ + i);
+    std::memcpy(w.in.data() + n * tw, src.taps_.data() + src.ctx_len_ * tw, bytes(s.n * tw));
+    n += s.n;
   }
-  ctx_len_ += n;
+  TANDEM_CHECK(n >= 1 && n <= w.ctx_rows, "a DFlash context forward beyond its rows");
+  matmul(fc_.view, w.in.data(), n, w.g.data(), w);
+  train::rmsnorm_forward(m.context_norm(), cfg_.norm_eps, w.g.data(), n, w.ctx.data(), w.inv.data(), c);
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    const Matrix* mats = layer_mats_.data() + l * kLayerMatrices;
+    matmul(mats[kWk].view, w.ctx.data(), n, w.k.data(), w);
+    matmul(mats[kWv].view, w.ctx.data(), n, w.v.data(), w);
+    train::rope_forward(rope, w.k.data(), n, cfg_.n_kv_head, w.pos.data(), c);
+    int64_t r = 0;
+    for (const Span& s : spans) {
+      DflashDraftSource& src = *s.source;
+      const auto li = static_cast<size_t>(l);
+      std::memcpy(src.k_[li].data() + src.ctx_len_ * kvw, w.k.data() + r * kvw, bytes(s.n * kvw));
+      std::memcpy(src.v_[li].data() + src.ctx_len_ * kvw, w.v.data() + r * kvw, bytes(s.n * kvw));
+      r += s.n;
+    }
+  }
+  for (const Span& s : spans) s.source->ctx_len_ += s.n;
 }
 
-void DflashDraftSource::run_block(int32_t anchor, int64_t first_pos, int64_t rows) {
+void DflashDraftSource::run_blocks(std::span<const Block> blocks, Rows& w) {
   const train::DflashDrafter& m = *drafter_;
   const int64_t d = cfg_.d, B = cfg_.block, H = cfg_.n_head, Hkv = cfg_.n_kv_head, hd = cfg_.head_dim;
-  const int64_t qw = H * hd, group = H / Hkv, keys = ctx_len_ + B, F = cfg_.ffn;
+  const int64_t qw = H * hd, group = H / Hkv, F = cfg_.ffn, kvw = kv_width_;
+  const auto nb = static_cast<int64_t>(blocks.size()), n = nb * B;
   const float eps = cfg_.norm_eps, scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const train::Rope rope{hd, cfg_.rope_theta, cfg_.rope_layout};
   train::Compute& c = compute_;
-  if (anchor < 0 || anchor >= cfg_.vocab)
-    throw Error("token id " + std::to_string(anchor) + " is outside the drafter's vocabulary of " +
-                std::to_string(cfg_.vocab));
-  for (int64_t i = 0; i < B; ++i) {
-    pos_[static_cast<size_t>(i)] = static_cast<int32_t>(first_pos + i);
-    const float* src = i == 0 ? m.embedding().value.data() + static_cast<int64_t>(anchor) * d
-                              : m.mask_embedding().value.data();
-    std::memcpy(x_.data() + i * d, src, static_cast<size_t>(d) * sizeof(float));
+  const auto bytes = [](int64_t floats) { return static_cast<size_t>(floats) * sizeof(float); };
+  TANDEM_CHECK(nb >= 1 && n <= w.block_rows, "a DFlash block forward beyond its rows");
+  for (int64_t b = 0; b < nb; ++b) {
+    const Block& blk = blocks[static_cast<size_t>(b)];
+    TANDEM_CHECK(blk.source->n_ctx_ <= w.n_ctx, "a DFlash source's context is longer than its scratch's");
+    if (blk.anchor < 0 || blk.anchor >= cfg_.vocab)
+      throw Error("token id " + std::to_string(blk.anchor) + " is outside the drafter's vocabulary of " +
+                  std::to_string(cfg_.vocab));
+    for (int64_t i = 0; i < B; ++i) {
+      w.pos[static_cast<size_t>(b * B + i)] = static_cast<int32_t>(blk.first_pos + i);
+      const float* src = i == 0 ? m.embedding().value.data() + static_cast<int64_t>(blk.anchor) * d
+                                : m.mask_embedding().value.data();
+      std::memcpy(w.x.data() + (b * B + i) * d, src, bytes(d));
+    }
   }
+  const int64_t stride = w.n_ctx + B;  // per thread's scores
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     const train::DflashDrafter::Layer& L = m.layer(l);
-    const float* kc = k_[static_cast<size_t>(l)].data();
-    const float* vc = v_[static_cast<size_t>(l)].data();
-    float* kb = k_[static_cast<size_t>(l)].data() + ctx_len_ * kv_width_;
-    float* vb = v_[static_cast<size_t>(l)].data() + ctx_len_ * kv_width_;
-    train::rmsnorm_forward(L.attn_norm, eps, x_.data(), B, xn_.data(), inv_.data(), c);
+    const auto li = static_cast<size_t>(l);
+    train::rmsnorm_forward(L.attn_norm, eps, w.x.data(), n, w.xn.data(), w.inv.data(), c);
     const Matrix* mats = layer_mats_.data() + l * kLayerMatrices;
-    matmul(mats[kWq].view, xn_.data(), B, q_.data());
-    matmul(mats[kWk].view, xn_.data(), B, kb);
-    matmul(mats[kWv].view, xn_.data(), B, vb);
-    train::rope_forward(rope, q_.data(), B, H, pos_.data(), c);
-    train::rope_forward(rope, kb, B, Hkv, pos_.data(), c);
-    // Every block row sees every context row and every block row.
-    c.pool.parallel_for(B * H, 1, [&](int64_t i0, int64_t i1, int t) {
-      float* scores = scores_.data() + static_cast<int64_t>(t) * (n_ctx_ + B);
+    matmul(mats[kWq].view, w.xn.data(), n, w.q.data(), w);
+    matmul(mats[kWk].view, w.xn.data(), n, w.k.data(), w);
+    matmul(mats[kWv].view, w.xn.data(), n, w.v.data(), w);
+    train::rope_forward(rope, w.q.data(), n, H, w.pos.data(), c);
+    train::rope_forward(rope, w.k.data(), n, Hkv, w.pos.data(), c);
+    // Each block's keys and values follow its own context.
+    for (int64_t b = 0; b < nb; ++b) {
+      DflashDraftSource& src = *blocks[static_cast<size_t>(b)].source;
+      std::memcpy(src.k_[li].data() + src.ctx_len_ * kvw, w.k.data() + b * B * kvw, bytes(B * kvw));
+      std::memcpy(src.v_[li].data() + src.ctx_len_ * kvw, w.v.data() + b * B * kvw, bytes(B * kvw));
+    }
+    // Every block row sees every row of its own sequence's context and every row of its own block.
+    c.pool.parallel_for(n * H, 1, [&](int64_t i0, int64_t i1, int t) {
+      float* scores = w.scores.data() + static_cast<int64_t>(t) * stride;
       for (int64_t ih = i0; ih < i1; ++ih) {
         const int64_t i = ih / H, h = ih % H, kvo = h / group * hd;
-        const float* qh = q_.data() + i * qw + h * hd;
+        const DflashDraftSource& src = *blocks[static_cast<size_t>(i / B)].source;
+        const float* kc = src.k_[li].data();
+        const float* vc = src.v_[li].data();
+        const int64_t keys = src.ctx_len_ + B;
+        const float* qh = w.q.data() + i * qw + h * hd;
         float top = -INFINITY;
         for (int64_t j = 0; j < keys; ++j) {
-          const float* kj = kc + j * kv_width_ + kvo;
+          const float* kj = kc + j * kvw + kvo;
           float s = 0.0f;
           for (int64_t x = 0; x < hd; ++x) s += qh[x] * kj[x];
           scores[j] = s * scale;
@@ -261,27 +343,50 @@ void DflashDraftSource::run_block(int32_t anchor, int64_t first_pos, int64_t row
         float sum = 0.0f;
         for (int64_t j = 0; j < keys; ++j) sum += scores[j] = std::exp(scores[j] - top);
         const float inv = 1.0f / sum;
-        float* out = att_.data() + i * qw + h * hd;
+        float* out = w.att.data() + i * qw + h * hd;
         std::fill(out, out + hd, 0.0f);
         for (int64_t j = 0; j < keys; ++j) {
-          const float w = scores[j] * inv;
-          const float* vj = vc + j * kv_width_ + kvo;
-          for (int64_t x = 0; x < hd; ++x) out[x] += w * vj[x];
+          const float wt = scores[j] * inv;
+          const float* vj = vc + j * kvw + kvo;
+          for (int64_t x = 0; x < hd; ++x) out[x] += wt * vj[x];
         }
       }
     });
-    matmul(mats[kWo].view, att_.data(), B, h_.data());
-    train::add_into(h_.data(), x_.data(), B * d, c);
-    train::rmsnorm_forward(L.ffn_norm, eps, h_.data(), B, hn_.data(), inv_.data(), c);
-    matmul(mats[kGate].view, hn_.data(), B, gate_.data());
-    matmul(mats[kUp].view, hn_.data(), B, up_.data());
-    train::swiglu_forward(gate_.data(), up_.data(), B * F, act_.data(), c);
-    matmul(mats[kDown].view, act_.data(), B, x_.data());
-    train::add_into(x_.data(), h_.data(), B * d, c);
+    matmul(mats[kWo].view, w.att.data(), n, w.h.data(), w);
+    train::add_into(w.h.data(), w.x.data(), n * d, c);
+    train::rmsnorm_forward(L.ffn_norm, eps, w.h.data(), n, w.hn.data(), w.inv.data(), c);
+    matmul(mats[kGate].view, w.hn.data(), n, w.gate.data(), w);
+    matmul(mats[kUp].view, w.hn.data(), n, w.up.data(), w);
+    train::swiglu_forward(w.gate.data(), w.up.data(), n * F, w.act.data(), c);
+    matmul(mats[kDown].view, w.act.data(), n, w.x.data(), w);
+    train::add_into(w.x.data(), w.h.data(), n * d, c);
   }
-  len_ = ctx_len_ + B;
-  train::rmsnorm_forward(m.output_norm(), eps, x_.data(), rows, f_.data(), inv_.data(), c);
-  matmul(head_, f_.data(), rows, logits_.data());
+  // The wanted rows of every block, one after another (into h, free now), through the output head.
+  int64_t wanted = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const Block& blk = blocks[static_cast<size_t>(b)];
+    blk.source->len_ = blk.source->ctx_len_ + B;
+    std::memcpy(w.h.data() + wanted * d, w.x.data() + b * B * d, bytes(blk.rows * d));
+    wanted += blk.rows;
+  }
+  if (wanted == 0) return;
+  train::rmsnorm_forward(m.output_norm(), eps, w.h.data(), wanted, w.f.data(), w.inv.data(), c);
+  matmul(head_, w.f.data(), wanted, w.logits.data(), w);
+}
+
+void DflashDraftSource::draw(std::span<const int32_t> committed, const float* logits, int64_t depth,
+                             Draft& out) {
+  const auto n = static_cast<int64_t>(committed.size());
+  history_.assign(committed.begin(), committed.end());
+  for (int64_t i = 0; i < depth; ++i) {
+    sampling::Distribution& q = out.q_slot(static_cast<size_t>(i));
+    const std::span<const float> row(logits + i * cfg_.vocab, static_cast<size_t>(cfg_.vocab));
+    sampler_.distribution(row, history_, q);
+    const int32_t x = sampler_.draw(q, sequence_, static_cast<uint64_t>(n + i), kDrawDraft);
+    out.tokens.push_back(x);
+    history_.push_back(x);
+  }
+  out.sampled = sampler_.params().temperature > 0.0f;
 }
 
 void DflashDraftSource::propose(std::span<const int32_t> committed, int max_depth, Draft& out) {
@@ -289,22 +394,65 @@ void DflashDraftSource::propose(std::span<const int32_t> committed, int max_dept
   const auto n = static_cast<int64_t>(committed.size());
   const int64_t depth = std::min<int64_t>(max_depth, cfg_.block);
   if (n < 1 || depth < 1 || n - 1 > n_ctx_) return;
+  Rows& w = own_rows();
   // Context rows cover the positions the target has evaluated: every committed token but the last.
   ctx_len_ = len_ = std::min(ctx_len_, n - 1);
-  while (ctx_len_ < n - 1) extend_context(std::min(kChunk, n - 1 - ctx_len_));
-  run_block(committed[static_cast<size_t>(n - 1)], n - 1, depth);
-
-  history_.assign(committed.begin(), committed.end());
-  const bool sampled = sampler_.params().temperature > 0.0f;
-  for (int64_t i = 0; i < depth; ++i) {
-    sampling::Distribution& q = out.q_slot(static_cast<size_t>(i));
-    const std::span<const float> logits(logits_.data() + i * cfg_.vocab, static_cast<size_t>(cfg_.vocab));
-    sampler_.distribution(logits, history_, q);
-    const int32_t x = sampler_.draw(q, sequence_, static_cast<uint64_t>(n + i), kDrawDraft);
-    out.tokens.push_back(x);
-    history_.push_back(x);
+  while (ctx_len_ < n - 1) {
+    const Span span{this, std::min(w.ctx_rows, n - 1 - ctx_len_)};
+    extend_context(std::span<const Span>(&span, 1), w);
   }
-  out.sampled = sampled;
+  const Block block{this, committed[static_cast<size_t>(n - 1)], n - 1, depth};
+  run_blocks(std::span<const Block>(&block, 1), w);
+  draw(committed, w.logits.data(), depth, out);
+}
+
+void DflashDraftSource::propose_batch(std::span<const DraftRequest> requests) {
+  TANDEM_CHECK(batch_ != nullptr, "a DFlash drafter proposes in batches only with a DflashDraftBatch");
+  DflashDraftBatch& b = *batch_;
+  Rows& w = b.rows_;
+  auto& members = b.members_;
+  members.clear();
+  for (const DraftRequest& r : requests) {
+    auto& src = static_cast<DflashDraftSource&>(*r.source);
+    TANDEM_CHECK(src.batch_ == batch_, "the sources of a batched proposal share their batch");
+    TANDEM_CHECK(members.size() < members.capacity(), "more sequences propose together than the batch holds");
+    r.out->clear();
+    const auto n = static_cast<int64_t>(r.committed.size());
+    const int64_t depth = std::min<int64_t>(r.max_depth, cfg_.block);
+    if (n < 1 || depth < 1 || n - 1 > src.n_ctx_) continue;
+    src.ctx_len_ = src.len_ = std::min(src.ctx_len_, n - 1);
+    members.push_back({&src, r.committed, depth, r.out});
+  }
+  ++b.proposals_;
+  b.widest_ = std::max(b.widest_, static_cast<int64_t>(members.size()));
+  if (members.empty()) return;
+  // The context rows each member lacks (every committed position but the last), in forwards shared across
+  // members.
+  for (;;) {
+    b.spans_.clear();
+    int64_t rows = 0;
+    for (const DflashDraftBatch::Member& m : members) {
+      DflashDraftSource& src = *m.source;
+      const int64_t missing = static_cast<int64_t>(m.committed.size()) - 1 - src.ctx_len_;
+      if (missing <= 0 || rows >= w.ctx_rows) continue;
+      const int64_t chunk = std::min(missing, w.ctx_rows - rows);
+      b.spans_.push_back({&src, chunk});
+      rows += chunk;
+    }
+    if (b.spans_.empty()) break;
+    extend_context(b.spans_, w);
+  }
+  // Then every member's block in one forward.
+  b.blocks_.clear();
+  for (const DflashDraftBatch::Member& m : members)
+    b.blocks_.push_back(
+        {m.source, m.committed.back(), static_cast<int64_t>(m.committed.size()) - 1, m.depth});
+  run_blocks(b.blocks_, w);
+  int64_t at = 0;
+  for (const DflashDraftBatch::Member& m : members) {
+    m.source->draw(m.committed, w.logits.data() + at * cfg_.vocab, m.depth, *m.out);
+    at += m.depth;
+  }
 }
 
 void DflashDraftSource::accept(std::span<const int32_t> committed, int /*n_accepted*/) {

@@ -39,6 +39,8 @@ void set_dflash_shape(train::DrafterInfo& info, const train::DflashConfig& confi
 // Copies the target's token embedding and output head into the drafter's frozen parameters (f32).
 void copy_target_weights(const model::Model& target, train::DflashDrafter& drafter);
 
+class DflashDraftBatch;
+
 class DflashDraftSource final : public DraftSource {
  public:
   // drafter: trained or loaded, its frozen weights set; taps: the target layers it reads, in training order.
@@ -46,13 +48,16 @@ class DflashDraftSource final : public DraftSource {
   // own format (borrowed; it must outlive the source), used in place of the drafter's f32 copy; null: the
   // copy. The drafter's large matrices (a million entries or more, rows a multiple of 32 wide) draft from a
   // Q8_0 copy made here, so that a block costs about the bytes of its weights, a fraction of the target's.
+  // batch (when not null: the source proposes in batches with the others made with it, see DflashDraftBatch)
+  // must outlive the source.
   DflashDraftSource(std::unique_ptr<train::DflashDrafter> drafter, std::vector<int32_t> taps,
-                    ThreadPool& pool, int64_t n_ctx, const MatrixView* target_head = nullptr);
+                    ThreadPool& pool, int64_t n_ctx, const MatrixView* target_head = nullptr,
+                    DflashDraftBatch* batch = nullptr);
 
   // Loads a checkpoint written by `tandem train-drafter --kind dflash`, refusing one made for another target.
   static std::unique_ptr<DflashDraftSource> load(const std::string& path, const model::Model& target,
                                                  const std::string& target_file_hash, ThreadPool& pool,
-                                                 int64_t n_ctx);
+                                                 int64_t n_ctx, DflashDraftBatch* batch = nullptr);
 
   std::string_view kind() const override { return kDflashKind; }
   void begin(std::span<const int32_t> prompt, const DraftSettings& settings) override;
@@ -60,6 +65,11 @@ class DflashDraftSource final : public DraftSource {
   // on the depth asked for.
   void propose(std::span<const int32_t> committed, int max_depth, Draft& out) override;
   void accept(std::span<const int32_t> committed, int n_accepted) override;
+  const void* batch_group() const override { return batch_; }
+  // Every request's source is a DflashDraftSource of this one's batch. The blocks of all requests run as one
+  // forward on this source's weights (the batch's sources hold the same drafter), each block attending to its
+  // own sequence's context.
+  void propose_batch(std::span<const DraftRequest> requests) override;
   std::span<const int64_t> target_layers() const override { return layers_; }
   void on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
                         int64_t first_pos) override;
@@ -83,11 +93,51 @@ class DflashDraftSource final : public DraftSource {
   }
 
  private:
-  // Computes the context keys and values of positions ctx_len_ .. ctx_len_ + n - 1 from their taps.
-  void extend_context(int64_t n);
-  // Runs the block at positions first_pos .. first_pos + block - 1 after the context; leaves the logits of
-  // its first `rows` rows in logits_.
-  void run_block(int32_t anchor, int64_t first_pos, int64_t rows);
+  friend class DflashDraftBatch;
+
+  // Scratch of drafter forwards (a source's own, or its batch's): context forwards of at most ctx_rows rows,
+  // block forwards of at most block_rows rows.
+  struct Rows {
+    Rows() = default;
+    Rows(const train::DflashConfig& cfg, int threads, int64_t ctx_rows, int64_t block_rows, int64_t context);
+    int64_t ctx_rows = 0, block_rows = 0, n_ctx = 0;
+    int n_threads = 0;
+    std::vector<int32_t> pos;            // [max(ctx_rows, block_rows)]
+    std::vector<float> k, v;             // [max(ctx_rows, block_rows), n_kv_head * head_dim]
+    std::vector<float> in;               // [ctx_rows, n_taps * d] gathered taps
+    std::vector<float> g, ctx;           // [ctx_rows, d]
+    std::vector<float> x, xn, h, hn, f;  // [block_rows, d]
+    std::vector<float> q, att;           // [block_rows, n_head * head_dim]
+    std::vector<float> gate, up, act;    // [block_rows, ffn]
+    std::vector<float> inv;              // [max(ctx_rows, block_rows)]
+    std::vector<float> scores;           // [threads, n_ctx + block]
+    std::vector<float> logits;           // [block_rows, vocab]
+    kernels::MatmulScratch mm;
+  };
+  // n context rows of `source` from ctx_len_ on.
+  struct Span {
+    DflashDraftSource* source;
+    int64_t n;
+  };
+  // One sequence's block: the anchor token and mask rows at positions first_pos .. first_pos + block - 1
+  // after its source's context; the logits of its first `rows` rows are wanted.
+  struct Block {
+    DflashDraftSource* source;
+    int32_t anchor;
+    int64_t first_pos;
+    int64_t rows;
+  };
+
+  // Computes the context keys and values of every span's rows (at most w.ctx_rows in all) in one forward on
+  // this source's weights, into each span's own cache.
+  void extend_context(std::span<const Span> spans, Rows& w);
+  // Runs the blocks (at most w.block_rows rows in all) in one forward on this source's weights, each block
+  // over its own source's context; leaves the wanted logits of the blocks one after another in w.logits.
+  void run_blocks(std::span<const Block> blocks, Rows& w);
+  // This source's own scratch (made on its first proposal alone when it has a batch).
+  Rows& own_rows();
+  // Draws `depth` drafts continuing `committed` from logits [depth, vocab] into out.
+  void draw(std::span<const int32_t> committed, const float* logits, int64_t depth, Draft& out);
 
   // A weight matrix as the drafting kernels read it: a view of the drafter's f32 values, or of a Q8_0 copy.
   struct Matrix {
@@ -95,14 +145,13 @@ class DflashDraftSource final : public DraftSource {
     std::vector<uint8_t> q8;  // the Q8_0 copy, when made
   };
   static Matrix make_matrix(const train::Param& p);
-  void matmul(const MatrixView& w, const float* x, int64_t rows, float* y);
+  void matmul(const MatrixView& w, const float* x, int64_t rows, float* y, Rows& rw);
 
   std::unique_ptr<train::DflashDrafter> drafter_;
   train::DflashConfig cfg_;
   Matrix fc_;
   std::vector<Matrix> layer_mats_;  // per layer: wq, wk, wv, wo, w_gate, w_up, w_down
   MatrixView head_;
-  kernels::MatmulScratch mm_scratch_;
   std::vector<int32_t> taps_layers_;
   std::vector<int64_t> layers_;
   train::Compute compute_;
@@ -111,19 +160,49 @@ class DflashDraftSource final : public DraftSource {
   sampling::Sampler sampler_{sampling::Params{}};
   uint64_t sequence_ = 0;
 
-  std::vector<float> taps_;                 // [n_ctx, n_taps * d] the target's captured taps by position
-  std::vector<std::vector<float>> k_, v_;   // per layer [n_ctx + block, n_kv_head * head_dim], roped keys
-  int64_t ctx_len_ = 0;                     // context rows cached
-  int64_t len_ = 0;                         // rows in the key caches (context, then a proposal's block)
-  std::vector<int32_t> pos_;                // [chunk]
-  std::vector<float> g_, ctx_;              // [chunk, d]
-  std::vector<float> x_, xn_, h_, hn_, f_;  // [block, d]
-  std::vector<float> q_, att_;              // [block, n_head * head_dim]
-  std::vector<float> gate_, up_, act_;      // [block, ffn]
-  std::vector<float> inv_;                  // [chunk]
-  std::vector<float> scores_;               // [threads, n_ctx + block]
-  std::vector<float> logits_;               // [block, vocab]
+  std::vector<float> taps_;                // [n_ctx, n_taps * d] the target's captured taps by position
+  std::vector<std::vector<float>> k_, v_;  // per layer [n_ctx + block, n_kv_head * head_dim], roped keys
+  int64_t ctx_len_ = 0;                    // context rows cached
+  int64_t len_ = 0;                        // rows in the key caches (context, then a proposal's block)
+  DflashDraftBatch* batch_ = nullptr;
+  Rows rows_;
   std::vector<int32_t> history_;
+};
+
+// The DFlash drafter's batched forward, shared by the sources of a driver with several sequences
+// (engine::Scheduler): sources made with one batch propose together (DraftSource::batch_group), the context
+// rows every sequence still lacks in forwards shared with the others, then the blocks of all sequences as
+// one forward of n blocks (n * block rows): matrix products over every row at once, each block attending to
+// its own sequence's context keys and values only. Every row is computed as alone (matmul gives a row the
+// same bits in every row class, docs/kernels.md), so every sequence drafts exactly what it drafts alone. The
+// sources of one batch must hold the same drafter (one file) and a context of at most n_ctx positions. Used
+// by one thread at a time.
+class DflashDraftBatch {
+ public:
+  // pool: the sources' threads; max_sequences: the most sources that propose together; n_ctx: the sources'
+  // context; max_rows: context rows per forward.
+  DflashDraftBatch(const train::DflashConfig& config, ThreadPool& pool, int max_sequences, int64_t n_ctx,
+                   int64_t max_rows = 64);
+
+  const train::DflashConfig& config() const { return cfg_; }
+  // Batched proposals run, and the most sequences one of them drafted for.
+  int64_t proposals() const { return proposals_; }
+  int64_t widest() const { return widest_; }
+
+ private:
+  friend class DflashDraftSource;
+  struct Member {
+    DflashDraftSource* source;
+    std::span<const int32_t> committed;
+    int64_t depth;
+    Draft* out;
+  };
+  train::DflashConfig cfg_;
+  DflashDraftSource::Rows rows_;
+  std::vector<Member> members_;                   // [max_sequences]
+  std::vector<DflashDraftSource::Span> spans_;    // [max_sequences]
+  std::vector<DflashDraftSource::Block> blocks_;  // [max_sequences]
+  int64_t proposals_ = 0, widest_ = 0;
 };
 
 }  // namespace tandem::speculative

@@ -138,8 +138,51 @@ void check_eagle_target(const train::DrafterInfo& info, const model::Model& targ
                 std::to_string(target.config().n_embd) + "): train one for this target");
 }
 
+EagleDraftSource::Rows::Rows(const train::EagleConfig& cfg, int threads, int64_t n, int64_t n_logits,
+                             int64_t context)
+    : rows(n), logit_rows(n_logits), n_ctx(context), n_threads(threads) {
+  const int64_t d = cfg.d, qw = cfg.n_head * cfg.head_dim, kvw = cfg.n_kv_head * cfg.head_dim;
+  const auto sized = [&](int64_t width) { return std::vector<float>(static_cast<size_t>(n * width), 0.0f); };
+  pos.assign(static_cast<size_t>(n), 0);
+  ids.assign(static_cast<size_t>(n), 0);
+  segment.assign(static_cast<size_t>(n), 0);
+  visible.assign(static_cast<size_t>(n), 0);
+  scores.assign(static_cast<size_t>(threads * context), 0.0f);
+  in = sized(cfg.n_taps * d);
+  for (auto* b : {&g, &e, &ne, &ng, &h1, &n2, &h2, &f}) *b = sized(d);
+  u = sized(2 * d);
+  q = sized(qw);
+  att = sized(qw);
+  k = sized(kvw);
+  v = sized(kvw);
+  for (auto* b : {&gate, &up, &act}) *b = sized(cfg.ffn);
+  inv = sized(1);
+  logits.assign(static_cast<size_t>(n_logits * cfg.vocab), 0.0f);
+}
+
+namespace {
+
+bool same_shape(const train::EagleConfig& a, const train::EagleConfig& b) {
+  return a.d == b.d && a.n_head == b.n_head && a.n_kv_head == b.n_kv_head && a.head_dim == b.head_dim &&
+         a.ffn == b.ffn && a.vocab == b.vocab && a.n_taps == b.n_taps && a.n_layer == b.n_layer;
+}
+
+}  // namespace
+
+EagleDraftBatch::EagleDraftBatch(const train::EagleConfig& config, ThreadPool& pool, int max_sequences,
+                                 int64_t n_ctx, int64_t max_rows)
+    : cfg_(config) {
+  if (max_sequences < 1) throw Error("an EAGLE drafter batch holds at least one sequence");
+  if (n_ctx < 1) throw Error("the EAGLE drafter needs a context of at least one position");
+  const auto n = static_cast<size_t>(max_sequences);
+  rows_ = EagleDraftSource::Rows(cfg_, pool.size(), std::max<int64_t>(max_rows, max_sequences), max_sequences,
+                                 n_ctx);
+  members_.reserve(n);
+  segments_.reserve(n);
+}
+
 EagleDraftSource::EagleDraftSource(std::unique_ptr<train::EagleDrafter> drafter, std::vector<int32_t> taps,
-                                   ThreadPool& pool, int64_t n_ctx)
+                                   ThreadPool& pool, int64_t n_ctx, EagleDraftBatch* batch)
     : drafter_(std::move(drafter)),
       cfg_(drafter_->config()),
       taps_layers_(std::move(taps)),
@@ -151,6 +194,20 @@ EagleDraftSource::EagleDraftSource(std::unique_ptr<train::EagleDrafter> drafter,
     throw Error("the EAGLE drafter reads " + std::to_string(cfg_.n_taps) + " tap layers, but " +
                 std::to_string(taps_layers_.size()) + " were named");
   if (n_ctx_ < 1) throw Error("the EAGLE drafter needs a context of at least one position");
+  if (batch != nullptr) {
+    if (!same_shape(batch->config(), cfg_))
+      throw Error(
+          "the EAGLE drafter's shape differs from its batch's: make the batch from the drafter's config");
+    if (batch->rows_.n_ctx < n_ctx_)
+      throw Error("the EAGLE drafter's context of " + std::to_string(n_ctx_) +
+                  " positions is longer than its batch's (" + std::to_string(batch->rows_.n_ctx) +
+                  "): make the batch with the sources' context");
+    if (batch->rows_.n_threads < pool.size())
+      throw Error(
+          "the EAGLE drafter's batch was made for fewer threads than the drafter's pool: make it with "
+          "the sources' pool");
+  }
+  batch_ = batch;
   const std::vector<train::Param*> params = drafter_->params();
   fc_ = find(params, "fc.weight");
   emb_ = find(params, "token_embd.weight");
@@ -175,28 +232,22 @@ EagleDraftSource::EagleDraftSource(std::unique_ptr<train::EagleDrafter> drafter,
                       std::vector<float>(static_cast<size_t>(n_ctx_ * kv_width_), 0.0f)});
   }
 
-  const int64_t d = cfg_.d, qw = cfg_.n_head * cfg_.head_dim;
+  const int64_t d = cfg_.d;
   const auto sized = [](int64_t rows, int64_t width) {
     return std::vector<float>(static_cast<size_t>(rows * width), 0.0f);
   };
   taps_ = sized(n_ctx_, cfg_.n_taps * d);
   k_ = sized(n_ctx_, kv_width_);
   v_ = sized(n_ctx_, kv_width_);
-  pos_.assign(static_cast<size_t>(kChunk), 0);
-  for (auto* b : {&g_, &e_, &ne_, &ng_, &h1_, &n2_, &h2_, &f_}) *b = sized(kChunk, d);
-  u_ = sized(kChunk, 2 * d);
-  q_ = sized(kChunk, qw);
-  att_ = sized(kChunk, qw);
-  for (auto* b : {&gate_, &up_, &act_}) *b = sized(kChunk, cfg_.ffn);
-  inv_ = sized(kChunk, 1);
-  scores_ = sized(n_ctx_, 1);
+  if (batch_ == nullptr) rows_ = Rows(cfg_, pool.size(), kChunk, 1, n_ctx_);
   g_last_ = sized(1, d);
   logits_ = sized(1, cfg_.vocab);
 }
 
 std::unique_ptr<EagleDraftSource> EagleDraftSource::load(const std::string& path, const model::Model& target,
                                                          const std::string& target_file_hash,
-                                                         ThreadPool& pool, int64_t n_ctx) {
+                                                         ThreadPool& pool, int64_t n_ctx,
+                                                         EagleDraftBatch* batch) {
   // The metadata first (no parameters), to build a drafter of the recorded shape.
   train::DrafterInfo info = train::load_drafter(path, {});
   const train::EagleConfig cfg = eagle_config_of(info);
@@ -205,7 +256,7 @@ std::unique_ptr<EagleDraftSource> EagleDraftSource::load(const std::string& path
   std::vector<train::Param*> params = drafter->params();
   info = train::load_drafter(path, params);
   copy_target_weights(target, *drafter);
-  return std::make_unique<EagleDraftSource>(std::move(drafter), info.tap_layers, pool, n_ctx);
+  return std::make_unique<EagleDraftSource>(std::move(drafter), info.tap_layers, pool, n_ctx, batch);
 }
 
 void EagleDraftSource::begin(std::span<const int32_t> /*prompt*/, const DraftSettings& settings) {
@@ -235,100 +286,173 @@ void EagleDraftSource::set_taps(int64_t first_pos, std::span<const float> rows) 
 }
 
 void EagleDraftSource::forward(int64_t n, const float* given_g, const int32_t* next_ids, bool want_logits) {
-  const int64_t d = cfg_.d, H = cfg_.n_head, Hkv = cfg_.n_kv_head, hd = cfg_.head_dim, F = cfg_.ffn;
-  const float eps = cfg_.norm_eps;
-  train::Compute& c = compute_;
-  for (int64_t i = 0; i < n; ++i) pos_[static_cast<size_t>(i)] = static_cast<int32_t>(len_ + i);
-
-  if (given_g != nullptr)
-    std::memcpy(g_.data(), given_g, static_cast<size_t>(n * d) * sizeof(float));
-  else
-    train::linear_forward(*fc_, nullptr, taps_.data() + len_ * cfg_.n_taps * d, n, g_.data(), c);
-  train::embedding_forward(*emb_, next_ids, n, e_.data());
-  train::rmsnorm_forward(*emb_norm_, eps, e_.data(), n, ne_.data(), inv_.data(), c);
-  train::rmsnorm_forward(*hidden_norm_, eps, g_.data(), n, ng_.data(), inv_.data(), c);
-  for (int64_t r = 0; r < n; ++r) {
-    std::memcpy(u_.data() + r * 2 * d, ne_.data() + r * d, static_cast<size_t>(d) * sizeof(float));
-    std::memcpy(u_.data() + r * 2 * d + d, ng_.data() + r * d, static_cast<size_t>(d) * sizeof(float));
-  }
-  float* k = k_.data() + len_ * kv_width_;
-  float* v = v_.data() + len_ * kv_width_;
-  train::linear_forward(*wq_, nullptr, u_.data(), n, q_.data(), c);
-  train::linear_forward(*wk_, nullptr, u_.data(), n, k, c);
-  train::linear_forward(*wv_, nullptr, u_.data(), n, v, c);
-  const train::Rope rope{hd, cfg_.rope_theta, cfg_.rope_layout};
-  train::rope_forward(rope, q_.data(), n, H, pos_.data(), c);
-  train::rope_forward(rope, k, n, Hkv, pos_.data(), c);
-
-  attend(q_.data(), k_.data(), v_.data(), n);
-  train::linear_forward(*wo_, nullptr, att_.data(), n, h1_.data(), c);
-  train::add_into(h1_.data(), g_.data(), n * d, c);
-  train::rmsnorm_forward(*ffn_norm_, eps, h1_.data(), n, n2_.data(), inv_.data(), c);
-  train::linear_forward(*w_gate_, nullptr, n2_.data(), n, gate_.data(), c);
-  train::linear_forward(*w_up_, nullptr, n2_.data(), n, up_.data(), c);
-  train::swiglu_forward(gate_.data(), up_.data(), n * F, act_.data(), c);
-  train::linear_forward(*w_down_, nullptr, act_.data(), n, h2_.data(), c);
-  train::add_into(h2_.data(), h1_.data(), n * d, c);
-  // The plain layers, in place on h2_ (ne_ is free for their normalized input).
-  for (PlainLayer& l : plain_) {
-    float* lk = l.k.data() + len_ * kv_width_;
-    float* lv = l.v.data() + len_ * kv_width_;
-    train::rmsnorm_forward(*l.attn_norm, eps, h2_.data(), n, ne_.data(), inv_.data(), c);
-    train::linear_forward(*l.wq, nullptr, ne_.data(), n, q_.data(), c);
-    train::linear_forward(*l.wk, nullptr, ne_.data(), n, lk, c);
-    train::linear_forward(*l.wv, nullptr, ne_.data(), n, lv, c);
-    train::rope_forward(rope, q_.data(), n, H, pos_.data(), c);
-    train::rope_forward(rope, lk, n, Hkv, pos_.data(), c);
-    attend(q_.data(), l.k.data(), l.v.data(), n);
-    train::linear_forward(*l.wo, nullptr, att_.data(), n, h1_.data(), c);
-    train::add_into(h1_.data(), h2_.data(), n * d, c);
-    train::rmsnorm_forward(*l.ffn_norm, eps, h1_.data(), n, n2_.data(), inv_.data(), c);
-    train::linear_forward(*l.w_gate, nullptr, n2_.data(), n, gate_.data(), c);
-    train::linear_forward(*l.w_up, nullptr, n2_.data(), n, up_.data(), c);
-    train::swiglu_forward(gate_.data(), up_.data(), n * F, act_.data(), c);
-    train::linear_forward(*l.w_down, nullptr, act_.data(), n, h2_.data(), c);
-    train::add_into(h2_.data(), h1_.data(), n * d, c);
-  }
-  len_ += n;
-
-  const float* last = h2_.data() + (n - 1) * d;
-  std::copy(last, last + d, g_last_.begin());
-  if (!want_logits) return;
-  train::rmsnorm_forward(*out_norm_, eps, last, 1, f_.data(), inv_.data(), c);
-  train::linear_forward(*head_, nullptr, f_.data(), 1, logits_.data(), c);
+  if (rows_.rows == 0) rows_ = Rows(cfg_, compute_.pool.size(), kChunk, 1, n_ctx_);  // batched, alone now
+  const Segment one{
+      .source = this, .n = n, .given_g = given_g, .next_ids = next_ids, .want_logits = want_logits};
+  run(std::span<const Segment>(&one, 1), rows_);
 }
 
-void EagleDraftSource::attend(const float* q, const float* k_cache, const float* v_cache, int64_t n) {
+void EagleDraftSource::run(std::span<const Segment> segments, Rows& w) {
+  const int64_t d = cfg_.d, H = cfg_.n_head, Hkv = cfg_.n_kv_head, hd = cfg_.head_dim, F = cfg_.ffn;
+  const int64_t tw = cfg_.n_taps * d, kvw = kv_width_;
+  const float eps = cfg_.norm_eps;
+  train::Compute& c = compute_;
+  const auto bytes = [](int64_t floats) { return static_cast<size_t>(floats) * sizeof(float); };
+
+  // Each row's position, next token and g: fc(taps) for the rows that read taps (gathered, one product over
+  // all of them, then put in place), the given g for the others.
+  int64_t n = 0, tap_rows = 0, n_logits = 0;
+  for (size_t si = 0; si < segments.size(); ++si) {
+    const Segment& s = segments[si];
+    const EagleDraftSource& src = *s.source;
+    TANDEM_CHECK(src.n_ctx_ <= w.n_ctx, "an EAGLE source's context is longer than its scratch's");
+    TANDEM_CHECK(n + s.n <= w.rows, "an EAGLE drafter forward beyond its rows");
+    for (int64_t i = 0; i < s.n; ++i) {
+      const auto r = static_cast<size_t>(n + i);
+      w.pos[r] = static_cast<int32_t>(src.len_ + i);
+      w.ids[r] = s.next_ids[i];
+      w.segment[r] = static_cast<int32_t>(si);
+      w.visible[r] = src.len_ + i + 1;  // causal: the cache up to the row itself
+    }
+    if (s.given_g != nullptr) {
+      std::memcpy(w.g.data() + n * d, s.given_g, bytes(s.n * d));
+    } else {
+      std::memcpy(w.in.data() + tap_rows * tw, src.taps_.data() + src.len_ * tw, bytes(s.n * tw));
+      tap_rows += s.n;
+    }
+    n += s.n;
+    n_logits += s.want_logits ? 1 : 0;
+  }
+  TANDEM_CHECK(n >= 1 && n_logits <= w.logit_rows, "an EAGLE drafter forward beyond its rows");
+  if (tap_rows > 0) {
+    train::linear_forward(*fc_, nullptr, w.in.data(), tap_rows, w.h1.data(), c);
+    int64_t r = 0, t = 0;
+    for (const Segment& s : segments) {
+      if (s.given_g == nullptr) {
+        std::memcpy(w.g.data() + r * d, w.h1.data() + t * d, bytes(s.n * d));
+        t += s.n;
+      }
+      r += s.n;
+    }
+  }
+  train::embedding_forward(*emb_, w.ids.data(), n, w.e.data());
+  train::rmsnorm_forward(*emb_norm_, eps, w.e.data(), n, w.ne.data(), w.inv.data(), c);
+  train::rmsnorm_forward(*hidden_norm_, eps, w.g.data(), n, w.ng.data(), w.inv.data(), c);
+  for (int64_t r = 0; r < n; ++r) {
+    std::memcpy(w.u.data() + r * 2 * d, w.ne.data() + r * d, bytes(d));
+    std::memcpy(w.u.data() + r * 2 * d + d, w.ng.data() + r * d, bytes(d));
+  }
+  const train::Rope rope{hd, cfg_.rope_theta, cfg_.rope_layout};
+  // Keys and values of every row, roped, into each segment's own cache; then every row's attention over its
+  // own segment's cache. layer < 0: the first layer's cache, else plain layer `layer`'s.
+  const auto attention = [&](int64_t layer) {
+    train::rope_forward(rope, w.q.data(), n, H, w.pos.data(), c);
+    train::rope_forward(rope, w.k.data(), n, Hkv, w.pos.data(), c);
+    int64_t r = 0;
+    for (const Segment& s : segments) {
+      EagleDraftSource& src = *s.source;
+      std::vector<float>& kc = layer < 0 ? src.k_ : src.plain_[static_cast<size_t>(layer)].k;
+      std::vector<float>& vc = layer < 0 ? src.v_ : src.plain_[static_cast<size_t>(layer)].v;
+      std::memcpy(kc.data() + src.len_ * kvw, w.k.data() + r * kvw, bytes(s.n * kvw));
+      std::memcpy(vc.data() + src.len_ * kvw, w.v.data() + r * kvw, bytes(s.n * kvw));
+      r += s.n;
+    }
+    attend(segments, layer, n, w);
+  };
+  train::linear_forward(*wq_, nullptr, w.u.data(), n, w.q.data(), c);
+  train::linear_forward(*wk_, nullptr, w.u.data(), n, w.k.data(), c);
+  train::linear_forward(*wv_, nullptr, w.u.data(), n, w.v.data(), c);
+  attention(-1);
+  train::linear_forward(*wo_, nullptr, w.att.data(), n, w.h1.data(), c);
+  train::add_into(w.h1.data(), w.g.data(), n * d, c);
+  train::rmsnorm_forward(*ffn_norm_, eps, w.h1.data(), n, w.n2.data(), w.inv.data(), c);
+  train::linear_forward(*w_gate_, nullptr, w.n2.data(), n, w.gate.data(), c);
+  train::linear_forward(*w_up_, nullptr, w.n2.data(), n, w.up.data(), c);
+  train::swiglu_forward(w.gate.data(), w.up.data(), n * F, w.act.data(), c);
+  train::linear_forward(*w_down_, nullptr, w.act.data(), n, w.h2.data(), c);
+  train::add_into(w.h2.data(), w.h1.data(), n * d, c);
+  // The plain layers, in place on h2 (ne is free for their normalized input).
+  for (size_t l = 0; l < plain_.size(); ++l) {
+    const PlainLayer& p = plain_[l];
+    train::rmsnorm_forward(*p.attn_norm, eps, w.h2.data(), n, w.ne.data(), w.inv.data(), c);
+    train::linear_forward(*p.wq, nullptr, w.ne.data(), n, w.q.data(), c);
+    train::linear_forward(*p.wk, nullptr, w.ne.data(), n, w.k.data(), c);
+    train::linear_forward(*p.wv, nullptr, w.ne.data(), n, w.v.data(), c);
+    attention(static_cast<int64_t>(l));
+    train::linear_forward(*p.wo, nullptr, w.att.data(), n, w.h1.data(), c);
+    train::add_into(w.h1.data(), w.h2.data(), n * d, c);
+    train::rmsnorm_forward(*p.ffn_norm, eps, w.h1.data(), n, w.n2.data(), w.inv.data(), c);
+    train::linear_forward(*p.w_gate, nullptr, w.n2.data(), n, w.gate.data(), c);
+    train::linear_forward(*p.w_up, nullptr, w.n2.data(), n, w.up.data(), c);
+    train::swiglu_forward(w.gate.data(), w.up.data(), n * F, w.act.data(), c);
+    train::linear_forward(*p.w_down, nullptr, w.act.data(), n, w.h2.data(), c);
+    train::add_into(w.h2.data(), w.h1.data(), n * d, c);
+  }
+
+  // Each segment's last row: its output hidden state, and (gathered into e) the rows that want logits.
+  int64_t r = 0, j = 0;
+  for (const Segment& s : segments) {
+    EagleDraftSource& src = *s.source;
+    src.len_ += s.n;
+    r += s.n;
+    const float* last = w.h2.data() + (r - 1) * d;
+    std::copy(last, last + d, src.g_last_.begin());
+    if (s.want_logits) std::memcpy(w.e.data() + j++ * d, last, bytes(d));
+  }
+  if (n_logits == 0) return;
+  train::rmsnorm_forward(*out_norm_, eps, w.e.data(), n_logits, w.f.data(), w.inv.data(), c);
+  train::linear_forward(*head_, nullptr, w.f.data(), n_logits, w.logits.data(), c);
+  j = 0;
+  for (const Segment& s : segments)
+    if (s.want_logits)
+      std::memcpy(s.source->logits_.data(), w.logits.data() + j++ * cfg_.vocab, bytes(cfg_.vocab));
+}
+
+void EagleDraftSource::attend(std::span<const Segment> segments, int64_t layer, int64_t n, Rows& w) {
   const int64_t H = cfg_.n_head, hd = cfg_.head_dim, qw = H * hd, group = H / cfg_.n_kv_head;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t visible = len_ + i + 1;
-    for (int64_t h = 0; h < H; ++h) {
-      const float* qh = q + i * qw + h * hd;
+  compute_.pool.parallel_for(n * H, 1, [&](int64_t i0, int64_t i1, int t) {
+    float* scores = w.scores.data() + static_cast<int64_t>(t) * w.n_ctx;
+    for (int64_t ih = i0; ih < i1; ++ih) {
+      const int64_t i = ih / H, h = ih % H;
+      const EagleDraftSource& src = *segments[static_cast<size_t>(w.segment[static_cast<size_t>(i)])].source;
+      const float* k_cache = layer < 0 ? src.k_.data() : src.plain_[static_cast<size_t>(layer)].k.data();
+      const float* v_cache = layer < 0 ? src.v_.data() : src.plain_[static_cast<size_t>(layer)].v.data();
+      const int64_t visible = w.visible[static_cast<size_t>(i)];
+      const float* qh = w.q.data() + i * qw + h * hd;
       const int64_t kvh = h / group;
       float top = -INFINITY;
       for (int64_t j = 0; j < visible; ++j) {
         const float* kj = k_cache + j * kv_width_ + kvh * hd;
         float s = 0.0f;
         for (int64_t x = 0; x < hd; ++x) s += qh[x] * kj[x];
-        scores_[static_cast<size_t>(j)] = s * scale;
+        scores[j] = s * scale;
         top = std::max(top, s * scale);
       }
       float sum = 0.0f;
       for (int64_t j = 0; j < visible; ++j) {
-        float& s = scores_[static_cast<size_t>(j)];
+        float& s = scores[j];
         s = std::exp(s - top);
         sum += s;
       }
-      float* out = att_.data() + i * qw + h * hd;
+      float* out = w.att.data() + i * qw + h * hd;
       std::fill(out, out + hd, 0.0f);
       for (int64_t j = 0; j < visible; ++j) {
-        const float w = scores_[static_cast<size_t>(j)] / sum;
+        const float wt = scores[j] / sum;
         const float* vj = v_cache + j * kv_width_ + kvh * hd;
-        for (int64_t x = 0; x < hd; ++x) out[x] += w * vj[x];
+        for (int64_t x = 0; x < hd; ++x) out[x] += wt * vj[x];
       }
     }
-  }
+  });
+}
+
+void EagleDraftSource::draw(int64_t position, size_t i, Draft& out) {
+  sampling::Distribution& q = out.q_slot(i);
+  sampler_.distribution(logits_, history_, q);
+  const int32_t x = sampler_.draw(q, sequence_, static_cast<uint64_t>(position), kDrawDraft);
+  out.tokens.push_back(x);
+  out.sampled = sampler_.params().temperature > 0.0f;
+  history_.push_back(x);
 }
 
 void EagleDraftSource::propose(std::span<const int32_t> committed, int max_depth, Draft& out) {
@@ -348,16 +472,69 @@ void EagleDraftSource::propose(std::span<const int32_t> committed, int max_depth
   }
 
   history_.assign(committed.begin(), committed.end());
-  const bool sampled = sampler_.params().temperature > 0.0f;
   for (int64_t i = 0; i < depth; ++i) {
-    sampling::Distribution& q = out.q_slot(static_cast<size_t>(i));
-    sampler_.distribution(logits_, history_, q);
-    const int32_t x = sampler_.draw(q, sequence_, static_cast<uint64_t>(n + i), kDrawDraft);
-    out.tokens.push_back(x);
-    history_.push_back(x);
-    if (i + 1 < depth) forward(1, g_last_.data(), &x, true);
+    draw(n + i, static_cast<size_t>(i), out);
+    if (i + 1 < depth) forward(1, g_last_.data(), &out.tokens.back(), true);
   }
-  out.sampled = sampled;
+}
+
+void EagleDraftSource::propose_batch(std::span<const DraftRequest> requests) {
+  TANDEM_CHECK(batch_ != nullptr, "an EAGLE drafter proposes in batches only with an EagleDraftBatch");
+  EagleDraftBatch& b = *batch_;
+  auto& members = b.members_;
+  auto& segments = b.segments_;
+  members.clear();
+  for (const DraftRequest& r : requests) {
+    auto& src = static_cast<EagleDraftSource&>(*r.source);
+    TANDEM_CHECK(src.batch_ == batch_, "the sources of a batched proposal share their batch");
+    TANDEM_CHECK(members.size() < members.capacity(), "more sequences propose together than the batch holds");
+    r.out->clear();
+    const auto n = static_cast<int64_t>(r.committed.size());
+    const int64_t depth = std::min<int64_t>(r.max_depth, src.n_ctx_ - n + 2);
+    if (n < 2 || depth < 1) continue;
+    src.real_len_ = src.len_ = std::min(src.real_len_, n - 2);
+    src.history_.assign(r.committed.begin(), r.committed.end());
+    members.push_back({&src, r.committed, depth, r.out});
+  }
+  ++b.proposals_;
+  b.widest_ = std::max(b.widest_, static_cast<int64_t>(members.size()));
+  // The real rows each member lacks, up to its last committed position the target has evaluated (n - 2), in
+  // forwards shared across members; each member's last real row gives its first draft's logits.
+  const int64_t max_rows = b.rows_.rows;
+  for (;;) {
+    segments.clear();
+    int64_t rows = 0;
+    for (EagleDraftBatch::Member& m : members) {
+      EagleDraftSource& src = *m.source;
+      const int64_t last = static_cast<int64_t>(m.committed.size()) - 1;
+      if (src.real_len_ >= last || rows >= max_rows) continue;
+      const int64_t chunk = std::min(last - src.real_len_, max_rows - rows);
+      segments.push_back({.source = &src,
+                          .n = chunk,
+                          .given_g = nullptr,
+                          .next_ids = m.committed.data() + src.real_len_ + 1,
+                          .want_logits = src.real_len_ + chunk == last});
+      rows += chunk;
+    }
+    if (segments.empty()) break;
+    run(segments, b.rows_);
+    for (const Segment& s : segments) s.source->real_len_ += s.n;
+  }
+  // Then each drafting step: a draft from every member's logits, and one row per member still drafting.
+  for (int64_t step = 0; !members.empty(); ++step) {
+    for (EagleDraftBatch::Member& m : members)
+      m.source->draw(static_cast<int64_t>(m.committed.size()) + step, static_cast<size_t>(step), *m.out);
+    std::erase_if(members, [&](const EagleDraftBatch::Member& m) { return step + 1 >= m.depth; });
+    if (members.empty()) break;
+    segments.clear();
+    for (EagleDraftBatch::Member& m : members)
+      segments.push_back({.source = m.source,
+                          .n = 1,
+                          .given_g = m.source->g_last_.data(),
+                          .next_ids = &m.out->tokens.back(),
+                          .want_logits = true});
+    run(segments, b.rows_);
+  }
 }
 
 void EagleDraftSource::accept(std::span<const int32_t> /*committed*/, int /*n_accepted*/) {

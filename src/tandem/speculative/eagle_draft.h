@@ -56,6 +56,7 @@ void check_eagle_target(const train::DrafterInfo& info, const model::Model& targ
                         const std::string& target_file_hash);
 
 class EagleDraftSource;
+class EagleDraftBatch;
 
 // The calibration key of a drafter file's drafting cost (Calibration::draft_per_token): its kind and
 // file_fingerprint(), so that each drafter, and no draft model, is charged its own measured cost.
@@ -72,18 +73,24 @@ class EagleDraftSource final : public DraftSource {
  public:
   // drafter: trained or loaded, its frozen weights set; taps: the target layers it reads, in training order.
   // n_ctx: the longest sequence (positions) the source will see.
+  // batch (when not null: the source proposes in batches with the others made with it, see EagleDraftBatch)
+  // must outlive the source.
   EagleDraftSource(std::unique_ptr<train::EagleDrafter> drafter, std::vector<int32_t> taps, ThreadPool& pool,
-                   int64_t n_ctx);
+                   int64_t n_ctx, EagleDraftBatch* batch = nullptr);
 
   // Loads a checkpoint written by `tandem train-drafter`, refusing one made for another target.
   static std::unique_ptr<EagleDraftSource> load(const std::string& path, const model::Model& target,
                                                 const std::string& target_file_hash, ThreadPool& pool,
-                                                int64_t n_ctx);
+                                                int64_t n_ctx, EagleDraftBatch* batch = nullptr);
 
   std::string_view kind() const override { return kEagleKind; }
   void begin(std::span<const int32_t> prompt, const DraftSettings& settings) override;
   void propose(std::span<const int32_t> committed, int max_depth, Draft& out) override;
   void accept(std::span<const int32_t> committed, int n_accepted) override;
+  const void* batch_group() const override { return batch_; }
+  // Every request's source is an EagleDraftSource of this one's batch. Each drafting step is one forward of
+  // a row per sequence still drafting, on this source's weights (the batch's sources hold the same drafter).
+  void propose_batch(std::span<const DraftRequest> requests) override;
   std::span<const int64_t> target_layers() const override { return layers_; }
   void on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
                         int64_t first_pos) override;
@@ -103,13 +110,51 @@ class EagleDraftSource final : public DraftSource {
   std::span<const float> cached_keys() const { return {k_.data(), static_cast<size_t>(len_ * kv_width_)}; }
 
  private:
-  // Runs n rows at positions len_ .. len_ + n - 1 (each reading taps_ there, or given_g [n, d] when not
-  // null), appending their keys and values; leaves the last row's output hidden state in g_last_ and, when
-  // want_logits, its logits in logits_.
+  friend class EagleDraftBatch;
+
+  // Scratch of drafter forwards over at most `rows` rows (a source's own, or its batch's), logits for at most
+  // logit_rows of them, attention for `threads` threads over at most n_ctx cache rows.
+  struct Rows {
+    Rows() = default;
+    Rows(const train::EagleConfig& cfg, int threads, int64_t rows, int64_t logit_rows, int64_t context);
+    int64_t rows = 0, logit_rows = 0, n_ctx = 0;
+    int n_threads = 0;
+    std::vector<int32_t> pos, ids;                   // [rows]
+    std::vector<int32_t> segment;                    // [rows] the segment each row belongs to
+    std::vector<int64_t> visible;                    // [rows] the cache rows each row attends to
+    std::vector<float> scores;                       // [threads, n_ctx]
+    std::vector<float> in;                           // [rows, n_taps * d] the taps of the rows that read them
+    std::vector<float> g, e, ne, ng, h1, n2, h2, f;  // [rows, d]
+    std::vector<float> u;                            // [rows, 2 * d]
+    std::vector<float> q, att;                       // [rows, n_head * head_dim]
+    std::vector<float> k, v;                         // [rows, n_kv_head * head_dim]
+    std::vector<float> gate, up, act;                // [rows, ffn]
+    std::vector<float> inv;                          // [rows]
+    std::vector<float> logits;                       // [logit_rows, vocab]
+  };
+  // One sequence's rows in a forward: n rows of `source` at positions source->len_ .. len_ + n - 1, each
+  // reading the source's taps there (given_g null) or given_g [n, d], with the tokens that follow them.
+  struct Segment {
+    EagleDraftSource* source;
+    int64_t n;
+    const float* given_g;
+    const int32_t* next_ids;
+    bool want_logits;  // the last row's logits into source->logits_
+  };
+
+  // Runs the segments (at most `w.rows` rows in all) in one forward on this source's weights: matrix products
+  // over every row at once, attention of each segment over its own source's cache. Appends each segment's
+  // keys and values to its source's cache and leaves its last row's output hidden state in its g_last_ and,
+  // when want_logits, its logits in its logits_.
+  void run(std::span<const Segment> segments, Rows& w);
+  // One segment of this source's own in its own scratch.
   void forward(int64_t n, const float* given_g, const int32_t* next_ids, bool want_logits);
-  // Causal attention of n rows of roped queries q [n, n_head * head_dim] over cache rows 0 .. len_ + i
-  // (row i), into att_.
-  void attend(const float* q, const float* k_cache, const float* v_cache, int64_t n);
+  // Causal attention of the forward's n rows of roped queries (w.q) over their own segment's cache of
+  // `layer` (< 0: the first layer, else plain layer `layer`), into w.att; (row, head) pairs split over the
+  // threads, each computed as in a forward of its own.
+  void attend(std::span<const Segment> segments, int64_t layer, int64_t n, Rows& w);
+  // Draws draft i (at position `position`) from logits_ into out.
+  void draw(int64_t position, size_t i, Draft& out);
 
   // A plain decoder layer after the first (train::EagleDrafter's blk.N, N >= 1): its weights, borrowed,
   // and its cache, [n_ctx, n_kv_head * head_dim] each.
@@ -135,14 +180,47 @@ class EagleDraftSource final : public DraftSource {
   std::vector<float> taps_;   // [n_ctx, n_taps * d] the target's captured taps by position
   std::vector<float> k_, v_;  // [n_ctx, n_kv_head * head_dim] the first layer's cache, roped keys
   std::vector<PlainLayer> plain_;
-  int64_t len_ = 0;           // rows in the cache
-  int64_t real_len_ = 0;      // rows computed from the target's taps: positions 0 .. real_len_ - 1
-  std::vector<int32_t> pos_;  // [chunk]
-  std::vector<float> g_, e_, ne_, ng_, u_, q_, att_, h1_, n2_, gate_, up_, act_, h2_, f_;  // [chunk, width]
-  std::vector<float> inv_, scores_;                                                        // [chunk], [n_ctx]
-  std::vector<float> g_last_;                                                              // [d]
-  std::vector<float> logits_;                                                              // [vocab]
+  int64_t len_ = 0;       // rows in the cache
+  int64_t real_len_ = 0;  // rows computed from the target's taps: positions 0 .. real_len_ - 1
+  EagleDraftBatch* batch_ = nullptr;
+  Rows rows_;                  // this source's own scratch (made on its first proposal alone in a batch)
+  std::vector<float> g_last_;  // [d]
+  std::vector<float> logits_;  // [vocab]
   std::vector<int32_t> history_;
+};
+
+// The EAGLE drafter's batched forward, shared by the sources of a driver with several sequences
+// (engine::Scheduler): sources made with one batch propose together (DraftSource::batch_group), the real rows
+// every sequence still lacks in forwards shared with the others, then each drafting step one row per sequence
+// in one forward. Every row is computed as alone (the float matrix products give a row the same bits in
+// every row count, docs/kernels.md), so every sequence drafts exactly what it drafts alone. The sources of
+// one batch must hold the same drafter (one file) and a context of at most n_ctx positions. Used by one
+// thread at a time.
+class EagleDraftBatch {
+ public:
+  // pool: the sources' threads; max_sequences: the most sources that propose together; n_ctx: the sources'
+  // context; max_rows: rows per forward (>= max_sequences).
+  EagleDraftBatch(const train::EagleConfig& config, ThreadPool& pool, int max_sequences, int64_t n_ctx,
+                  int64_t max_rows = 64);
+
+  const train::EagleConfig& config() const { return cfg_; }
+  // Batched proposals run, and the most sequences one of them drafted for.
+  int64_t proposals() const { return proposals_; }
+  int64_t widest() const { return widest_; }
+
+ private:
+  friend class EagleDraftSource;
+  struct Member {
+    EagleDraftSource* source;
+    std::span<const int32_t> committed;
+    int64_t depth;
+    Draft* out;
+  };
+  train::EagleConfig cfg_;
+  EagleDraftSource::Rows rows_;
+  std::vector<Member> members_;                      // [max_sequences]
+  std::vector<EagleDraftSource::Segment> segments_;  // [max_sequences]
+  int64_t proposals_ = 0, widest_ = 0;
 };
 
 }  // namespace tandem::speculative
