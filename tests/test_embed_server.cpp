@@ -315,4 +315,57 @@ TEST(EmbeddingBatcher, RefusesAfterDrainAndReportsEmbedderFailures) {
   EXPECT_TRUE(batcher.idle());
 }
 
+// saturated() turns true exactly when the queue holds max_waiting requests, so an embed() then answers
+// kQueueFull (what /health reports as busy); the round being embedded holds no queue place.
+TEST(EmbeddingBatcher, SaturatedWhenTheQueueIsAtItsBound) {
+  auto model =
+      tandem::model::Model::load(tandem::testing::shared_path("models/synth/synth-bert-d64-F16.gguf"));
+  tandem::ThreadPool pool(1);
+  const int64_t D = model->config().n_embd;
+  std::atomic<bool> building{false}, release{false};
+  tandem::engine::EmbeddingBatcherOptions options;
+  options.max_rows = 4;  // one request per round
+  options.max_waiting = 2;
+  tandem::engine::EmbeddingBatcher batcher(
+      [&] {
+        // Holds the first round until the test has filled the queue behind it.
+        building.store(true);
+        while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        return std::make_unique<tandem::model::Embedder>(*model, pool);
+      },
+      D, model->config().n_ctx_train, options);
+  EXPECT_EQ(batcher.options().max_waiting, 2);
+  const auto wait_for = [&](auto done) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!done()) {
+      ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
+  std::vector<std::vector<float>> out(3);
+  std::vector<std::thread> clients;
+  const auto client = [&](size_t i) {
+    clients.emplace_back([&, i] {
+      EXPECT_EQ(batcher.embed({{1, 2, 3, static_cast<int32_t>(i + 4)}}, out[i]),
+                tandem::engine::EmbeddingBatcher::Admit::kOk);
+    });
+  };
+  client(0);
+  wait_for([&] { return building.load(); });  // the first request left the queue for its round
+  EXPECT_FALSE(batcher.saturated());
+  client(1);
+  wait_for([&] { return batcher.stats().waiting == 1; });
+  EXPECT_FALSE(batcher.saturated());
+  client(2);
+  wait_for([&] { return batcher.stats().waiting == 2; });
+  EXPECT_TRUE(batcher.saturated());
+  std::vector<float> refused;
+  EXPECT_EQ(batcher.embed({{5, 6}}, refused), tandem::engine::EmbeddingBatcher::Admit::kQueueFull);
+  EXPECT_TRUE(refused.empty());
+  release.store(true);
+  for (auto& t : clients) t.join();
+  EXPECT_FALSE(batcher.saturated());
+  for (const auto& o : out) EXPECT_EQ(o.size(), static_cast<size_t>(D));
+}
+
 }  // namespace

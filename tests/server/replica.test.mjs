@@ -49,6 +49,42 @@ test('the user field must be a string', async () => {
   assert.equal(good.status, 200, await good.text());
 });
 
+// The embedding queue holds --parallel + --queue requests (here one): a long embedding runs, a second waits,
+// and /health is busy until they are done, as it is for generation.
+test('/health turns busy while the embedding queue is full', async () => {
+  const embed = (n) => fetch(`${server.url}/v1/embeddings`, {
+    method: 'POST', headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: MODEL_NAME, input: Array.from({ length: n }, (_, i) => 3 + ((i * 37) % 500)) }),
+  });
+  const first = embed(2500);
+  let second = null;
+  let h;
+  const t0 = Date.now();
+  for (;;) {
+    // The second request goes once the first has left the queue for its batch.
+    if (!second && (await metrics(server.url)).tandem_embedding_queue_depth === 0 && Date.now() - t0 > 100) {
+      second = embed(8);
+    }
+    h = await health();
+    if (h.body.status === 'busy') break;
+    assert.ok(Date.now() - t0 < 10000, `the embedding queue fills within 10 s: ${JSON.stringify(h)}`);
+    await sleep(5);
+  }
+  assert.deepEqual(h, {
+    status: 503, retry: '1', replica: 'r7', body: {
+      status: 'busy', replica: 'r7', queues: {
+        generation: { full: false, running: 0, waiting: 0, max_running: 1, max_waiting: 0 },
+        embeddings: { full: true, waiting: 1, max_waiting: 1 },
+      },
+    },
+  });
+  const refused = await embed(4);
+  assert.equal(refused.status, 503);
+  assert.equal((await refused.json()).error.code, 'server_overloaded');
+  for (const r of [await first, await second]) assert.equal(r.status, 200, await r.text());
+  assert.equal((await health()).body.status, 'ok');
+});
+
 test('/health turns busy while the queue is full, then draining after SIGTERM', async () => {
   const long = fetch(`${server.url}/v1/completions`, {
     method: 'POST', headers: { 'content-type': 'application/json' },
@@ -59,8 +95,16 @@ test('/health turns busy while the queue is full, then draining after SIGTERM', 
     assert.ok(Date.now() - t0 < 10000, 'the long request runs within 10 s');
     await sleep(20);
   }
-  // One slot, no queue: a new request would be refused, and /health says so before it is sent.
-  assert.deepEqual(await health(), { status: 503, retry: '1', replica: 'r7', body: { status: 'busy', replica: 'r7' } });
+  // One slot, no queue: a new request would be refused, and /health says so before it is sent, with the
+  // depths and bounds of both queues.
+  assert.deepEqual(await health(), {
+    status: 503, retry: '1', replica: 'r7', body: {
+      status: 'busy', replica: 'r7', queues: {
+        generation: { full: true, running: 1, waiting: 0, max_running: 1, max_waiting: 0 },
+        embeddings: { full: false, waiting: 0, max_waiting: 1 },
+      },
+    },
+  });
   server.proc.kill('SIGTERM');
   const t1 = Date.now();
   let h;

@@ -61,37 +61,6 @@ std::vector<int32_t> tokens(int64_t n, int64_t n_vocab, int64_t salt) {
   return t;
 }
 
-// SIZE for --expert-budget: bytes with an optional K, M or G suffix (powers of 1024), or a percentage of
-// `experts` (the routed experts' bytes).
-size_t parse_expert_budget(const std::string& text, size_t experts) {
-  const auto bad = [&] {
-    return Error("--expert-budget '" + text + "': expected a size such as 4G, 512M or 50% (of the experts)");
-  };
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    throw bad();
-  }
-  if (!(value >= 0)) throw bad();
-  const std::string suffix = text.substr(used);
-  double scale = 1;
-  if (suffix == "%") {
-    if (value > 100) throw bad();
-    return static_cast<size_t>(value / 100.0 * static_cast<double>(experts));
-  }
-  if (suffix == "K" || suffix == "k")
-    scale = 1024.0;
-  else if (suffix == "M" || suffix == "m")
-    scale = 1024.0 * 1024.0;
-  else if (suffix == "G" || suffix == "g")
-    scale = 1024.0 * 1024.0 * 1024.0;
-  else if (!suffix.empty())
-    throw bad();
-  return static_cast<size_t>(value * scale);
-}
-
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
@@ -115,11 +84,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--decode-tokens", o->decode_tokens,
                   "Decode steps to time (default 64; decode tok/s is their count over their total time)");
   cmd->add_option("--reps", o->reps, "Repetitions of each verify width and prefill (default 5)");
-  cmd->add_option(
-      "--expert-budget", o->expert_budget,
-      "Keep the most-read routed experts resident (copied) within SIZE bytes (suffix K, M or G; or "
-      "a percentage of the routed experts' bytes, e.g. 50%), the rest read from the model file; "
-      "reports the fraction of expert reads served resident");
+  add_expert_budget_option(*cmd, o->expert_budget);
   cmd->callback([o] {
     if (o->decode_tokens < 1 || o->reps < 1) throw Error("--decode-tokens and --reps must be positive");
     const int64_t ctx = o->model.n_ctx > 0 ? o->model.n_ctx : 256;
@@ -133,12 +98,8 @@ void add_bench_command(CLI::App& app) {
     so.kv_type = o->model.resolved_kv_type();
     so.batch = 512;
     model::Session session(*model, pool, so);
-    std::unique_ptr<model::ExpertResidency> residency;
-    if (!o->expert_budget.empty()) {
-      const size_t budget = parse_expert_budget(o->expert_budget, model::expert_bytes(*model).routed_all);
-      residency = std::make_unique<model::ExpertResidency>(*model, budget);
-      session.forward().set_expert_residency(residency.get());
-    }
+    const std::unique_ptr<model::ExpertResidency> residency = make_expert_residency(o->expert_budget, *model);
+    session.forward().set_expert_residency(residency.get());
 
     // Bandwidth: stream the mapped weights themselves when they are much larger than any cache (they are
     // resident anyway, so the peak RSS does not grow); otherwise a temporary buffer.
@@ -318,13 +279,7 @@ void add_bench_command(CLI::App& app) {
           static_cast<double>(experts.routed_chosen) / 1e6, static_cast<double>(experts.routed_all) / 1e6,
           static_cast<double>(experts.shared) / 1e6);
     if (residency)
-      std::printf(
-          "expert budget    %.1f MB: %.1f MB resident (%lld of %lld experts); decode read %.1f%% of its "
-          "expert bytes from resident copies\n",
-          static_cast<double>(residency_decode.budget_bytes) / 1e6,
-          static_cast<double>(residency_decode.resident_bytes) / 1e6,
-          static_cast<long long>(residency_decode.resident_experts),
-          static_cast<long long>(residency_decode.experts), 100.0 * residency_decode.served_resident());
+      std::printf("expert budget    %s\n", expert_residency_summary(residency_decode, "decode").c_str());
     std::printf(
         "roofline         %.3f  (against the passes beside each round of steps: median %.3f, %.3f-%.3f)\n",
         roofline, decode_beside, *std::min_element(beside.begin(), beside.end()),

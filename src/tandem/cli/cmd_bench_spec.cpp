@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <sstream>
 
@@ -93,6 +94,7 @@ void add_bench_spec_command(CLI::App& app) {
     sampling::Params sampling;
     std::string cost_model;  // --cost-model: a calibrated model file whose verify costs price the windows too
     int cost_threads = 0;    // --cost-threads: the threads of its calibration entry (0: -t)
+    std::string expert_budget;
   };
   auto o = std::make_shared<Opts>();
   o->sampling.temperature = 0.0f;
@@ -108,6 +110,7 @@ void add_bench_spec_command(CLI::App& app) {
       "budgets plan with them too");
   cmd->add_option("--cost-threads", o->cost_threads,
                   "Threads of the --cost-model calibration to use (default: -t)");
+  add_expert_budget_option(*cmd, o->expert_budget);
   cmd->add_option("--temp", o->sampling.temperature, "Temperature (default 0: greedy)");
   cmd->add_option("--top-k", o->sampling.top_k, "Top-k (default 40; <= 0 disables)");
   cmd->add_option("--top-p", o->sampling.top_p, "Top-p (default 0.95; 1 disables)");
@@ -120,6 +123,8 @@ void add_bench_spec_command(CLI::App& app) {
     if (o->n_tokens < 1) throw Error("-n must be at least 1");
     sampling::validate(o->sampling);
     auto target = model::Model::load(o->model.model_path, o->model.load_mode());
+    const std::unique_ptr<model::ExpertResidency> residency =
+        make_expert_residency(o->expert_budget, *target);
     std::unique_ptr<tokenizer::Tokenizer> tok;
     try {
       tok = tokenizer::Tokenizer::from_gguf(target->file());
@@ -154,6 +159,7 @@ void add_bench_spec_command(CLI::App& app) {
     const engine::EogFn is_eog = [&](int32_t t) { return tok && tok->is_eog(t); };
 
     model::Session session(*target, pool, so);
+    session.forward().set_expert_residency(residency.get());
     {  // warm up: page the weights in and wake the thread team
       const std::vector<int32_t> warm(prompts[0].begin(), prompts[0].end());
       session.eval(warm);
@@ -244,6 +250,8 @@ void add_bench_spec_command(CLI::App& app) {
       priced_expected = expected_at(setup.options.costs);
       std::printf("%.3fx expected at its costs\n", priced_expected);
     }
+    if (residency)
+      std::printf("expert budget: %s\n", expert_residency_summary(residency->stats(), "the target").c_str());
     if (mismatches > 0)
       std::printf("WARNING: greedy speculative output differed from plain output for %lld prompts\n",
                   static_cast<long long>(mismatches));

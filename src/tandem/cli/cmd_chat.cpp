@@ -18,6 +18,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -134,6 +135,7 @@ struct Opts {
   sampling::Params sampling;
   bool seed_given = false;
   SpecFlags spec;
+  std::string expert_budget;
 };
 
 constexpr const char* kHelp =
@@ -187,7 +189,12 @@ class Chat {
  public:
   Chat(const Opts& o, model::Model& model, const tokenizer::Tokenizer& tok, ThreadPool& pool,
        const model::SessionOptions& so, const server::ChatTemplate& templ)
-      : o_(o), tok_(tok), templ_(templ), session_(model, pool, so) {
+      : o_(o),
+        tok_(tok),
+        templ_(templ),
+        session_(model, pool, so),
+        residency_(make_expert_residency(o.expert_budget, model)) {
+    session_.forward().set_expert_residency(residency_.get());
     if (o.spec.enabled()) spec_.emplace(make_spec_setup(o.spec, model, o.model, pool, so, false));
     if (!o.system.empty()) set_system(o.system);
   }
@@ -306,6 +313,9 @@ class Chat {
                    "[speculative: acceptance %.1f%% (%lld of %lld drafts), %.2f tokens per target forward]\n",
                    100.0 * ss->acceptance(), static_cast<long long>(ss->accepted),
                    static_cast<long long>(ss->drafted), ss->tokens_per_forward());
+    if (residency_)
+      std::fprintf(stderr, "[expert budget %s]\n",
+                   expert_residency_summary(residency_->stats(), "the conversation").c_str());
   }
 
  private:
@@ -313,6 +323,7 @@ class Chat {
   const tokenizer::Tokenizer& tok_;
   const server::ChatTemplate& templ_;
   model::Session session_;
+  std::unique_ptr<model::ExpertResidency> residency_;  // --expert-budget; read by session_'s forwards
   std::optional<SpecSetup> spec_;
   std::vector<server::ChatMessage> messages_;
   std::vector<int32_t> cached_;  // the tokens the session's cache holds
@@ -452,6 +463,7 @@ void add_chat_command(CLI::App& app) {
                   "Tokens per reply at most (default -1: until the model ends it or the context is full)");
   add_sampling_options(*cmd, o->sampling, o->seed_given);
   add_spec_options(*cmd, o->spec, /*with_replay=*/false);
+  add_expert_budget_option(*cmd, o->expert_budget);
   cmd->callback([o] { run_chat(*o); });
 }
 

@@ -1,6 +1,7 @@
 // tandem run: stream a model's continuation of a prompt to stdout; timings go to stderr.
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <random>
 
@@ -41,6 +42,7 @@ void add_run_command(CLI::App& app) {
     bool no_bos = false;
     SpecFlags spec;
     GrammarFlags grammar;
+    std::string expert_budget;
   };
   auto o = std::make_shared<Opts>();
   add_model_options(*cmd, o->model, /*model_required=*/false);
@@ -52,6 +54,7 @@ void add_run_command(CLI::App& app) {
   add_sampling_options(*cmd, o->sampling, o->seed_given);
   add_spec_options(*cmd, o->spec, /*with_replay=*/false);
   add_grammar_options(*cmd, o->grammar);
+  add_expert_budget_option(*cmd, o->expert_budget);
   cmd->callback([o] {
     if (o->model.model_path.empty()) o->model.model_path = default_model_path();
     if (o->n_predict < 0) throw Error("-n must be zero or positive");
@@ -60,6 +63,7 @@ void add_run_command(CLI::App& app) {
 
     auto t0 = std::chrono::steady_clock::now();
     auto model = model::Model::load(o->model.model_path, o->model.load_mode());
+    const std::unique_ptr<model::ExpertResidency> residency = make_expert_residency(o->expert_budget, *model);
     auto tok = tokenizer::Tokenizer::from_gguf(model->file());
     ThreadPool pool(o->model.resolved_threads());
     model::SessionOptions so;
@@ -67,6 +71,7 @@ void add_run_command(CLI::App& app) {
     so.kv_type = o->model.resolved_kv_type();
     so.batch = o->model.batch;
     model::Session session(*model, pool, so);
+    session.forward().set_expert_residency(residency.get());
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     std::vector<int32_t> prompt;
@@ -143,6 +148,9 @@ void add_run_command(CLI::App& app) {
       std::fprintf(stderr, "grammar: %.3f ms per token masking and sampling (%.1f%% of a decode step)\n",
                    1e3 * st.grammar_seconds / st.generated,
                    st.generate_seconds > 0 ? 100.0 * st.grammar_seconds / st.generate_seconds : 0.0);
+    if (residency)
+      std::fprintf(stderr, "expert budget: %s\n",
+                   expert_residency_summary(residency->stats(), "the run").c_str());
   });
 }
 

@@ -58,6 +58,7 @@ struct ServeOptions {
   int64_t embed_rows = 2048;
   int embed_threads = 1;
   std::vector<int64_t> truncatable_dims;
+  std::string expert_budget;
 };
 
 std::chrono::milliseconds to_ms(double seconds) {
@@ -226,6 +227,9 @@ void serve(const ServeOptions& o) {
   bound_allocator_retention();
   SignalWatcher signals;  // before any thread starts, so that all inherit the mask
   auto model = model::Model::load(o.model.model_path, o.model.load_mode());
+  // The scheduler's forwards read the routed experts through it (the calibration and a decoder's
+  // embeddings, on forwards of their own, read the file's); /metrics shows its counters.
+  const std::unique_ptr<model::ExpertResidency> residency = make_expert_residency(o.expert_budget, *model);
   auto tok = tokenizer::Tokenizer::from_gguf(model->file());
   const int64_t n_ctx = model::default_context(*model, o.model.n_ctx);
   std::string source;
@@ -345,6 +349,7 @@ void serve(const ServeOptions& o) {
   if (!encoder) {
     graph =
         std::make_unique<model::Graph>(*model, pool, model::GraphOptions{std::max<int64_t>(o.rows, 16), 16});
+    graph->set_expert_residency(residency.get());
     caches = std::make_unique<engine::SlotCachePool>(config, n_ctx, o.model.resolved_kv_type(), o.parallel);
     scheduler = std::make_unique<engine::Scheduler>(
         *graph, *caches, [&tk](int32_t id) { return tk.is_eog(id); }, so, drafts);
@@ -400,6 +405,13 @@ void serve(const ServeOptions& o) {
                               : lender ? "with a drafter that reads the target"
                                        : "by n-gram lookup")
                            : "off");
+  if (residency)
+    std::fprintf(
+        stderr,
+        "serve: expert budget %.1f MB: %lld of %lld routed experts resident at once, chosen from the "
+        "routing counts as generation goes (/metrics shows the reads served resident)\n",
+        static_cast<double>(residency->stats().budget_bytes) / 1e6,
+        static_cast<long long>(residency->slots()), static_cast<long long>(residency->stats().experts));
   std::fprintf(stderr, "serve: replica '%s' warming up on %s:%d (/health answers 503 \"starting\")\n",
                srv.replica_name().c_str(), o.host.c_str(), port);
   // A failed warm-up leaves /health at "starting", so a balancer keeps sending elsewhere.
@@ -516,6 +528,7 @@ void add_serve_command(CLI::App& app) {
                   "trained to be cut (comma-separated; default: none)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
+  add_expert_budget_option(*cmd, o->expert_budget);
   cmd->callback([o] {
     if (o->parallel > o->rows)
       throw Error("--rows must be at least --parallel (one decode row per sequence)");

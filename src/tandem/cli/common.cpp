@@ -1,10 +1,12 @@
 #include "tandem/cli/common.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "tandem/model/moe.h"
 #include "tandem/util/error.h"
 #include "tandem/util/thread_pool.h"
 
@@ -43,6 +45,61 @@ void add_model_options(CLI::App& cmd, ModelOptions& o, bool model_required) {
 
 gguf::LoadMode ModelOptions::load_mode() const {
   return mmap ? gguf::LoadMode::kMap : no_mmap ? gguf::LoadMode::kCopy : gguf::LoadMode::kAuto;
+}
+
+void add_expert_budget_option(CLI::App& cmd, std::string& budget) {
+  cmd.add_option("--expert-budget", budget,
+                 "Keep the most-read routed experts of a mixture-of-experts model resident (copied) within "
+                 "SIZE bytes (suffix K, M or G; or a percentage of the routed experts' bytes, e.g. 50%), the "
+                 "rest read from the model file; reports the fraction of expert reads served resident")
+      ->type_name("SIZE");
+}
+
+size_t parse_expert_budget(const std::string& text, size_t experts) {
+  const auto bad = [&] {
+    return Error("--expert-budget '" + text + "': expected a size such as 4G, 512M or 50% (of the experts)");
+  };
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    throw bad();
+  }
+  if (!(value >= 0)) throw bad();
+  const std::string suffix = text.substr(used);
+  double scale = 1;
+  if (suffix == "%") {
+    if (value > 100) throw bad();
+    return static_cast<size_t>(value / 100.0 * static_cast<double>(experts));
+  }
+  if (suffix == "K" || suffix == "k")
+    scale = 1024.0;
+  else if (suffix == "M" || suffix == "m")
+    scale = 1024.0 * 1024.0;
+  else if (suffix == "G" || suffix == "g")
+    scale = 1024.0 * 1024.0 * 1024.0;
+  else if (!suffix.empty())
+    throw bad();
+  return static_cast<size_t>(value * scale);
+}
+
+std::unique_ptr<model::ExpertResidency> make_expert_residency(const std::string& budget,
+                                                              const model::Model& model) {
+  if (budget.empty()) return nullptr;
+  const size_t bytes = parse_expert_budget(budget, model::expert_bytes(model).routed_all);
+  return std::make_unique<model::ExpertResidency>(model, bytes);
+}
+
+std::string expert_residency_summary(const model::ResidencyStats& s, const std::string& reader) {
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "%.1f MB: %.1f MB resident (%lld of %lld experts); %s read %.1f%% of its expert bytes from "
+                "resident copies",
+                static_cast<double>(s.budget_bytes) / 1e6, static_cast<double>(s.resident_bytes) / 1e6,
+                static_cast<long long>(s.resident_experts), static_cast<long long>(s.experts), reader.c_str(),
+                100.0 * s.served_resident());
+  return line;
 }
 
 std::string default_model_path() {

@@ -59,6 +59,11 @@ bool EmbeddingBatcher::idle() const {
   return queue_.empty() && !busy_;
 }
 
+bool EmbeddingBatcher::saturated() const {
+  std::lock_guard lock(mutex_);
+  return static_cast<int64_t>(queue_.size()) >= options_.max_waiting;
+}
+
 void EmbeddingBatcher::stop() {
   drain();
   {

@@ -68,6 +68,10 @@ class EmbeddingBatcher {
   void drain();
   // No request queued or being embedded.
   bool idle() const;
+  // An embed() now would answer kQueueFull: max_waiting requests are queued (the round being embedded
+  // holds none of them).
+  bool saturated() const;
+  const EmbeddingBatcherOptions& options() const { return options_; }
   // drain(), then joins the worker (the destructor calls it).
   void stop();
 

@@ -77,6 +77,7 @@ Scheduler::Scheduler(model::Graph& graph, CachePool& caches, std::function<bool(
   ended_.reserve(n);
   round_cost_.reserve(static_cast<size_t>(options_.max_draft) + 1);
   draft_requests_.reserve(n);
+  if (const model::ExpertResidency* r = graph_.expert_residency()) stats_.experts = r->stats();
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -441,6 +442,7 @@ void Scheduler::settle() {
   for (int b = 0; b < SchedulerStats::kBuckets; ++b)
     stats_.rows_le[b] += plan_.rows <= SchedulerStats::kRowBuckets[b] ? 1 : 0;
   stats_.evaluated_prompt_tokens += delta.evaluated_prompt_tokens;
+  if (const model::ExpertResidency* r = graph_.expert_residency()) stats_.experts = r->stats();
 }
 
 bool Scheduler::settle(Sequence& s, std::span<const int32_t> drafts, bool speculating) {

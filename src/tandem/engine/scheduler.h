@@ -110,6 +110,10 @@ struct SchedulerStats {
   };
   std::vector<Drafter> drafters;
   uint64_t finished[kFinishReasons] = {};  // by Finish
+  // The graph's expert residency (--expert-budget) as of the last forward; none without one. The residency
+  // is the scheduler thread's (its forwards read and rebalance it): other threads see this copy, taken
+  // under the stats' lock after each forward.
+  std::optional<model::ResidencyStats> experts;
 };
 
 // Creates a drafter for one sequence (null: this sequence does not speculate).
@@ -119,7 +123,9 @@ class Scheduler {
  public:
   enum class Admit { kOk, kQueueFull, kDraining, kInvalid };
 
-  // graph, caches and is_eog must outlive the scheduler. The iteration thread starts here.
+  // graph, caches and is_eog must outlive the scheduler. The iteration thread starts here. An expert
+  // residency the graph has (Graph::set_expert_residency) must be set before and is used by this thread only
+  // from here on.
   Scheduler(model::Graph& graph, CachePool& caches, std::function<bool(int32_t)> is_eog,
             const SchedulerOptions& options, DraftFactory drafts = {});
   ~Scheduler();

@@ -20,7 +20,7 @@ ExpertResidency::ExpertResidency(const Model& model, size_t budget_bytes, int64_
   if (rebalance_every < 0) throw Error("expert residency: the rebalance interval must not be negative");
   if (n_expert_ <= 0)
     throw Error("--expert-budget applies to mixture-of-experts models; '" + model.config().arch +
-                "' has no routed experts");
+                "' has no routed experts: drop --expert-budget");
   const auto& layers = model.weights().layers;
   const size_t n = layers.size() * static_cast<size_t>(n_expert_);
   file_views_.resize(n);
@@ -32,6 +32,7 @@ ExpertResidency::ExpertResidency(const Model& model, size_t budget_bytes, int64_
       const ExpertViews v{w.gate[e], w.up[e], w.down[e]};
       file_views_[index(static_cast<int64_t>(l), static_cast<int64_t>(e))] = v;
       routed_[index(static_cast<int64_t>(l), static_cast<int64_t>(e))] = true;
+      ++experts_;
       slot_bytes_ = std::max(
           slot_bytes_, round_up_64(v.gate.bytes()) + round_up_64(v.up.bytes()) + round_up_64(v.down.bytes()));
     }
@@ -41,7 +42,9 @@ ExpertResidency::ExpertResidency(const Model& model, size_t budget_bytes, int64_
     for (const LayerWeights& l : layers) moe_layers += l.moe.empty() ? 0 : 1;
     rebalance_every_ = std::max<int64_t>(1, 4 * moe_layers * model.config().moe.n_expert_used);
   }
-  const size_t n_slots = slot_bytes_ > 0 ? budget_bytes / slot_bytes_ : 0;
+  // A budget beyond every expert gets a slot per expert, not memory it cannot use.
+  const size_t n_slots =
+      slot_bytes_ > 0 ? std::min(budget_bytes / slot_bytes_, static_cast<size_t>(experts_)) : 0;
   if (n_slots > 0) {
     buffer_.resize(n_slots * slot_bytes_ + 63);
     base_ = buffer_.data() + ((64 - reinterpret_cast<uintptr_t>(buffer_.data()) % 64) % 64);
@@ -94,6 +97,8 @@ void ExpertResidency::rebalance() {
     for (int64_t s = 0; s < n_slots; ++s) {
       const int64_t owner = slot_owner_[static_cast<size_t>(s)];
       if (owner >= 0 && !wanted_[static_cast<size_t>(owner)]) {
+        --resident_experts_;
+        resident_bytes_ -= file_views_[static_cast<size_t>(owner)].bytes();
         slot_of_[static_cast<size_t>(owner)] = -1;
         slot_owner_[static_cast<size_t>(s)] = -1;
         slot_views_[static_cast<size_t>(s)] = ExpertViews{};
@@ -115,6 +120,8 @@ void ExpertResidency::rebalance() {
       slot_views_[static_cast<size_t>(free_slot)] = copy;
       slot_owner_[static_cast<size_t>(free_slot)] = static_cast<int64_t>(i);
       slot_of_[i] = static_cast<int32_t>(free_slot);
+      ++resident_experts_;
+      resident_bytes_ += from.bytes();
     }
   }
   if (++rebalances_ % kRebalancesPerHalving == 0)
@@ -124,14 +131,9 @@ void ExpertResidency::rebalance() {
 ResidencyStats ExpertResidency::stats() const {
   ResidencyStats s;
   s.budget_bytes = budget_;
-  for (size_t i = 0; i < routed_.size(); ++i) {
-    if (!routed_[i]) continue;
-    ++s.experts;
-    if (slot_of_[i] >= 0) {
-      ++s.resident_experts;
-      s.resident_bytes += file_views_[i].bytes();
-    }
-  }
+  s.experts = experts_;
+  s.resident_experts = resident_experts_;
+  s.resident_bytes = resident_bytes_;
   s.reads = reads_;
   s.resident_reads = resident_reads_;
   s.bytes_read = bytes_read_;

@@ -40,8 +40,8 @@ struct ResidencyStats {
 class ExpertResidency {
  public:
   // budget_bytes: the most memory the copies take (slots of the widest expert); a budget below one expert
-  // keeps none resident. rebalance_every: expert reads between two rebalances (0: the reads of four decoded
-  // tokens, n_expert_used per MoE layer each).
+  // keeps none resident. rebalance_every: expert reads between two
+  // rebalances (0: the reads of four decoded tokens, n_expert_used per MoE layer each).
   ExpertResidency(const Model& model, size_t budget_bytes, int64_t rebalance_every = 0);
   ExpertResidency(const ExpertResidency&) = delete;
   ExpertResidency& operator=(const ExpertResidency&) = delete;
@@ -61,6 +61,7 @@ class ExpertResidency {
   void rebalance();
   bool resident(int64_t layer, int64_t e) const { return slot_of_[index(layer, e)] >= 0; }
   int64_t slots() const { return static_cast<int64_t>(slot_views_.size()); }
+  // A copy of the counters (constant time: a caller may take one after every forward).
   ResidencyStats stats() const;
 
  private:
@@ -86,6 +87,8 @@ class ExpertResidency {
   // a change of topic.
   static constexpr int64_t kRebalancesPerHalving = 64;
   int64_t rebalances_ = 0;
+  int64_t experts_ = 0, resident_experts_ = 0;  // routed experts, and those resident now
+  size_t resident_bytes_ = 0;                   // the file bytes of the resident experts
   uint64_t reads_ = 0, resident_reads_ = 0;
   double bytes_read_ = 0, resident_bytes_read_ = 0;
 };

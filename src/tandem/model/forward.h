@@ -62,6 +62,7 @@ class Forward {
   // Reads the routed experts through `residency` (null: the model's own views) from the next run on; it
   // rebalances before each run. It must outlive its use here and serve one forward at a time.
   void set_expert_residency(ExpertResidency* residency) { residency_ = residency; }
+  const ExpertResidency* expert_residency() const { return residency_; }
   int64_t max_rows() const { return max_rows_; }
 
   // Runs the rows. For each sequence, its rows must continue its cache: a row's position is at most the cache

@@ -71,6 +71,10 @@ class Graph {
 
   const Model& model() const { return forward_.model(); }
   int64_t n_vocab() const { return model().config().n_vocab; }
+  // Reads the routed experts through `residency` (Forward::set_expert_residency): it must outlive its use
+  // here, and the forwards of this graph are then its only user.
+  void set_expert_residency(ExpertResidency* residency) { forward_.set_expert_residency(residency); }
+  const ExpertResidency* expert_residency() const { return forward_.expert_residency(); }
 
   // Appends a prompt to `cache` in chunks of at most max_rows; writes the last position's logits to
   // `last_logits` [n_vocab] (may be null).

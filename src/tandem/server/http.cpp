@@ -602,15 +602,36 @@ void HttpServer::Impl::routes() {
     metrics.request("/v1/models", 200);
     (void)req;
   });
-  // Draining outranks the rest: a balancer must stop sending for good, not wait for a free slot.
+  // Draining outranks the rest: a balancer must stop sending for good, not wait for a free slot. Busy: the
+  // generation queue or the embedding queue is full (a request to it would get 503 now); the body then
+  // carries both queues' depths and bounds, so a balancer that routes the two apart can tell which.
   svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    const char* state = draining.load()                       ? "draining"
-                        : !is_ready.load()                    ? "starting"
-                        : scheduler && scheduler->saturated() ? "busy"
-                                                              : "ok";
+    const bool generation_full = scheduler && scheduler->saturated();
+    const bool embeddings_full = embedder && embedder->saturated();
+    const char* state = draining.load()                      ? "draining"
+                        : !is_ready.load()                   ? "starting"
+                        : generation_full || embeddings_full ? "busy"
+                                                             : "ok";
     res.status = std::string_view(state) == "ok" ? 200 : 503;
     if (res.status != 200) res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
-    res.set_content(dump(json{{"status", state}, {"replica", options.replica_name}}), kJson);
+    json body{{"status", state}, {"replica", options.replica_name}};
+    if (std::string_view(state) == "busy") {
+      json queues = json::object();
+      if (scheduler) {
+        const engine::SchedulerStats st = scheduler->stats();
+        queues["generation"] = {{"full", generation_full},
+                                {"running", st.running - st.finishing},
+                                {"waiting", st.waiting},
+                                {"max_running", scheduler->options().max_running},
+                                {"max_waiting", scheduler->options().max_waiting}};
+      }
+      if (embedder)
+        queues["embeddings"] = {{"full", embeddings_full},
+                                {"waiting", embedder->stats().waiting},
+                                {"max_waiting", embedder->options().max_waiting}};
+      body["queues"] = std::move(queues);
+    }
+    res.set_content(dump(body), kJson);
     metrics.request("/health", res.status);
   });
   svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {

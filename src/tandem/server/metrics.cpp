@@ -100,6 +100,28 @@ std::string Metrics::render(const engine::SchedulerStats& s, const engine::Embed
   counter("tandem_embedding_batches_total", "Embedding batches run (each holds one or more requests).",
           e.rounds);
   gauge("tandem_embedding_queue_depth", "Embedding requests waiting for the next batch.", e.waiting);
+  // Expert residency (serve --expert-budget): zeros without a budget, as the speculation counters are
+  // without a drafter.
+  const model::ResidencyStats x = s.experts.value_or(model::ResidencyStats{});
+  gauge("tandem_expert_budget_bytes",
+        "Bytes --expert-budget lets resident expert copies take (0: no budget).",
+        static_cast<int64_t>(x.budget_bytes));
+  gauge("tandem_expert_resident_bytes", "Bytes of the routed experts resident (copied) now.",
+        static_cast<int64_t>(x.resident_bytes));
+  gauge("tandem_expert_resident_experts", "Routed experts resident now.", x.resident_experts);
+  gauge("tandem_expert_routed_experts", "Routed experts of all mixture-of-experts layers (0: no budget).",
+        x.experts);
+  counter("tandem_expert_reads_total", "Routed expert reads by generation forwards (one per expert run).",
+          x.reads);
+  counter("tandem_expert_reads_resident_total", "Of those, reads served from a resident copy.",
+          x.resident_reads);
+  counter("tandem_expert_read_bytes_total", "Expert bytes those reads took.",
+          static_cast<uint64_t>(x.bytes_read));
+  counter("tandem_expert_read_bytes_resident_total", "Of those, bytes read from resident copies.",
+          static_cast<uint64_t>(x.resident_bytes_read));
+  family("tandem_expert_read_bytes_resident_fraction", "gauge",
+         "Expert bytes read from resident copies over all expert bytes read since start (0 before any).");
+  o << "tandem_expert_read_bytes_resident_fraction " << x.served_resident() << '\n';
   return o.str();
 }
 

@@ -1,6 +1,6 @@
 // Server metrics in the Prometheus text exposition format: requests by endpoint and status (counted here),
-// and the scheduler's and the embedding batcher's counters and gauges (read from their stats when rendering).
-// Thread safe.
+// and the scheduler's and the embedding batcher's counters and gauges (read from their stats when rendering),
+// the expert residency's among the scheduler's. Thread safe.
 #pragma once
 
 #include <cstdint>
