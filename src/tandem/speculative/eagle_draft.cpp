@@ -142,15 +142,10 @@ EagleDraftSource::EagleDraftSource(std::unique_ptr<train::EagleDrafter> drafter,
                                    ThreadPool& pool, int64_t n_ctx)
     : drafter_(std::move(drafter)),
       cfg_(drafter_->config()),
-      taps_layers_(std::move(taps)),
-      layers_(taps_layers_.begin(), taps_layers_.end()),
       compute_(pool),
       n_ctx_(n_ctx),
-      kv_width_(cfg_.n_kv_head * cfg_.head_dim) {
-  if (static_cast<int64_t>(taps_layers_.size()) != cfg_.n_taps)
-    throw Error("the EAGLE drafter reads " + std::to_string(cfg_.n_taps) + " tap layers, but " +
-                std::to_string(taps_layers_.size()) + " were named");
-  if (n_ctx_ < 1) throw Error("the EAGLE drafter needs a context of at least one position");
+      kv_width_(cfg_.n_kv_head * cfg_.head_dim),
+      taps_(std::move(taps), cfg_.n_taps, cfg_.d, n_ctx, "EAGLE") {
   const std::vector<train::Param*> params = drafter_->params();
   fc_ = find(params, "fc.weight");
   emb_ = find(params, "token_embd.weight");
@@ -179,7 +174,6 @@ EagleDraftSource::EagleDraftSource(std::unique_ptr<train::EagleDrafter> drafter,
   const auto sized = [](int64_t rows, int64_t width) {
     return std::vector<float>(static_cast<size_t>(rows * width), 0.0f);
   };
-  taps_ = sized(n_ctx_, cfg_.n_taps * d);
   k_ = sized(n_ctx_, kv_width_);
   v_ = sized(n_ctx_, kv_width_);
   pos_.assign(static_cast<size_t>(kChunk), 0);
@@ -213,25 +207,16 @@ void EagleDraftSource::begin(std::span<const int32_t> /*prompt*/, const DraftSet
   sequence_ = settings.sequence_id;
   len_ = 0;
   real_len_ = 0;
+  taps_.truncate(0);
 }
 
 void EagleDraftSource::on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
                                         int64_t first_pos) {
-  const int64_t d = cfg_.d, width = cfg_.n_taps * d;
-  for (int64_t t = 0; t < cfg_.n_taps; ++t) {
-    if (taps_layers_[static_cast<size_t>(t)] != layer) continue;
-    for (int64_t r = 0; r < n_rows && first_pos + r < n_ctx_; ++r)
-      std::memcpy(taps_.data() + (first_pos + r) * width + t * d, hidden.data() + r * d,
-                  static_cast<size_t>(d) * sizeof(float));
-  }
+  taps_.capture(layer, hidden, n_rows, first_pos);
 }
 
 void EagleDraftSource::set_taps(int64_t first_pos, std::span<const float> rows) {
-  const int64_t width = cfg_.n_taps * cfg_.d;
-  const int64_t n = std::min<int64_t>(static_cast<int64_t>(rows.size()) / width, n_ctx_ - first_pos);
-  if (n > 0)
-    std::memcpy(taps_.data() + first_pos * width, rows.data(),
-                static_cast<size_t>(n * width) * sizeof(float));
+  taps_.set(first_pos, rows);
 }
 
 void EagleDraftSource::forward(int64_t n, const float* given_g, const int32_t* next_ids, bool want_logits) {
@@ -243,7 +228,7 @@ void EagleDraftSource::forward(int64_t n, const float* given_g, const int32_t* n
   if (given_g != nullptr)
     std::memcpy(g_.data(), given_g, static_cast<size_t>(n * d) * sizeof(float));
   else
-    train::linear_forward(*fc_, nullptr, taps_.data() + len_ * cfg_.n_taps * d, n, g_.data(), c);
+    train::linear_forward(*fc_, nullptr, taps_.rows(len_, n).data(), n, g_.data(), c);
   train::embedding_forward(*emb_, next_ids, n, e_.data());
   train::rmsnorm_forward(*emb_norm_, eps, e_.data(), n, ne_.data(), inv_.data(), c);
   train::rmsnorm_forward(*hidden_norm_, eps, g_.data(), n, ng_.data(), inv_.data(), c);
@@ -360,8 +345,10 @@ void EagleDraftSource::propose(std::span<const int32_t> committed, int max_depth
   out.sampled = sampled;
 }
 
-void EagleDraftSource::accept(std::span<const int32_t> /*committed*/, int /*n_accepted*/) {
+void EagleDraftSource::accept(std::span<const int32_t> committed, int /*n_accepted*/) {
   len_ = real_len_;
+  // The target has evaluated every committed token but the last; taps past it were of rejected drafts.
+  taps_.truncate(static_cast<int64_t>(committed.size()) - 1);
 }
 
 std::string eagle_cost_key(const std::string& drafter_path) {
