@@ -155,6 +155,8 @@ TEST(DflashDrafter, RollbackLeavesTheCacheEqualToAFreshRun) {
   std::vector<int32_t> text = prompt;
   for (int32_t x : run(*t.target, *t.pool, &src, prompt, 6, &st)) text.push_back(x);
   ASSERT_GT(st.drafted, st.accepted) << "no draft was refused: nothing was rolled back";
+  // The taps of refused drafts were forgotten: those of every committed token the target evaluated remain.
+  EXPECT_EQ(src.tap_store().length(), static_cast<int64_t>(text.size()) - 1);
   // Bring the context up to the whole text, then compare with a fresh source that saw only that text.
   Draft d;
   src.propose(text, 3, d);
@@ -169,6 +171,7 @@ TEST(DflashDrafter, RollbackLeavesTheCacheEqualToAFreshRun) {
   greedy.sampling.temperature = 0.0f;
   fresh->begin(text, greedy);
   feed_taps(t, *fresh, text);
+  EXPECT_EQ(fresh->tap_store().length(), static_cast<int64_t>(text.size()) - 1);
   Draft fd;
   fresh->propose(text, 3, fd);
   EXPECT_EQ(fd.tokens, d.tokens);
@@ -188,6 +191,40 @@ TEST(DflashDrafter, RollbackLeavesTheCacheEqualToAFreshRun) {
   src.propose(prefix, 2, d);
   src.accept(prefix, 0);
   EXPECT_EQ(src.context_length(), static_cast<int64_t>(prefix.size()) - 1);
+}
+
+// A drafting source reads the target's embedding and head where the target keeps them: it holds no f32
+// copies of them, only the drafter's own weights, and a drafter without the copies refuses to train.
+TEST(DflashDrafter, DraftsFromTheTargetsOwnEmbeddingAndHead) {
+  Trained& t = trained();
+  auto loaded = DflashDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool,
+                                        model::default_context(*t.target, 0));
+  size_t own = 0;
+  for (DflashDraftSource* src : {loaded.get(), t.result.source.get()}) {
+    train::DflashDrafter& m = src->drafter();
+    EXPECT_TRUE(m.embedding().value.empty());
+    EXPECT_TRUE(m.head().value.empty());
+    EXPECT_EQ(m.embedding().rows, t.target->config().n_vocab);
+    own = 0;
+    for (const train::Param* p : m.params()) {
+      EXPECT_EQ(p->value.empty(), !p->trainable()) << p->name;
+      own += p->value.size() * sizeof(float);
+    }
+    // No matrix of stories260K's drafter reaches the size that gets a Q8_0 copy.
+    EXPECT_EQ(src->weight_bytes(), own);
+  }
+  EXPECT_GT(own, 0u);
+
+  train::DflashBatch b;
+  b.rows = loaded->drafter().config().block;
+  b.targets.rows = b.rows;
+  train::Compute c(*t.pool);
+  try {
+    loaded->drafter().forward_backward(b, c, false);
+    FAIL() << "a drafter without the target's weights ran a training batch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot train"), std::string::npos) << e.what();
+  }
 }
 
 TEST(DflashDrafter, RefusedByAnotherTargetAndAnotherKind) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "tandem/speculative/eagle_draft.h"
 #include "tandem/tensor/quant.h"
@@ -101,23 +102,28 @@ void DflashDraftSource::matmul(const MatrixView& w, const float* x, int64_t rows
 }
 
 DflashDraftSource::DflashDraftSource(std::unique_ptr<train::DflashDrafter> drafter, std::vector<int32_t> taps,
-                                     ThreadPool& pool, int64_t n_ctx, const MatrixView* target_head)
+                                     ThreadPool& pool, int64_t n_ctx, const model::Model& target)
     : drafter_(std::move(drafter)),
       cfg_(drafter_->config()),
-      taps_layers_(std::move(taps)),
-      layers_(taps_layers_.begin(), taps_layers_.end()),
+      embedding_(target.weights().tok_embd),
+      head_(target.weights().output),
       compute_(pool),
       n_ctx_(n_ctx),
-      kv_width_(cfg_.n_kv_head * cfg_.head_dim) {
-  if (static_cast<int64_t>(taps_layers_.size()) != cfg_.n_taps)
-    throw Error("the DFlash drafter reads " + std::to_string(cfg_.n_taps) + " tap layers, but " +
-                std::to_string(taps_layers_.size()) + " were named");
-  if (n_ctx_ < 1) throw Error("the DFlash drafter needs a context of at least one position");
+      kv_width_(cfg_.n_kv_head * cfg_.head_dim),
+      taps_(std::move(taps), cfg_.n_taps, cfg_.d, n_ctx, "DFlash") {
   const int64_t d = cfg_.d, B = cfg_.block, qw = cfg_.n_head * cfg_.head_dim;
+  for (const auto& [what, m] : {std::pair{"token embedding", &embedding_}, std::pair{"output head", &head_}})
+    if (m->rows != cfg_.vocab || m->cols != d)
+      throw Error(std::string("the target's ") + what + " is [" + std::to_string(m->rows) + ", " +
+                  std::to_string(m->cols) + "], the DFlash drafter needs [" + std::to_string(cfg_.vocab) +
+                  ", " + std::to_string(d) + "]");
+  // The embedding is read a row at a time, so it must be in the file's row layout (the model repacks
+  // only matrices that the matmul kernels read).
+  TANDEM_CHECK(embedding_.form == WeightForm::kFile, "the target's token embedding is in its file form");
+  drafter_->release_target_weights();
   const auto sized = [](int64_t rows, int64_t width) {
     return std::vector<float>(static_cast<size_t>(rows * width), 0.0f);
   };
-  taps_ = sized(n_ctx_, cfg_.n_taps * d);
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     k_.push_back(sized(n_ctx_ + B, kv_width_));
     v_.push_back(sized(n_ctx_ + B, kv_width_));
@@ -138,19 +144,6 @@ DflashDraftSource::DflashDraftSource(std::unique_ptr<train::DflashDrafter> draft
     for (const train::Param* p : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
       layer_mats_.push_back(make_matrix(*p));
   }
-  if (target_head != nullptr) {
-    head_ = *target_head;
-  } else {
-    head_.type = DType::F32;
-    head_.rows = m.head().rows;
-    head_.cols = m.head().cols;
-    head_.row_bytes = static_cast<size_t>(head_.cols) * sizeof(float);
-    head_.data = reinterpret_cast<const uint8_t*>(m.head().value.data());
-  }
-  if (head_.rows != cfg_.vocab || head_.cols != d)
-    throw Error("the target's output head is [" + std::to_string(head_.rows) + ", " +
-                std::to_string(head_.cols) + "], the DFlash drafter needs [" + std::to_string(cfg_.vocab) +
-                ", " + std::to_string(d) + "]");
   const int64_t max_cols = std::max({cfg_.n_taps * d, qw, cfg_.ffn, d});
   mm_scratch_ = kernels::MatmulScratch(pool.size(), max_cols, rows);
 }
@@ -163,12 +156,19 @@ std::unique_ptr<DflashDraftSource> DflashDraftSource::load(const std::string& pa
   train::DrafterInfo info = train::load_drafter(path, {});
   const train::DflashConfig cfg = dflash_config_of(info);
   check_eagle_target(info, target, target_file_hash);
-  auto drafter = std::make_unique<train::DflashDrafter>(cfg, 0, cfg.block);
+  // No f32 copies of the target's embedding and head: the source reads the target's own.
+  auto drafter = std::make_unique<train::DflashDrafter>(cfg, 0, cfg.block, /*target_weights=*/false);
   std::vector<train::Param*> params = drafter->params();
   info = train::load_drafter(path, params);
-  copy_target_weights(target, *drafter);
-  return std::make_unique<DflashDraftSource>(std::move(drafter), info.tap_layers, pool, n_ctx,
-                                             &target.weights().output);
+  return std::make_unique<DflashDraftSource>(std::move(drafter), info.tap_layers, pool, n_ctx, target);
+}
+
+size_t DflashDraftSource::weight_bytes() const {
+  size_t bytes = 0;
+  for (const train::Param* p : drafter_->params()) bytes += p->value.size() * sizeof(float);
+  bytes += fc_.q8.size();
+  for (const Matrix& m : layer_mats_) bytes += m.q8.size();
+  return bytes;
 }
 
 void DflashDraftSource::begin(std::span<const int32_t> /*prompt*/, const DraftSettings& settings) {
@@ -176,25 +176,16 @@ void DflashDraftSource::begin(std::span<const int32_t> /*prompt*/, const DraftSe
   sequence_ = settings.sequence_id;
   len_ = 0;
   ctx_len_ = 0;
+  taps_.truncate(0);
 }
 
 void DflashDraftSource::on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
                                          int64_t first_pos) {
-  const int64_t d = cfg_.d, width = cfg_.n_taps * d;
-  for (int64_t t = 0; t < cfg_.n_taps; ++t) {
-    if (taps_layers_[static_cast<size_t>(t)] != layer) continue;
-    for (int64_t r = 0; r < n_rows && first_pos + r < n_ctx_; ++r)
-      std::memcpy(taps_.data() + (first_pos + r) * width + t * d, hidden.data() + r * d,
-                  static_cast<size_t>(d) * sizeof(float));
-  }
+  taps_.capture(layer, hidden, n_rows, first_pos);
 }
 
 void DflashDraftSource::set_taps(int64_t first_pos, std::span<const float> rows) {
-  const int64_t width = cfg_.n_taps * cfg_.d;
-  const int64_t n = std::min<int64_t>(static_cast<int64_t>(rows.size()) / width, n_ctx_ - first_pos);
-  if (n > 0)
-    std::memcpy(taps_.data() + first_pos * width, rows.data(),
-                static_cast<size_t>(n * width) * sizeof(float));
+  taps_.set(first_pos, rows);
 }
 
 void DflashDraftSource::extend_context(int64_t n) {
@@ -202,7 +193,7 @@ void DflashDraftSource::extend_context(int64_t n) {
   const train::Rope rope{cfg_.head_dim, cfg_.rope_theta, cfg_.rope_layout};
   train::Compute& c = compute_;
   for (int64_t i = 0; i < n; ++i) pos_[static_cast<size_t>(i)] = static_cast<int32_t>(ctx_len_ + i);
-  matmul(fc_.view, taps_.data() + ctx_len_ * cfg_.n_taps * cfg_.d, n, g_.data());
+  matmul(fc_.view, taps_.rows(ctx_len_, n).data(), n, g_.data());
   train::rmsnorm_forward(m.context_norm(), cfg_.norm_eps, g_.data(), n, ctx_.data(), inv_.data(), c);
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     float* k = k_[static_cast<size_t>(l)].data() + ctx_len_ * kv_width_;
@@ -227,9 +218,10 @@ void DflashDraftSource::run_block(int32_t anchor, int64_t first_pos, int64_t row
                 std::to_string(cfg_.vocab));
   for (int64_t i = 0; i < B; ++i) {
     pos_[static_cast<size_t>(i)] = static_cast<int32_t>(first_pos + i);
-    const float* src = i == 0 ? m.embedding().value.data() + static_cast<int64_t>(anchor) * d
-                              : m.mask_embedding().value.data();
-    std::memcpy(x_.data() + i * d, src, static_cast<size_t>(d) * sizeof(float));
+    if (i == 0)
+      dequantize_row(embedding_.type, embedding_.row(anchor), x_.data(), d);
+    else
+      std::memcpy(x_.data() + i * d, m.mask_embedding().value.data(), static_cast<size_t>(d) * sizeof(float));
   }
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     const train::DflashDrafter::Layer& L = m.layer(l);
@@ -308,8 +300,11 @@ void DflashDraftSource::propose(std::span<const int32_t> committed, int max_dept
 }
 
 void DflashDraftSource::accept(std::span<const int32_t> committed, int /*n_accepted*/) {
-  ctx_len_ = std::min<int64_t>(ctx_len_, std::max<int64_t>(0, static_cast<int64_t>(committed.size()) - 1));
+  // The target has evaluated every committed token but the last; taps past it were of rejected drafts.
+  const int64_t evaluated = std::max<int64_t>(0, static_cast<int64_t>(committed.size()) - 1);
+  ctx_len_ = std::min(ctx_len_, evaluated);
   len_ = ctx_len_;
+  taps_.truncate(evaluated);
 }
 
 }  // namespace tandem::speculative

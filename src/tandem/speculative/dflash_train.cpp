@@ -158,8 +158,7 @@ DflashTrainResult train_dflash(const model::Model& target, ThreadPool& pool, con
   set_dflash_shape(res.info, cfg);
   res.info.step = o.steps;
   res.info.seed = o.seed;
-  res.source = std::make_unique<DflashDraftSource>(std::move(drafter), taps, pool, session.n_ctx(),
-                                                   &target.weights().output);
+  res.source = std::make_unique<DflashDraftSource>(std::move(drafter), taps, pool, session.n_ctx(), target);
 
   t0 = std::chrono::steady_clock::now();
   DflashDraftSource& src = *res.source;
