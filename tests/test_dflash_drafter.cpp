@@ -6,6 +6,7 @@
 // training repeats bit for bit for a fixed seed.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -225,6 +226,45 @@ TEST(DflashDrafter, DraftsFromTheTargetsOwnEmbeddingAndHead) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cannot train"), std::string::npos) << e.what();
   }
+}
+
+// bench-spec with the drafter reports the acceptance by draft position, as `tandem info` shows the held-out
+// curve, and its JSON line holds the same curve with the rounds behind each entry.
+TEST(DflashDrafter, BenchSpecReportsAcceptanceByPosition) {
+  Trained& t = trained();
+  const testing::TempDir dir("dflash_bench_spec");
+  {
+    std::ofstream prompts(dir.file("prompts.txt"));
+    prompts << "Once upon a time\n";
+  }
+  const auto [out, rc] = testing::run_command(
+      "XDG_CACHE_HOME='" + dir.file("cache") + "' " + std::string(TANDEM_BINARY) + " bench-spec -m '" +
+      target_path() + "' --drafter '" + t.checkpoint +
+      "' -t 1 -n 32 --no-gate --draft-max 4 --json --prompts '" + dir.file("prompts.txt") + "' 2>/dev/null");
+  ASSERT_EQ(rc, 0) << out;
+  const size_t last = out.find_last_of('\n', out.size() - 2);
+  const nlohmann::json j = nlohmann::json::parse(out.substr(last == std::string::npos ? 0 : last + 1));
+  const auto curve = j.at("acceptance_by_position").get<std::vector<double>>();
+  const auto rounds = j.at("rounds_by_position").get<std::vector<int64_t>>();
+  ASSERT_EQ(rounds.size(), 4u);
+  ASSERT_EQ(curve.size(), 4u) << "without the gate every position is drafted";
+  double accepted = 0.0;
+  for (size_t k = 0; k < curve.size(); ++k) {
+    EXPECT_GE(curve[k], 0.0);
+    EXPECT_LE(curve[k], 1.0);
+    EXPECT_GT(rounds[k], 0);
+    if (k > 0) {
+      EXPECT_LE(rounds[k], rounds[k - 1]);
+    }
+    accepted += curve[k] * static_cast<double>(rounds[k]);
+  }
+  // Every round drafts position 1, and the accepted drafts are counted once each, at their position.
+  EXPECT_NEAR(accepted, j.at("mean_accepted").get<double>() * static_cast<double>(rounds[0]), 1e-6);
+  char first[16];
+  std::snprintf(first, sizeof first, " %.3f", curve[0]);
+  EXPECT_NE(out.find("acceptance by draft position (first k drafts all accepted):" + std::string(first)),
+            std::string::npos)
+      << out;
 }
 
 TEST(DflashDrafter, RefusedByAnotherTargetAndAnotherKind) {

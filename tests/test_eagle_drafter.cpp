@@ -349,6 +349,8 @@ TEST(EagleDrafter, CalibrationKeepsTheDrafterItsOwnCost) {
                            " bench-spec -m '" + target_path() + "' --drafter '" + t.checkpoint +
                            "' -t 1 -n 8 --draft-max 3 --prompts '" + dir.file("prompts.txt") + "' 2>&1");
   ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("acceptance by draft position (first k drafts all accepted):"), std::string::npos)
+      << out;
   std::ifstream in(dir.file("cache") + "/tandem/calibration.json");
   ASSERT_TRUE(in) << out;
   const nlohmann::json j = nlohmann::json::parse(in);
