@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "tandem/speculative/drafter_shape.h"
 #include "tandem/speculative/eagle_draft.h"
 #include "tandem/tensor/quant.h"
 #include "tandem/train/layers.h"
@@ -21,19 +22,10 @@ enum LayerMatrix { kWq, kWk, kWv, kWo, kGate, kUp, kDown, kLayerMatrices };
 
 train::DflashConfig dflash_config_for(const model::Model& target, int64_t n_taps, int64_t n_layers,
                                       int64_t block) {
-  const model::Config& c = target.config();
   train::DflashConfig e;
-  e.d = c.n_embd;
-  e.n_head = c.n_head;
-  e.n_kv_head = c.n_head_kv;
-  e.head_dim = c.head_dim;
-  e.ffn = c.n_ff;
-  e.vocab = c.n_vocab;
-  e.n_taps = n_taps;
+  shape_from_target(target, n_taps, e);
   e.n_layers = n_layers;
   e.block = block;
-  e.rope_theta = c.rope_base;
-  e.norm_eps = c.norm_eps;
   return e;
 }
 
@@ -41,18 +33,9 @@ train::DflashConfig dflash_config_of(const train::DrafterInfo& info) {
   if (info.kind != kDflashKind)
     throw Error("the drafter is of kind '" + info.kind + "', not '" + kDflashKind + "'");
   train::DflashConfig e;
-  e.d = info.d;
-  e.n_head = info.n_head;
-  e.n_kv_head = info.n_kv_head;
-  e.head_dim = info.head_dim;
-  e.ffn = info.ffn;
-  e.vocab = info.vocab;
-  e.n_taps = static_cast<int64_t>(info.tap_layers.size());
+  shape_from_info(info, e);
   e.n_layers = info.layer_count;
   e.block = info.block_size;
-  e.rope_theta = info.rope_theta;
-  e.rope_layout = info.rope_layout == "halves" ? train::RopeLayout::kHalves : train::RopeLayout::kInterleaved;
-  e.norm_eps = info.norm_eps;
   return e;
 }
 
@@ -60,15 +43,7 @@ void set_dflash_shape(train::DrafterInfo& info, const train::DflashConfig& e) {
   info.kind = kDflashKind;
   info.block_size = e.block;
   info.layer_count = e.n_layers;
-  info.d = e.d;
-  info.n_head = e.n_head;
-  info.n_kv_head = e.n_kv_head;
-  info.head_dim = e.head_dim;
-  info.ffn = e.ffn;
-  info.vocab = e.vocab;
-  info.rope_theta = e.rope_theta;
-  info.rope_layout = e.rope_layout == train::RopeLayout::kHalves ? "halves" : "interleaved";
-  info.norm_eps = e.norm_eps;
+  shape_to_info(e, info);
   info.own_head = false;
 }
 

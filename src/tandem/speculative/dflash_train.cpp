@@ -25,8 +25,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // to f32 here, once per step.
 class BlockBatch {
  public:
-  BlockBatch(int64_t max_n, int64_t max_anchors, int64_t block, int64_t width, int64_t k, double gamma)
-      : block_(block), k_(k) {
+  BlockBatch(int64_t max_n, int64_t max_anchors, int64_t block, int64_t width, int64_t k, int64_t vocab,
+             double gamma)
+      : block_(block), targets_(max_anchors * block, k, vocab) {
     const auto R = static_cast<size_t>(max_anchors * block);
     taps_.resize(static_cast<size_t>(max_n * width));
     ctx_pos_.resize(static_cast<size_t>(max_n));
@@ -40,12 +41,9 @@ class BlockBatch {
       weight_[r] =
           static_cast<float>(std::exp(-static_cast<double>(static_cast<int64_t>(r) % block) / gamma));
     mask_.assign(R, 0);
-    probs_.assign(R * static_cast<size_t>(k), 0.0f);
-    top_ids_.assign(R * static_cast<size_t>(k), 0);
-    rest_.assign(R, 0.0f);
   }
 
-  train::DflashBatch set(const DrafterSequence& s, int64_t max_anchors, int64_t vocab, uint64_t& rng) {
+  train::DflashBatch set(const DrafterSequence& s, int64_t max_anchors, uint64_t& rng) {
     const int64_t n = s.n(), A = std::min(max_anchors, n - 1), B = block_;
     for (size_t i = 0; i < s.taps.size(); ++i) taps_[i] = fp16_to_f32(s.taps[i]);
     // A distinct anchors: the first A of a seeded shuffle of 1 .. n - 1.
@@ -63,15 +61,7 @@ class BlockBatch {
         const int64_t p = a + j;
         pos_[r] = static_cast<int32_t>(p);
         mask_[r] = p < n ? 1 : 0;
-        const int64_t src = std::min(p, n - 1);
-        const uint16_t* probs = s.probs.data() + src * k_;
-        float* dst = probs_.data() + r * static_cast<size_t>(k_);
-        for (int64_t i = 0; i < k_; ++i) dst[i] = fp16_to_f32(probs[i]);
-        if (k_ < vocab) {
-          std::memcpy(top_ids_.data() + r * static_cast<size_t>(k_), s.ids.data() + src * k_,
-                      static_cast<size_t>(k_) * sizeof(int32_t));
-          rest_[r] = s.rest[static_cast<size_t>(src)];
-        }
+        targets_.set(static_cast<int64_t>(r), s, std::min(p, n - 1));
       }
     }
     train::DflashBatch batch;
@@ -82,23 +72,16 @@ class BlockBatch {
     batch.block_ids = ids_.data();
     batch.block_pos = pos_.data();
     batch.context_visible = visible_.data();
-    batch.targets.rows = A * B;
-    batch.targets.top_k = k_;
-    batch.targets.probs = probs_.data();
-    batch.targets.weight = weight_.data();
-    batch.targets.mask = mask_.data();
-    if (k_ < vocab) {
-      batch.targets.ids = top_ids_.data();
-      batch.targets.rest = rest_.data();
-    }
+    batch.targets = targets_.view(A * B, weight_.data(), mask_.data());
     return batch;
   }
 
  private:
-  int64_t block_, k_;
-  std::vector<int32_t> ctx_pos_, ids_, pos_, top_ids_;
+  int64_t block_;
+  TargetRows targets_;
+  std::vector<int32_t> ctx_pos_, ids_, pos_;
   std::vector<int64_t> order_, visible_;
-  std::vector<float> taps_, weight_, probs_, rest_;
+  std::vector<float> taps_, weight_;
   std::vector<uint8_t> mask_;
 };
 
@@ -139,14 +122,14 @@ DflashTrainResult train_dflash(const model::Model& target, ThreadPool& pool, con
   lr.warmup = std::min<int64_t>(50, std::max<int64_t>(1, o.steps / 25));
   lr.total = std::max<int64_t>(1, o.steps);
   train::Compute c(pool);
-  BlockBatch batch(data.max_n, max_anchors, o.block, cfg.n_taps * cfg.d, data.k, o.gamma);
+  BlockBatch batch(data.max_n, max_anchors, o.block, cfg.n_taps * cfg.d, data.k, V, o.gamma);
   uint64_t rng = o.seed ^ 0xdf1a5bull;
   double recent = 0;
   int64_t trained_rows = 0;
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < o.steps; ++step) {
     const DrafterSequence& s = *train_set[next_random(rng) % train_set.size()];
-    const train::DflashBatch b = batch.set(s, max_anchors, V, rng);
+    const train::DflashBatch b = batch.set(s, max_anchors, rng);
     drafter->zero_grad();
     const train::LossStats st = drafter->forward_backward(b, c, true);
     train::clip_grad_norm(params, o.clip);

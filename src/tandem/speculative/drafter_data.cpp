@@ -104,6 +104,36 @@ void capture(model::Session& s, std::span<const int32_t> taps, int64_t k, Drafte
 
 }  // namespace
 
+TargetRows::TargetRows(int64_t max_rows, int64_t k, int64_t vocab) : k_(k), vocab_(vocab) {
+  probs_.resize(static_cast<size_t>(max_rows * k));
+  rest_.resize(static_cast<size_t>(max_rows));
+  if (k < vocab) ids_.resize(static_cast<size_t>(max_rows * k));
+}
+
+void TargetRows::set(int64_t r, const DrafterSequence& s, int64_t pos) {
+  const uint16_t* p = s.probs.data() + pos * k_;
+  float* dst = probs_.data() + r * k_;
+  for (int64_t i = 0; i < k_; ++i) dst[i] = fp16_to_f32(p[i]);
+  if (k_ < vocab_) {
+    std::memcpy(ids_.data() + r * k_, s.ids.data() + pos * k_, static_cast<size_t>(k_) * sizeof(int32_t));
+    rest_[static_cast<size_t>(r)] = s.rest[static_cast<size_t>(pos)];
+  }
+}
+
+train::SoftTargets TargetRows::view(int64_t rows, const float* weight, const uint8_t* mask) const {
+  train::SoftTargets t;
+  t.rows = rows;
+  t.top_k = k_;
+  t.probs = probs_.data();
+  t.weight = weight;
+  t.mask = mask;
+  if (k_ < vocab_) {
+    t.ids = ids_.data();
+    t.rest = rest_.data();
+  }
+  return t;
+}
+
 std::vector<const DrafterSequence*> DrafterData::training() const {
   std::vector<const DrafterSequence*> out;
   for (const DrafterSequence& s : sequences)

@@ -16,6 +16,7 @@
 
 #include "tandem/model/session.h"
 #include "tandem/speculative/draft_source.h"
+#include "tandem/train/loss.h"
 #include "tandem/train/random.h"
 
 namespace tandem::speculative {
@@ -81,6 +82,22 @@ struct DrafterData {
 // results.
 DrafterData make_drafter_data(model::Session& session, std::span<const int32_t> taps,
                               const DrafterDataOptions& o, const DrafterProgressFn& on_progress);
+
+// The target distributions of one training batch, widened to f32: each row a sequence's distribution at one
+// position. Buffers are sized once, for max_rows rows of k entries (DrafterData::k).
+class TargetRows {
+ public:
+  TargetRows(int64_t max_rows, int64_t k, int64_t vocab);
+  // Row r: the distribution of s at position pos.
+  void set(int64_t r, const DrafterSequence& s, int64_t pos);
+  // Rows [0, rows) as the loss reads them, with per-row weights and mask (borrowed, [rows] each).
+  train::SoftTargets view(int64_t rows, const float* weight, const uint8_t* mask) const;
+
+ private:
+  int64_t k_, vocab_;
+  std::vector<float> probs_, rest_;  // [max_rows, k], [max_rows]
+  std::vector<int32_t> ids_;         // [max_rows, k] when k < vocab
+};
 
 // splitmix64 (train/random.h) for the trainers' choices of sequences and anchors.
 using train::next_random;

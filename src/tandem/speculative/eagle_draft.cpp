@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "tandem/speculative/calibration.h"
+#include "tandem/speculative/drafter_shape.h"
 
 #include "tandem/tensor/quant.h"
 #include "tandem/train/layers.h"
@@ -63,17 +64,8 @@ std::vector<int32_t> default_eagle_taps(int64_t n_layer) {
 }
 
 train::EagleConfig eagle_config_for(const model::Model& target, int64_t n_taps) {
-  const model::Config& c = target.config();
   train::EagleConfig e;
-  e.d = c.n_embd;
-  e.n_head = c.n_head;
-  e.n_kv_head = c.n_head_kv;
-  e.head_dim = c.head_dim;
-  e.ffn = c.n_ff;
-  e.vocab = c.n_vocab;
-  e.n_taps = n_taps;
-  e.rope_theta = c.rope_base;
-  e.norm_eps = c.norm_eps;
+  shape_from_target(target, n_taps, e);
   return e;
 }
 
@@ -81,16 +73,7 @@ train::EagleConfig eagle_config_of(const train::DrafterInfo& info) {
   if (info.kind != kEagleKind)
     throw Error("the drafter is of kind '" + info.kind + "', not '" + kEagleKind + "'");
   train::EagleConfig e;
-  e.d = info.d;
-  e.n_head = info.n_head;
-  e.n_kv_head = info.n_kv_head;
-  e.head_dim = info.head_dim;
-  e.ffn = info.ffn;
-  e.vocab = info.vocab;
-  e.n_taps = static_cast<int64_t>(info.tap_layers.size());
-  e.rope_theta = info.rope_theta;
-  e.rope_layout = info.rope_layout == "halves" ? train::RopeLayout::kHalves : train::RopeLayout::kInterleaved;
-  e.norm_eps = info.norm_eps;
+  shape_from_info(info, e);
   e.train_head = info.own_head;
   e.n_layer = info.layer_count;
   return e;
@@ -100,15 +83,7 @@ void set_eagle_shape(train::DrafterInfo& info, const train::EagleConfig& e) {
   info.kind = kEagleKind;
   info.block_size = 1;
   info.layer_count = e.n_layer;
-  info.d = e.d;
-  info.n_head = e.n_head;
-  info.n_kv_head = e.n_kv_head;
-  info.head_dim = e.head_dim;
-  info.ffn = e.ffn;
-  info.vocab = e.vocab;
-  info.rope_theta = e.rope_theta;
-  info.rope_layout = e.rope_layout == train::RopeLayout::kHalves ? "halves" : "interleaved";
-  info.norm_eps = e.norm_eps;
+  shape_to_info(e, info);
   info.own_head = e.train_head;
 }
 

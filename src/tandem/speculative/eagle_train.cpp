@@ -53,8 +53,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // step j sees. The sequence's f16 taps and distributions are widened to f32 here, once per step.
 class UnrolledBatch {
  public:
-  UnrolledBatch(int unroll, int64_t max_n, int64_t d, int64_t width, int64_t k)
-      : unroll_(unroll), d_(d), width_(width), k_(k) {
+  UnrolledBatch(int unroll, int64_t max_n, int64_t d, int64_t width, int64_t k, int64_t vocab)
+      : unroll_(unroll), d_(d), width_(width), targets_(unroll * max_n, k, vocab) {
     const auto R = static_cast<size_t>(unroll * max_n);
     next_ids_.resize(R);
     pos_.resize(R);
@@ -62,14 +62,11 @@ class UnrolledBatch {
     mask_rows_.resize(R);
     given_g_.resize(R * static_cast<size_t>(d));
     taps_.resize(static_cast<size_t>(max_n * width));
-    probs_.resize(R * static_cast<size_t>(k));
-    ids_.resize(R * static_cast<size_t>(k));
-    rest_.resize(R);
   }
 
   int64_t rows(int blocks) const { return base_[static_cast<size_t>(blocks)]; }
 
-  void set(const DrafterSequence& s, int64_t vocab) {
+  void set(const DrafterSequence& s) {
     seq_ = &s;
     const int64_t n = s.n();
     for (size_t i = 0; i < s.taps.size(); ++i) taps_[i] = fp16_to_f32(s.taps[i]);
@@ -82,19 +79,12 @@ class UnrolledBatch {
         pos_[r] = static_cast<int32_t>(q);
         weight_[r] = static_cast<float>(std::pow(0.8, j));
         mask_rows_[r] = s.mask[static_cast<size_t>(q + 1)];
-        const uint16_t* p = s.probs.data() + (q + 1) * k_;
-        float* dst = probs_.data() + r * static_cast<size_t>(k_);
-        for (int64_t i = 0; i < k_; ++i) dst[i] = fp16_to_f32(p[i]);
-        if (k_ < vocab) {
-          std::memcpy(ids_.data() + r * static_cast<size_t>(k_), s.ids.data() + (q + 1) * k_,
-                      static_cast<size_t>(k_) * sizeof(int32_t));
-          rest_[r] = s.rest[static_cast<size_t>(q + 1)];
-        }
+        targets_.set(static_cast<int64_t>(r), s, q + 1);
       }
   }
 
   // The batch of blocks 0 .. blocks - 1.
-  train::EagleBatch view(int blocks, int64_t vocab) {
+  train::EagleBatch view(int blocks) {
     const int64_t R = rows(blocks), n = seq_->n();
     mask_ = train::AttentionMask(R);
     std::vector<train::AttentionMask::Interval> iv;
@@ -115,15 +105,7 @@ class UnrolledBatch {
     b.next_ids = next_ids_.data();
     b.pos = pos_.data();
     b.mask = &mask_;
-    b.targets.rows = R;
-    b.targets.top_k = k_;
-    b.targets.probs = probs_.data();
-    b.targets.weight = weight_.data();
-    b.targets.mask = mask_rows_.data();
-    if (k_ < vocab) {
-      b.targets.ids = ids_.data();
-      b.targets.rest = rest_.data();
-    }
+    b.targets = targets_.view(R, weight_.data(), mask_rows_.data());
     return b;
   }
 
@@ -139,12 +121,13 @@ class UnrolledBatch {
 
  private:
   int unroll_;
-  int64_t d_, width_, k_;
+  int64_t d_, width_;
+  TargetRows targets_;
   const DrafterSequence* seq_ = nullptr;
   std::vector<int64_t> base_;
-  std::vector<int32_t> next_ids_, pos_, ids_;
+  std::vector<int32_t> next_ids_, pos_;
   std::vector<uint8_t> mask_rows_;
-  std::vector<float> weight_, given_g_, taps_, probs_, rest_;
+  std::vector<float> weight_, given_g_, taps_;
   train::AttentionMask mask_{0};
 };
 
@@ -217,7 +200,7 @@ EagleTrainResult train_eagle(const model::Model& target, ThreadPool& pool, const
   lr.warmup = std::min<int64_t>(50, std::max<int64_t>(1, o.steps / 10));
   lr.total = std::max<int64_t>(1, o.steps);
   train::Compute c(pool);
-  UnrolledBatch batch(o.unroll, max_n, cfg.d, width, k);
+  UnrolledBatch batch(o.unroll, max_n, cfg.d, width, k, V);
 
   res.info.target_file_hash = o.target_file_hash;
   res.info.target_vocab_hash = vocabulary_hash(target.file());
@@ -265,13 +248,13 @@ EagleTrainResult train_eagle(const model::Model& target, ThreadPool& pool, const
     }
     const DrafterSequence& s = *train_set[next_random(rng) % train_set.size()];
     const int blocks = static_cast<int>(std::min<int64_t>(o.unroll, s.n() - 1));
-    batch.set(s, V);
+    batch.set(s);
     for (int j = 1; j < blocks; ++j) {
-      drafter.forward_backward(batch.view(j, V), c, false);
+      drafter.forward_backward(batch.view(j), c, false);
       batch.feed(j, drafter.output_hidden());
     }
     drafter.zero_grad();
-    const train::LossStats st = drafter.forward_backward(batch.view(blocks, V), c, true);
+    const train::LossStats st = drafter.forward_backward(batch.view(blocks), c, true);
     train::clip_grad_norm(params, o.clip);
     opt.step(lr.at(step));
     trained_rows += st.counted;
