@@ -6,6 +6,7 @@
 // training repeats bit for bit for a fixed seed.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -155,6 +156,8 @@ TEST(DflashDrafter, RollbackLeavesTheCacheEqualToAFreshRun) {
   std::vector<int32_t> text = prompt;
   for (int32_t x : run(*t.target, *t.pool, &src, prompt, 6, &st)) text.push_back(x);
   ASSERT_GT(st.drafted, st.accepted) << "no draft was refused: nothing was rolled back";
+  // The taps of refused drafts were forgotten: those of every committed token the target evaluated remain.
+  EXPECT_EQ(src.tap_store().length(), static_cast<int64_t>(text.size()) - 1);
   // Bring the context up to the whole text, then compare with a fresh source that saw only that text.
   Draft d;
   src.propose(text, 3, d);
@@ -169,6 +172,7 @@ TEST(DflashDrafter, RollbackLeavesTheCacheEqualToAFreshRun) {
   greedy.sampling.temperature = 0.0f;
   fresh->begin(text, greedy);
   feed_taps(t, *fresh, text);
+  EXPECT_EQ(fresh->tap_store().length(), static_cast<int64_t>(text.size()) - 1);
   Draft fd;
   fresh->propose(text, 3, fd);
   EXPECT_EQ(fd.tokens, d.tokens);
@@ -188,6 +192,79 @@ TEST(DflashDrafter, RollbackLeavesTheCacheEqualToAFreshRun) {
   src.propose(prefix, 2, d);
   src.accept(prefix, 0);
   EXPECT_EQ(src.context_length(), static_cast<int64_t>(prefix.size()) - 1);
+}
+
+// A drafting source reads the target's embedding and head where the target keeps them: it holds no f32
+// copies of them, only the drafter's own weights, and a drafter without the copies refuses to train.
+TEST(DflashDrafter, DraftsFromTheTargetsOwnEmbeddingAndHead) {
+  Trained& t = trained();
+  auto loaded = DflashDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool,
+                                        model::default_context(*t.target, 0));
+  size_t own = 0;
+  for (DflashDraftSource* src : {loaded.get(), t.result.source.get()}) {
+    train::DflashDrafter& m = src->drafter();
+    EXPECT_TRUE(m.embedding().value.empty());
+    EXPECT_TRUE(m.head().value.empty());
+    EXPECT_EQ(m.embedding().rows, t.target->config().n_vocab);
+    own = 0;
+    for (const train::Param* p : m.params()) {
+      EXPECT_EQ(p->value.empty(), !p->trainable()) << p->name;
+      own += p->value.size() * sizeof(float);
+    }
+    // No matrix of stories260K's drafter reaches the size that gets a Q8_0 copy.
+    EXPECT_EQ(src->weight_bytes(), own);
+  }
+  EXPECT_GT(own, 0u);
+
+  train::DflashBatch b;
+  b.rows = loaded->drafter().config().block;
+  b.targets.rows = b.rows;
+  train::Compute c(*t.pool);
+  try {
+    loaded->drafter().forward_backward(b, c, false);
+    FAIL() << "a drafter without the target's weights ran a training batch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot train"), std::string::npos) << e.what();
+  }
+}
+
+// bench-spec with the drafter reports the acceptance by draft position, as `tandem info` shows the held-out
+// curve, and its JSON line holds the same curve with the rounds behind each entry.
+TEST(DflashDrafter, BenchSpecReportsAcceptanceByPosition) {
+  Trained& t = trained();
+  const testing::TempDir dir("dflash_bench_spec");
+  {
+    std::ofstream prompts(dir.file("prompts.txt"));
+    prompts << "Once upon a time\n";
+  }
+  const auto [out, rc] = testing::run_command(
+      "XDG_CACHE_HOME='" + dir.file("cache") + "' " + std::string(TANDEM_BINARY) + " bench-spec -m '" +
+      target_path() + "' --drafter '" + t.checkpoint +
+      "' -t 1 -n 32 --no-gate --draft-max 4 --json --prompts '" + dir.file("prompts.txt") + "' 2>/dev/null");
+  ASSERT_EQ(rc, 0) << out;
+  const size_t last = out.find_last_of('\n', out.size() - 2);
+  const nlohmann::json j = nlohmann::json::parse(out.substr(last == std::string::npos ? 0 : last + 1));
+  const auto curve = j.at("acceptance_by_position").get<std::vector<double>>();
+  const auto rounds = j.at("rounds_by_position").get<std::vector<int64_t>>();
+  ASSERT_EQ(rounds.size(), 4u);
+  ASSERT_EQ(curve.size(), 4u) << "without the gate every position is drafted";
+  double accepted = 0.0;
+  for (size_t k = 0; k < curve.size(); ++k) {
+    EXPECT_GE(curve[k], 0.0);
+    EXPECT_LE(curve[k], 1.0);
+    EXPECT_GT(rounds[k], 0);
+    if (k > 0) {
+      EXPECT_LE(rounds[k], rounds[k - 1]);
+    }
+    accepted += curve[k] * static_cast<double>(rounds[k]);
+  }
+  // Every round drafts position 1, and the accepted drafts are counted once each, at their position.
+  EXPECT_NEAR(accepted, j.at("mean_accepted").get<double>() * static_cast<double>(rounds[0]), 1e-6);
+  char first[16];
+  std::snprintf(first, sizeof first, " %.3f", curve[0]);
+  EXPECT_NE(out.find("acceptance by draft position (first k drafts all accepted):" + std::string(first)),
+            std::string::npos)
+      << out;
 }
 
 TEST(DflashDrafter, RefusedByAnotherTargetAndAnotherKind) {

@@ -201,13 +201,13 @@ TEST(DrafterBatch, DflashBatchProposesAsEachSequenceAlone) {
   const std::vector<int32_t> taps = default_eagle_taps(f.target->config().n_layer);
   const train::DflashConfig cfg = dflash_drafter(*f.target)->config();
   ASSERT_GE(cfg.ffn * cfg.d, int64_t{1} << 20);
-  const MatrixView* head = &f.target->weights().output;
   DflashDraftBatch batch(cfg, f.pool, 4, kCtx, 16);
   std::vector<std::unique_ptr<DflashDraftSource>> batched, alone;
   for (size_t i = 0; i < kSequences; ++i) {
-    batched.push_back(
-        std::make_unique<DflashDraftSource>(dflash_drafter(*f.target), taps, f.pool, kCtx, head, &batch));
-    alone.push_back(std::make_unique<DflashDraftSource>(dflash_drafter(*f.target), taps, f.pool, kCtx, head));
+    batched.push_back(std::make_unique<DflashDraftSource>(dflash_drafter(*f.target), taps, f.pool, kCtx,
+                                                          *f.target, &batch));
+    alone.push_back(
+        std::make_unique<DflashDraftSource>(dflash_drafter(*f.target), taps, f.pool, kCtx, *f.target));
     const std::vector<float> t = taps_of(i, cfg.n_taps * cfg.d);
     batched[i]->set_taps(0, t);
     alone[i]->set_taps(0, t);
@@ -243,7 +243,7 @@ TEST(DrafterBatch, DflashBatchRefusesALongerContext) {
   DflashDraftBatch batch(cfg, f.pool, 2, 64);
   try {
     DflashDraftSource s(dflash_drafter(*f.target), default_eagle_taps(f.target->config().n_layer), f.pool,
-                        kCtx, nullptr, &batch);
+                        kCtx, *f.target, &batch);
     FAIL() << "a source of 256 positions joined a batch of 64";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("longer than its batch's"), std::string::npos) << e.what();

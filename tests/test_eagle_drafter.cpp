@@ -201,6 +201,7 @@ TEST(EagleDrafter, ProbeProposalLeavesTheCacheAsItWas) {
         src.on_target_hidden(layer, {h, static_cast<size_t>(rows * t.target->config().n_embd)}, rows, 0);
   };
   s.eval(prompt, false, &fn);
+  EXPECT_EQ(src.tap_store().length(), static_cast<int64_t>(prompt.size()));
   std::vector<int32_t> committed = prompt;
   committed.push_back(432);
   Draft d;
@@ -210,8 +211,12 @@ TEST(EagleDrafter, ProbeProposalLeavesTheCacheAsItWas) {
   EXPECT_GT(src.cache_length(), static_cast<int64_t>(committed.size()) - 1);
   src.accept(committed, 0);
   EXPECT_EQ(src.cache_length(), static_cast<int64_t>(committed.size()) - 1);
+  EXPECT_EQ(src.tap_store().length(), static_cast<int64_t>(committed.size()) - 1);
   const std::vector<float> after(src.cached_keys().begin(), src.cached_keys().end());
   EXPECT_EQ(before, after);
+  // A rollback to a shorter text forgets the taps past it.
+  src.accept(std::span<const int32_t>(committed).first(3), 0);
+  EXPECT_EQ(src.tap_store().length(), 2);
 }
 
 TEST(EagleDrafter, RefusedByAnotherTarget) {
@@ -344,6 +349,8 @@ TEST(EagleDrafter, CalibrationKeepsTheDrafterItsOwnCost) {
                            " bench-spec -m '" + target_path() + "' --drafter '" + t.checkpoint +
                            "' -t 1 -n 8 --draft-max 3 --prompts '" + dir.file("prompts.txt") + "' 2>&1");
   ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("acceptance by draft position (first k drafts all accepted):"), std::string::npos)
+      << out;
   std::ifstream in(dir.file("cache") + "/tandem/calibration.json");
   ASSERT_TRUE(in) << out;
   const nlohmann::json j = nlohmann::json::parse(in);

@@ -2,7 +2,7 @@
 // plain greedy decoding token for token, for every public prompt, with a draft model and with n-gram lookup,
 // at every depth 1..8, gate on and off. The verify window's logits must equal plain decode logits bit for
 // bit, and after any number of rounds the target cache must behave exactly like the cache of plain decoding
-// of the same tokens.
+// of the same tokens. The acceptance by draft position counts what a drafter of a known pattern earns.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -202,6 +202,117 @@ TEST_F(SpeculativeGreedy, TargetCacheEqualsPlainDecodingAfterAnyNumberOfRounds) 
           << "after " << stop_after << " tokens, sampling " << sample;
     }
   }
+}
+
+// Replays the target's greedy text with one corrupted draft per round, at the index the pattern names for
+// that round (past the proposal: none corrupted), and logs each proposal's length and corrupted index.
+class PatternSource final : public DraftSource {
+ public:
+  PatternSource(std::vector<int32_t> reference, std::vector<int> pattern, int64_t n_vocab)
+      : reference_(std::move(reference)), pattern_(std::move(pattern)), n_vocab_(n_vocab) {}
+  std::string_view kind() const override { return "pattern"; }
+  void begin(std::span<const int32_t>, const DraftSettings&) override {}
+  void propose(std::span<const int32_t> committed, int max_depth, Draft& out) override {
+    out.clear();
+    const int bad = pattern_[rounds.size() % pattern_.size()];
+    for (size_t pos = committed.size(); pos < reference_.size() && out.tokens.size() < size_t(max_depth);
+         ++pos) {
+      int32_t t = reference_[pos];
+      if (static_cast<int>(out.tokens.size()) == bad) t = static_cast<int32_t>((t + 1) % n_vocab_);
+      out.tokens.push_back(t);
+    }
+    rounds.push_back({static_cast<int>(out.tokens.size()), bad});
+  }
+  void accept(std::span<const int32_t>, int) override {}
+
+  struct Round {
+    int proposed, corrupted;
+  };
+  std::vector<Round> rounds;
+
+ private:
+  std::vector<int32_t> reference_;
+  std::vector<int> pattern_;
+  int64_t n_vocab_;
+};
+
+// Draft position k is accepted exactly when the round corrupted none of the first k drafts: the counts by
+// position follow from the pattern alone.
+TEST_F(SpeculativeGreedy, AcceptanceByPositionFollowsAKnownPattern) {
+  ThreadPool pool(1);
+  const std::vector<int32_t> prompt = public_prompts().front();
+  const int64_t V = stories_->config().n_vocab;
+  const auto plain = plain_greedy(*stories_, pool, prompt, kTokens);
+  std::vector<int32_t> reference(prompt.begin(), prompt.end());
+  reference.insert(reference.end(), plain.begin(), plain.end());
+  constexpr int kDepth = 5;
+
+  // Rounds alternate: the third draft corrupted (two accepted), then none of five (all accepted).
+  PatternSource source(reference, {2, kDepth}, V);
+  model::Session s(*stories_, pool, session_options());
+  SpecOptions o;
+  o.generate.max_tokens = kTokens;
+  o.generate.sampling.temperature = 0.0f;
+  o.draft_max = kDepth;
+  o.use_gate = false;
+  std::vector<int32_t> out;
+  const SpecStats st = generate_speculative(
+      s, source, prompt, o, [&](int32_t t) { return out.push_back(t), true; }, nullptr);
+  ASSERT_EQ(out, plain);
+  ASSERT_EQ(st.rounds, static_cast<int64_t>(source.rounds.size())) << "every proposal was verified";
+  ASSERT_GE(st.rounds, 4);
+
+  std::vector<int64_t> proposed(kDepth, 0), accepted(kDepth, 0);
+  for (const PatternSource::Round& r : source.rounds)
+    for (int k = 0; k < r.proposed; ++k) {
+      ++proposed[static_cast<size_t>(k)];
+      if (k < r.corrupted) ++accepted[static_cast<size_t>(k)];
+    }
+  EXPECT_EQ(st.proposed_by_position, proposed);
+  EXPECT_EQ(st.accepted_by_position, accepted);
+  const std::vector<double> by_position = st.acceptance_by_position();
+  ASSERT_EQ(by_position.size(), static_cast<size_t>(kDepth));
+  EXPECT_EQ(by_position[0], 1.0);
+  EXPECT_EQ(by_position[1], 1.0);
+  for (size_t k = 0; k < by_position.size(); ++k)
+    EXPECT_DOUBLE_EQ(by_position[k], static_cast<double>(accepted[k]) / static_cast<double>(proposed[k]))
+        << "position " << k + 1;
+  // About half the rounds reach past the corruption (the last rounds may be cut short by the length).
+  EXPECT_GT(by_position[2], 0.3);
+  EXPECT_LT(by_position[2], 0.7);
+  int64_t total = 0;
+  for (int64_t a : accepted) total += a;
+  EXPECT_EQ(total, st.accepted) << "each accepted draft is counted at its position";
+
+  // Adding two runs adds their counts position by position.
+  SpecStats twice = st;
+  twice.add(st);
+  EXPECT_EQ(twice.acceptance_by_position(), by_position);
+  EXPECT_EQ(twice.proposed_by_position[0], 2 * proposed[0]);
+}
+
+TEST(SpecStats, AcceptanceByPositionCountsChainsAndTrees) {
+  SpecStats st;
+  EXPECT_TRUE(st.acceptance_by_position().empty());
+  st.record_round(3, 3, 3);  // a chain of 3, all accepted
+  st.record_round(3, 3, 1);  // a chain of 3, the first accepted
+  st.record_round(4, 2, 0);  // a tree of 4 nodes, 2 deep, nothing accepted
+  EXPECT_EQ(st.rounds, 3);
+  EXPECT_EQ(st.drafted, 10);
+  EXPECT_EQ(st.accepted, 4);
+  EXPECT_EQ(st.proposed_by_position, (std::vector<int64_t>{3, 3, 2}));
+  EXPECT_EQ(st.accepted_by_position, (std::vector<int64_t>{2, 1, 1}));
+  const std::vector<double> a = st.acceptance_by_position();
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_DOUBLE_EQ(a[0], 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(a[1], 1.0 / 3.0);
+  EXPECT_DOUBLE_EQ(a[2], 0.5);
+  // Positions never proposed are left out of the fractions.
+  SpecStats deep;
+  deep.proposed_by_position.assign(8, 0);
+  deep.accepted_by_position.assign(8, 0);
+  deep.record_round(2, 2, 2);
+  EXPECT_EQ(deep.acceptance_by_position(), (std::vector<double>{1.0, 1.0}));
 }
 
 }  // namespace

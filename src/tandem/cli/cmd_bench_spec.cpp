@@ -1,5 +1,6 @@
 // tandem bench-spec: plain and speculative decoding of the same prompts in one run, interleaved prompt by
-// prompt, with the speed of each, their ratio, the acceptance, and the gate's depth histogram.
+// prompt, with the speed of each, their ratio, the acceptance (in all and by draft position), and the gate's
+// depth histogram.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -84,7 +85,8 @@ void add_bench_spec_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "bench-spec",
       "Compare plain and speculative decoding of the same prompts: tok/s of each, speed-up "
-      "(and the ideal one for the acceptance), acceptance, and the gate's depth histogram");
+      "(and the ideal one for the acceptance), acceptance in all and by draft position, and the gate's depth "
+      "histogram");
   struct Opts {
     ModelOptions model;
     SpecFlags spec;
@@ -217,6 +219,13 @@ void add_bench_spec_command(CLI::App& app) {
                 setup.options.use_gate ? "the best for the calibrated costs" : "fixed by --no-gate",
                 setup.options.costs.round_cost(d), ideal);
     print_spec_report(stdout, spec_total);
+    // As `tandem info DRAFTER.gguf` prints the held-out curve from training: entry k is the fraction of the
+    // verify rounds that drafted k or more tokens in which the first k were all accepted.
+    const std::vector<double> by_position = spec_total.acceptance_by_position();
+    std::printf("acceptance by draft position (first k drafts all accepted):");
+    if (by_position.empty()) std::printf(" none drafted");
+    for (double a : by_position) std::printf(" %.3f", a);
+    std::printf("\n");
     // The expected speed-up over plain decoding on a cost curve: the tokens generated over the summed cost of
     // the forwards that generated them (a plain step costs 1; a window of k rows, tree or chain, cost(k)).
     const auto expected_at = [&](const speculative::CostModel& costs) {
@@ -265,6 +274,8 @@ void add_bench_spec_command(CLI::App& app) {
                           {"mean_accepted", spec_total.mean_accepted()},
                           {"tokens_per_forward", spec_total.tokens_per_forward()},
                           {"depth_histogram", spec_total.depth_histogram},
+                          {"acceptance_by_position", by_position},
+                          {"rounds_by_position", spec_total.proposed_by_position},
                           {"tree_nodes", o->spec.tree_nodes},
                           {"tree_rounds", spec_total.tree_rounds},
                           {"nodes_per_round", nodes_per_round},

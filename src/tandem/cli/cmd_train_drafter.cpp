@@ -53,7 +53,7 @@ class InterruptWatcher {
   std::thread thread_;
 };
 
-void print_progress(const speculative::EagleTrainProgress& p) {
+void print_progress(const speculative::DrafterTrainProgress& p) {
   std::fprintf(stderr, "\r%-8s %6lld/%-6lld tokens %7lld", p.phase, static_cast<long long>(p.done),
                static_cast<long long>(p.total), static_cast<long long>(p.tokens));
   if (p.loss > 0) std::fprintf(stderr, "  loss %.4f", p.loss);
@@ -61,19 +61,6 @@ void print_progress(const speculative::EagleTrainProgress& p) {
     std::fprintf(stderr, "  held-out");
     for (size_t i = 0; i < p.acceptance.size() && i < 6; ++i) std::fprintf(stderr, " %.2f", p.acceptance[i]);
   }
-  if (p.eta_seconds >= 0) std::fprintf(stderr, "  ETA %4.0f s", p.eta_seconds);
-  std::fprintf(stderr, "   ");
-  if (p.done == p.total) std::fprintf(stderr, "\n");
-}
-
-}  // namespace
-
-namespace {
-
-void print_dflash_progress(const speculative::DrafterTrainProgress& p) {
-  std::fprintf(stderr, "\r%-8s %6lld/%-6lld", p.phase, static_cast<long long>(p.done),
-               static_cast<long long>(p.total));
-  if (p.loss > 0) std::fprintf(stderr, "  loss %.4f", p.loss);
   if (p.eta_seconds >= 0) std::fprintf(stderr, "  ETA %4.0f s", p.eta_seconds);
   std::fprintf(stderr, "   ");
   if (p.done == p.total) std::fprintf(stderr, "\n");
@@ -92,7 +79,7 @@ void train_dflash_drafter(const model::Model& target, const std::string& target_
   d.data.is_eog = [&tok](int32_t id) { return tok.is_eog(id); };
   d.steps = shared.steps;
   d.lr = shared.lr;
-  d.on_progress = print_dflash_progress;
+  d.on_progress = print_progress;
   speculative::DflashTrainResult r = speculative::train_dflash(target, pool, d);
   r.info.target_file_hash = speculative::file_fingerprint(target_path);
   std::vector<train::Param*> params = r.source->drafter().params();

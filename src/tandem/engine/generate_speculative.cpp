@@ -92,6 +92,8 @@ class Run {
     }
     stats_.depth_histogram.assign(static_cast<size_t>(o_.draft_max) + 1, 0);
     stats_.rows_histogram.assign(static_cast<size_t>(std::max(o_.draft_max, o_.tree_nodes)) + 2, 0);
+    stats_.proposed_by_position.assign(static_cast<size_t>(o_.draft_max), 0);
+    stats_.accepted_by_position.assign(static_cast<size_t>(o_.draft_max), 0);
   }
 
   SpecStats run(std::span<const int32_t> prompt) {
@@ -210,11 +212,7 @@ class Run {
                           commit(token, drafted == 0 ? &settler_.target_distribution(0) : nullptr);
                           return !done_;
                         });
-    if (drafted > 0) {
-      ++stats_.rounds;
-      stats_.drafted += drafted;
-      stats_.accepted += outcome.accepted;
-    }
+    if (drafted > 0) stats_.record_round(drafted, drafted, outcome.accepted);
   }
 
   // How many of draft_'s best-scored nodes this round verifies: the n that maximises the expected tokens per
@@ -302,10 +300,8 @@ class Run {
       tree_accepted_ = kTreeRatioDecay * tree_accepted_ + outcome.accepted;
       tree_scored_ = kTreeRatioDecay * tree_scored_ + scored;
     }
-    ++stats_.rounds;
     ++stats_.tree_rounds;
-    stats_.drafted += static_cast<int64_t>(d);
-    stats_.accepted += outcome.accepted;
+    stats_.record_round(static_cast<int64_t>(d), static_cast<int>(depth), outcome.accepted);
   }
 
   // Verifying drafts past a token the grammar refuses wastes rows: as the scheduler does, a deterministic
@@ -395,6 +391,29 @@ class Run {
 
 }  // namespace
 
+void SpecStats::record_round(int64_t n_drafted, int depth, int n_accepted) {
+  ++rounds;
+  drafted += n_drafted;
+  accepted += n_accepted;
+  const auto deep = static_cast<size_t>(std::max(depth, 0));
+  if (proposed_by_position.size() < deep) {
+    proposed_by_position.resize(deep, 0);
+    accepted_by_position.resize(deep, 0);
+  }
+  for (size_t k = 0; k < deep; ++k) {
+    ++proposed_by_position[k];
+    if (static_cast<int>(k) < n_accepted) ++accepted_by_position[k];
+  }
+}
+
+std::vector<double> SpecStats::acceptance_by_position() const {
+  std::vector<double> out;
+  for (size_t k = 0; k < proposed_by_position.size() && proposed_by_position[k] > 0; ++k)
+    out.push_back(static_cast<double>(accepted_by_position[k]) /
+                  static_cast<double>(proposed_by_position[k]));
+  return out;
+}
+
 void SpecStats::add(const SpecStats& o) {
   prompt_tokens += o.prompt_tokens;
   generated += o.generated;
@@ -410,6 +429,14 @@ void SpecStats::add(const SpecStats& o) {
   for (size_t i = 0; i < o.depth_histogram.size(); ++i) depth_histogram[i] += o.depth_histogram[i];
   if (rows_histogram.size() < o.rows_histogram.size()) rows_histogram.resize(o.rows_histogram.size(), 0);
   for (size_t i = 0; i < o.rows_histogram.size(); ++i) rows_histogram[i] += o.rows_histogram[i];
+  if (proposed_by_position.size() < o.proposed_by_position.size()) {
+    proposed_by_position.resize(o.proposed_by_position.size(), 0);
+    accepted_by_position.resize(o.proposed_by_position.size(), 0);
+  }
+  for (size_t k = 0; k < o.proposed_by_position.size(); ++k) {
+    proposed_by_position[k] += o.proposed_by_position[k];
+    accepted_by_position[k] += o.accepted_by_position[k];
+  }
 }
 
 SpecStats generate_speculative(model::Session& target, DraftSource& source, std::span<const int32_t> prompt,

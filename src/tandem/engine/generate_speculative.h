@@ -45,6 +45,17 @@ struct SpecStats : GenerateStats {
   // [max(draft_max, tree_nodes) + 2]: target forwards after the prompt by their rows (1: a plain step), to
   // price a run at a cost curve
   std::vector<int64_t> rows_histogram;
+  // By draft position (entry k - 1 for the k-th draft of a round): the verify rounds that proposed a k-th
+  // draft (a chain of k or more drafts, a tree k or more deep), and those of them that accepted it (and so
+  // every draft before it).
+  std::vector<int64_t> proposed_by_position, accepted_by_position;
+
+  // Counts one verify round in the totals and by position: `drafted` drafts verified, `depth` deep (the
+  // chain's length, the tree's depth), of which the first `accepted` along the path were accepted.
+  void record_round(int64_t drafted, int depth, int accepted);
+  // Entry k - 1: the fraction of verify rounds that accepted draft position k, of those that proposed it,
+  // for k = 1 up to the deepest position proposed (empty before any round).
+  std::vector<double> acceptance_by_position() const;
 
   double acceptance() const { return drafted > 0 ? static_cast<double>(accepted) / drafted : 0.0; }
   // Accepted drafts per verify round (the target's own token not counted).

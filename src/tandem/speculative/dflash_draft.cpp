@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
+#include "tandem/speculative/drafter_shape.h"
 #include "tandem/speculative/eagle_draft.h"
 #include "tandem/tensor/quant.h"
 #include "tandem/train/layers.h"
@@ -20,19 +22,10 @@ enum LayerMatrix { kWq, kWk, kWv, kWo, kGate, kUp, kDown, kLayerMatrices };
 
 train::DflashConfig dflash_config_for(const model::Model& target, int64_t n_taps, int64_t n_layers,
                                       int64_t block) {
-  const model::Config& c = target.config();
   train::DflashConfig e;
-  e.d = c.n_embd;
-  e.n_head = c.n_head;
-  e.n_kv_head = c.n_head_kv;
-  e.head_dim = c.head_dim;
-  e.ffn = c.n_ff;
-  e.vocab = c.n_vocab;
-  e.n_taps = n_taps;
+  shape_from_target(target, n_taps, e);
   e.n_layers = n_layers;
   e.block = block;
-  e.rope_theta = c.rope_base;
-  e.norm_eps = c.norm_eps;
   return e;
 }
 
@@ -40,18 +33,9 @@ train::DflashConfig dflash_config_of(const train::DrafterInfo& info) {
   if (info.kind != kDflashKind)
     throw Error("the drafter is of kind '" + info.kind + "', not '" + kDflashKind + "'");
   train::DflashConfig e;
-  e.d = info.d;
-  e.n_head = info.n_head;
-  e.n_kv_head = info.n_kv_head;
-  e.head_dim = info.head_dim;
-  e.ffn = info.ffn;
-  e.vocab = info.vocab;
-  e.n_taps = static_cast<int64_t>(info.tap_layers.size());
+  shape_from_info(info, e);
   e.n_layers = info.layer_count;
   e.block = info.block_size;
-  e.rope_theta = info.rope_theta;
-  e.rope_layout = info.rope_layout == "halves" ? train::RopeLayout::kHalves : train::RopeLayout::kInterleaved;
-  e.norm_eps = info.norm_eps;
   return e;
 }
 
@@ -59,15 +43,7 @@ void set_dflash_shape(train::DrafterInfo& info, const train::DflashConfig& e) {
   info.kind = kDflashKind;
   info.block_size = e.block;
   info.layer_count = e.n_layers;
-  info.d = e.d;
-  info.n_head = e.n_head;
-  info.n_kv_head = e.n_kv_head;
-  info.head_dim = e.head_dim;
-  info.ffn = e.ffn;
-  info.vocab = e.vocab;
-  info.rope_theta = e.rope_theta;
-  info.rope_layout = e.rope_layout == train::RopeLayout::kHalves ? "halves" : "interleaved";
-  info.norm_eps = e.norm_eps;
+  shape_to_info(e, info);
   info.own_head = false;
 }
 
@@ -137,19 +113,16 @@ DflashDraftBatch::DflashDraftBatch(const train::DflashConfig& config, ThreadPool
 }
 
 DflashDraftSource::DflashDraftSource(std::unique_ptr<train::DflashDrafter> drafter, std::vector<int32_t> taps,
-                                     ThreadPool& pool, int64_t n_ctx, const MatrixView* target_head,
+                                     ThreadPool& pool, int64_t n_ctx, const model::Model& target,
                                      DflashDraftBatch* batch)
     : drafter_(std::move(drafter)),
       cfg_(drafter_->config()),
-      taps_layers_(std::move(taps)),
-      layers_(taps_layers_.begin(), taps_layers_.end()),
+      embedding_(target.weights().tok_embd),
+      head_(target.weights().output),
       compute_(pool),
       n_ctx_(n_ctx),
-      kv_width_(cfg_.n_kv_head * cfg_.head_dim) {
-  if (static_cast<int64_t>(taps_layers_.size()) != cfg_.n_taps)
-    throw Error("the DFlash drafter reads " + std::to_string(cfg_.n_taps) + " tap layers, but " +
-                std::to_string(taps_layers_.size()) + " were named");
-  if (n_ctx_ < 1) throw Error("the DFlash drafter needs a context of at least one position");
+      kv_width_(cfg_.n_kv_head * cfg_.head_dim),
+      taps_(std::move(taps), cfg_.n_taps, cfg_.d, n_ctx, "DFlash") {
   if (batch != nullptr) {
     const train::DflashConfig& b = batch->config();
     if (b.d != cfg_.d || b.n_head != cfg_.n_head || b.n_kv_head != cfg_.n_kv_head ||
@@ -168,10 +141,18 @@ DflashDraftSource::DflashDraftSource(std::unique_ptr<train::DflashDrafter> draft
   }
   batch_ = batch;
   const int64_t d = cfg_.d, B = cfg_.block;
+  for (const auto& [what, m] : {std::pair{"token embedding", &embedding_}, std::pair{"output head", &head_}})
+    if (m->rows != cfg_.vocab || m->cols != d)
+      throw Error(std::string("the target's ") + what + " is [" + std::to_string(m->rows) + ", " +
+                  std::to_string(m->cols) + "], the DFlash drafter needs [" + std::to_string(cfg_.vocab) +
+                  ", " + std::to_string(d) + "]");
+  // The embedding is read a row at a time, so it must be in the file's row layout (the model repacks
+  // only matrices that the matmul kernels read).
+  TANDEM_CHECK(embedding_.form == WeightForm::kFile, "the target's token embedding is in its file form");
+  drafter_->release_target_weights();
   const auto sized = [](int64_t rows, int64_t width) {
     return std::vector<float>(static_cast<size_t>(rows * width), 0.0f);
   };
-  taps_ = sized(n_ctx_, cfg_.n_taps * d);
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     k_.push_back(sized(n_ctx_ + B, kv_width_));
     v_.push_back(sized(n_ctx_ + B, kv_width_));
@@ -185,19 +166,6 @@ DflashDraftSource::DflashDraftSource(std::unique_ptr<train::DflashDrafter> draft
     for (const train::Param* p : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
       layer_mats_.push_back(make_matrix(*p));
   }
-  if (target_head != nullptr) {
-    head_ = *target_head;
-  } else {
-    head_.type = DType::F32;
-    head_.rows = m.head().rows;
-    head_.cols = m.head().cols;
-    head_.row_bytes = static_cast<size_t>(head_.cols) * sizeof(float);
-    head_.data = reinterpret_cast<const uint8_t*>(m.head().value.data());
-  }
-  if (head_.rows != cfg_.vocab || head_.cols != d)
-    throw Error("the target's output head is [" + std::to_string(head_.rows) + ", " +
-                std::to_string(head_.cols) + "], the DFlash drafter needs [" + std::to_string(cfg_.vocab) +
-                ", " + std::to_string(d) + "]");
 }
 
 DflashDraftSource::Rows& DflashDraftSource::own_rows() {
@@ -214,12 +182,19 @@ std::unique_ptr<DflashDraftSource> DflashDraftSource::load(const std::string& pa
   train::DrafterInfo info = train::load_drafter(path, {});
   const train::DflashConfig cfg = dflash_config_of(info);
   check_eagle_target(info, target, target_file_hash);
-  auto drafter = std::make_unique<train::DflashDrafter>(cfg, 0, cfg.block);
+  // No f32 copies of the target's embedding and head: the source reads the target's own.
+  auto drafter = std::make_unique<train::DflashDrafter>(cfg, 0, cfg.block, /*target_weights=*/false);
   std::vector<train::Param*> params = drafter->params();
   info = train::load_drafter(path, params);
-  copy_target_weights(target, *drafter);
-  return std::make_unique<DflashDraftSource>(std::move(drafter), info.tap_layers, pool, n_ctx,
-                                             &target.weights().output, batch);
+  return std::make_unique<DflashDraftSource>(std::move(drafter), info.tap_layers, pool, n_ctx, target, batch);
+}
+
+size_t DflashDraftSource::weight_bytes() const {
+  size_t bytes = 0;
+  for (const train::Param* p : drafter_->params()) bytes += p->value.size() * sizeof(float);
+  bytes += fc_.q8.size();
+  for (const Matrix& m : layer_mats_) bytes += m.q8.size();
+  return bytes;
 }
 
 void DflashDraftSource::begin(std::span<const int32_t> /*prompt*/, const DraftSettings& settings) {
@@ -227,25 +202,16 @@ void DflashDraftSource::begin(std::span<const int32_t> /*prompt*/, const DraftSe
   sequence_ = settings.sequence_id;
   len_ = 0;
   ctx_len_ = 0;
+  taps_.truncate(0);
 }
 
 void DflashDraftSource::on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
                                          int64_t first_pos) {
-  const int64_t d = cfg_.d, width = cfg_.n_taps * d;
-  for (int64_t t = 0; t < cfg_.n_taps; ++t) {
-    if (taps_layers_[static_cast<size_t>(t)] != layer) continue;
-    for (int64_t r = 0; r < n_rows && first_pos + r < n_ctx_; ++r)
-      std::memcpy(taps_.data() + (first_pos + r) * width + t * d, hidden.data() + r * d,
-                  static_cast<size_t>(d) * sizeof(float));
-  }
+  taps_.capture(layer, hidden, n_rows, first_pos);
 }
 
 void DflashDraftSource::set_taps(int64_t first_pos, std::span<const float> rows) {
-  const int64_t width = cfg_.n_taps * cfg_.d;
-  const int64_t n = std::min<int64_t>(static_cast<int64_t>(rows.size()) / width, n_ctx_ - first_pos);
-  if (n > 0)
-    std::memcpy(taps_.data() + first_pos * width, rows.data(),
-                static_cast<size_t>(n * width) * sizeof(float));
+  taps_.set(first_pos, rows);
 }
 
 void DflashDraftSource::extend_context(std::span<const Span> spans, Rows& w) {
@@ -259,7 +225,7 @@ void DflashDraftSource::extend_context(std::span<const Span> spans, Rows& w) {
     const DflashDraftSource& src = *s.source;
     for (int64_t i = 0; i < s.n; ++i)
       w.pos[static_cast<size_t>(n + i)] = static_cast<int32_t>(src.ctx_len_ + i);
-    std::memcpy(w.in.data() + n * tw, src.taps_.data() + src.ctx_len_ * tw, bytes(s.n * tw));
+    std::memcpy(w.in.data() + n * tw, src.taps_.rows(src.ctx_len_, s.n).data(), bytes(s.n * tw));
     n += s.n;
   }
   TANDEM_CHECK(n >= 1 && n <= w.ctx_rows, "a DFlash context forward beyond its rows");
@@ -300,9 +266,11 @@ void DflashDraftSource::run_blocks(std::span<const Block> blocks, Rows& w) {
                   std::to_string(cfg_.vocab));
     for (int64_t i = 0; i < B; ++i) {
       w.pos[static_cast<size_t>(b * B + i)] = static_cast<int32_t>(blk.first_pos + i);
-      const float* src = i == 0 ? m.embedding().value.data() + static_cast<int64_t>(blk.anchor) * d
-                                : m.mask_embedding().value.data();
-      std::memcpy(w.x.data() + (b * B + i) * d, src, bytes(d));
+      float* x = w.x.data() + (b * B + i) * d;
+      if (i == 0)
+        dequantize_row(embedding_.type, embedding_.row(blk.anchor), x, d);
+      else
+        std::memcpy(x, m.mask_embedding().value.data(), bytes(d));
     }
   }
   const int64_t stride = w.n_ctx + B;  // per thread's scores
@@ -456,8 +424,11 @@ void DflashDraftSource::propose_batch(std::span<const DraftRequest> requests) {
 }
 
 void DflashDraftSource::accept(std::span<const int32_t> committed, int /*n_accepted*/) {
-  ctx_len_ = std::min<int64_t>(ctx_len_, std::max<int64_t>(0, static_cast<int64_t>(committed.size()) - 1));
+  // The target has evaluated every committed token but the last; taps past it were of rejected drafts.
+  const int64_t evaluated = std::max<int64_t>(0, static_cast<int64_t>(committed.size()) - 1);
+  ctx_len_ = std::min(ctx_len_, evaluated);
   len_ = ctx_len_;
+  taps_.truncate(evaluated);
 }
 
 }  // namespace tandem::speculative

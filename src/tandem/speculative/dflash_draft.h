@@ -20,6 +20,7 @@
 #include "tandem/kernels/matmul.h"
 #include "tandem/model/model.h"
 #include "tandem/speculative/draft_source.h"
+#include "tandem/speculative/tap_store.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/dflash.h"
 #include "tandem/util/thread_pool.h"
@@ -36,22 +37,24 @@ train::DflashConfig dflash_config_for(const model::Model& target, int64_t n_taps
 train::DflashConfig dflash_config_of(const train::DrafterInfo& info);
 // Records config's shape in info.
 void set_dflash_shape(train::DrafterInfo& info, const train::DflashConfig& config);
-// Copies the target's token embedding and output head into the drafter's frozen parameters (f32).
+// Copies the target's token embedding and output head into the drafter's frozen parameters (f32), which
+// training reads; drafting reads the target's own (DflashDraftSource).
 void copy_target_weights(const model::Model& target, train::DflashDrafter& drafter);
 
 class DflashDraftBatch;
 
 class DflashDraftSource final : public DraftSource {
  public:
-  // drafter: trained or loaded, its frozen weights set; taps: the target layers it reads, in training order.
-  // n_ctx: the longest sequence (positions) the source will see. target_head: the target's output head in its
-  // own format (borrowed; it must outlive the source), used in place of the drafter's f32 copy; null: the
-  // copy. The drafter's large matrices (a million entries or more, rows a multiple of 32 wide) draft from a
-  // Q8_0 copy made here, so that a block costs about the bytes of its weights, a fraction of the target's.
-  // batch (when not null: the source proposes in batches with the others made with it, see DflashDraftBatch)
-  // must outlive the source.
+  // drafter: trained or loaded; taps: the target layers it reads, in training order. n_ctx: the longest
+  // sequence (positions) the source will see. The target's token embedding and output head are read where
+  // the target keeps them, in their stored block type (borrowed: the target must outlive the source); the
+  // drafter's f32 copies of them, if it holds any, are freed here, so that the source adds only the
+  // drafter's own weights. The drafter's large matrices (a million entries or more, rows a multiple of 32
+  // wide) draft from a Q8_0 copy made here, so that a block costs about the bytes of its weights, a fraction
+  // of the target's. batch (when not null: the source proposes in batches with the others made with it, see
+  // DflashDraftBatch) must outlive the source.
   DflashDraftSource(std::unique_ptr<train::DflashDrafter> drafter, std::vector<int32_t> taps,
-                    ThreadPool& pool, int64_t n_ctx, const MatrixView* target_head = nullptr,
+                    ThreadPool& pool, int64_t n_ctx, const model::Model& target,
                     DflashDraftBatch* batch = nullptr);
 
   // Loads a checkpoint written by `tandem train-drafter --kind dflash`, refusing one made for another target.
@@ -70,7 +73,7 @@ class DflashDraftSource final : public DraftSource {
   // forward on this source's weights (the batch's sources hold the same drafter), each block attending to its
   // own sequence's context.
   void propose_batch(std::span<const DraftRequest> requests) override;
-  std::span<const int64_t> target_layers() const override { return layers_; }
+  std::span<const int64_t> target_layers() const override { return taps_.target_layers(); }
   void on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
                         int64_t first_pos) override;
 
@@ -78,7 +81,12 @@ class DflashDraftSource final : public DraftSource {
   // side in order), as on_target_hidden would from a target forward.
   void set_taps(int64_t first_pos, std::span<const float> rows);
   train::DflashDrafter& drafter() { return *drafter_; }
-  std::span<const int32_t> taps() const { return taps_layers_; }
+  std::span<const int32_t> taps() const { return taps_.layers(); }
+  // The captured taps (rows past the committed text are forgotten when a round settles).
+  const TapStore& tap_store() const { return taps_; }
+  // Bytes of weights the source holds beyond the target's: the drafter's parameter values and the Q8_0
+  // copies made for drafting.
+  size_t weight_bytes() const;
 
   // Context rows cached (positions 0 .. context_length() - 1), and the rows in each layer's key cache now:
   // the context and, between propose() and accept(), the block.
@@ -151,16 +159,14 @@ class DflashDraftSource final : public DraftSource {
   train::DflashConfig cfg_;
   Matrix fc_;
   std::vector<Matrix> layer_mats_;  // per layer: wq, wk, wv, wo, w_gate, w_up, w_down
-  MatrixView head_;
-  std::vector<int32_t> taps_layers_;
-  std::vector<int64_t> layers_;
+  MatrixView embedding_, head_;     // the target's, in their stored block type
   train::Compute compute_;
   int64_t n_ctx_;
   int64_t kv_width_;
   sampling::Sampler sampler_{sampling::Params{}};
   uint64_t sequence_ = 0;
 
-  std::vector<float> taps_;                // [n_ctx, n_taps * d] the target's captured taps by position
+  TapStore taps_;                          // [n_ctx, n_taps * d] the target's captured taps by position
   std::vector<std::vector<float>> k_, v_;  // per layer [n_ctx + block, n_kv_head * head_dim], roped keys
   int64_t ctx_len_ = 0;                    // context rows cached
   int64_t len_ = 0;                        // rows in the key caches (context, then a proposal's block)

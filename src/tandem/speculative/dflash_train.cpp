@@ -8,6 +8,7 @@
 
 #include "tandem/model/session.h"
 #include "tandem/speculative/eagle_draft.h"
+#include "tandem/tensor/fp16.h"
 #include "tandem/train/optimizer.h"
 #include "tandem/util/error.h"
 
@@ -20,12 +21,15 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // One step's batch: the whole sequence as context and blocks at distinct random anchors a in [1, n - 1],
 // block row k at position a + k learning the target's distribution there (for token a + k + 1); rows past
-// the sequence's last distribution count for nothing.
+// the sequence's last distribution count for nothing. The sequence's f16 taps and distributions are widened
+// to f32 here, once per step.
 class BlockBatch {
  public:
-  BlockBatch(int64_t max_n, int64_t max_anchors, int64_t block, int64_t k, double gamma)
-      : block_(block), k_(k) {
+  BlockBatch(int64_t max_n, int64_t max_anchors, int64_t block, int64_t width, int64_t k, int64_t vocab,
+             double gamma)
+      : block_(block), targets_(max_anchors * block, k, vocab) {
     const auto R = static_cast<size_t>(max_anchors * block);
+    taps_.resize(static_cast<size_t>(max_n * width));
     ctx_pos_.resize(static_cast<size_t>(max_n));
     std::iota(ctx_pos_.begin(), ctx_pos_.end(), 0);
     order_.resize(static_cast<size_t>(max_n));
@@ -37,13 +41,11 @@ class BlockBatch {
       weight_[r] =
           static_cast<float>(std::exp(-static_cast<double>(static_cast<int64_t>(r) % block) / gamma));
     mask_.assign(R, 0);
-    probs_.assign(R * static_cast<size_t>(k), 0.0f);
-    top_ids_.assign(R * static_cast<size_t>(k), 0);
-    rest_.assign(R, 0.0f);
   }
 
-  train::DflashBatch set(const DrafterSequence& s, int64_t max_anchors, int64_t vocab, uint64_t& rng) {
+  train::DflashBatch set(const DrafterSequence& s, int64_t max_anchors, uint64_t& rng) {
     const int64_t n = s.n(), A = std::min(max_anchors, n - 1), B = block_;
+    for (size_t i = 0; i < s.taps.size(); ++i) taps_[i] = fp16_to_f32(s.taps[i]);
     // A distinct anchors: the first A of a seeded shuffle of 1 .. n - 1.
     for (int64_t i = 0; i < n - 1; ++i) order_[static_cast<size_t>(i)] = i + 1;
     for (int64_t i = 0; i < A; ++i)
@@ -59,41 +61,27 @@ class BlockBatch {
         const int64_t p = a + j;
         pos_[r] = static_cast<int32_t>(p);
         mask_[r] = p < n ? 1 : 0;
-        const int64_t src = std::min(p, n - 1);
-        std::memcpy(probs_.data() + r * static_cast<size_t>(k_), s.probs.data() + src * k_,
-                    static_cast<size_t>(k_) * sizeof(float));
-        if (k_ < vocab) {
-          std::memcpy(top_ids_.data() + r * static_cast<size_t>(k_), s.ids.data() + src * k_,
-                      static_cast<size_t>(k_) * sizeof(int32_t));
-          rest_[r] = s.rest[static_cast<size_t>(src)];
-        }
+        targets_.set(static_cast<int64_t>(r), s, std::min(p, n - 1));
       }
     }
     train::DflashBatch batch;
     batch.context_rows = n;
-    batch.taps = s.taps.data();
+    batch.taps = taps_.data();
     batch.context_pos = ctx_pos_.data();
     batch.rows = A * B;
     batch.block_ids = ids_.data();
     batch.block_pos = pos_.data();
     batch.context_visible = visible_.data();
-    batch.targets.rows = A * B;
-    batch.targets.top_k = k_;
-    batch.targets.probs = probs_.data();
-    batch.targets.weight = weight_.data();
-    batch.targets.mask = mask_.data();
-    if (k_ < vocab) {
-      batch.targets.ids = top_ids_.data();
-      batch.targets.rest = rest_.data();
-    }
+    batch.targets = targets_.view(A * B, weight_.data(), mask_.data());
     return batch;
   }
 
  private:
-  int64_t block_, k_;
-  std::vector<int32_t> ctx_pos_, ids_, pos_, top_ids_;
+  int64_t block_;
+  TargetRows targets_;
+  std::vector<int32_t> ctx_pos_, ids_, pos_;
   std::vector<int64_t> order_, visible_;
-  std::vector<float> weight_, probs_, rest_;
+  std::vector<float> taps_, weight_;
   std::vector<uint8_t> mask_;
 };
 
@@ -134,21 +122,31 @@ DflashTrainResult train_dflash(const model::Model& target, ThreadPool& pool, con
   lr.warmup = std::min<int64_t>(50, std::max<int64_t>(1, o.steps / 25));
   lr.total = std::max<int64_t>(1, o.steps);
   train::Compute c(pool);
-  BlockBatch batch(data.max_n, max_anchors, o.block, data.k, o.gamma);
+  BlockBatch batch(data.max_n, max_anchors, o.block, cfg.n_taps * cfg.d, data.k, V, o.gamma);
   uint64_t rng = o.seed ^ 0xdf1a5bull;
   double recent = 0;
+  int64_t trained_rows = 0;
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < o.steps; ++step) {
     const DrafterSequence& s = *train_set[next_random(rng) % train_set.size()];
-    const train::DflashBatch b = batch.set(s, max_anchors, V, rng);
+    const train::DflashBatch b = batch.set(s, max_anchors, rng);
     drafter->zero_grad();
     const train::LossStats st = drafter->forward_backward(b, c, true);
     train::clip_grad_norm(params, o.clip);
     opt.step(lr.at(step));
     recent = step == 0 ? st.loss : 0.95 * recent + 0.05 * st.loss;
-    const double per_step = seconds_since(t0) / static_cast<double>(step + 1);
-    if (o.on_progress)
-      o.on_progress({"train", step + 1, o.steps, recent, per_step * static_cast<double>(o.steps - step - 1)});
+    trained_rows += st.counted;
+    if (o.on_progress) {
+      DrafterTrainProgress p;
+      p.phase = "train";
+      p.done = step + 1;
+      p.total = o.steps;
+      p.tokens = trained_rows;
+      p.loss = recent;
+      p.eta_seconds =
+          seconds_since(t0) / static_cast<double>(step + 1) * static_cast<double>(o.steps - step - 1);
+      o.on_progress(p);
+    }
   }
   res.train_seconds = seconds_since(t0);
   res.final_loss = recent;
@@ -158,14 +156,13 @@ DflashTrainResult train_dflash(const model::Model& target, ThreadPool& pool, con
   set_dflash_shape(res.info, cfg);
   res.info.step = o.steps;
   res.info.seed = o.seed;
-  res.source = std::make_unique<DflashDraftSource>(std::move(drafter), taps, pool, session.n_ctx(),
-                                                   &target.weights().output);
+  res.source = std::make_unique<DflashDraftSource>(std::move(drafter), taps, pool, session.n_ctx(), target);
 
   t0 = std::chrono::steady_clock::now();
   DflashDraftSource& src = *res.source;
   res.info.acceptance = heldout_acceptance(
-      src, [&src](const DrafterSequence& s) { src.set_taps(0, s.taps); }, data.sequences,
-      static_cast<int>(o.block), o.on_progress);
+      src, [&src](std::span<const float> rows) { src.set_taps(0, rows); }, data.sequences,
+      static_cast<int>(o.block), 0, o.on_progress);
   res.eval_seconds = seconds_since(t0);
   return res;
 }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "tandem/sampling/sampler.h"
+#include "tandem/tensor/fp16.h"
 #include "tandem/util/error.h"
 
 namespace tandem::speculative {
@@ -17,15 +18,29 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+DrafterTrainProgress progress(const char* phase, int64_t done, int64_t total, int64_t tokens, double eta) {
+  DrafterTrainProgress p;
+  p.phase = phase;
+  p.done = done;
+  p.total = total;
+  p.tokens = tokens;
+  p.eta_seconds = eta;
+  return p;
+}
+
+// The target's continuation of `prompt`: its first `sampled` tokens drawn with `params`, the rest greedy.
 std::vector<int32_t> generate(model::Session& s, std::span<const int32_t> prompt, int64_t max_tokens,
-                              const sampling::Params& params, uint64_t sequence,
+                              const sampling::Params& params, int64_t sampled, uint64_t sequence,
                               const std::function<bool(int32_t)>& is_eog) {
   s.truncate(0);
   std::vector<int32_t> text(prompt.begin(), prompt.end());
   sampling::Sampler sampler(params);
+  sampling::Params greedy_params = params;
+  greedy_params.temperature = 0.0f;
+  sampling::Sampler greedy(greedy_params);
   std::span<const float> logits = s.eval(prompt);
   for (int64_t i = 0; i < max_tokens && s.length() < s.n_ctx(); ++i) {
-    const int32_t x = sampler.sample(logits, text, sequence, text.size());
+    const int32_t x = (i < sampled ? sampler : greedy).sample(logits, text, sequence, text.size());
     text.push_back(x);
     if (is_eog && is_eog(x)) break;
     logits = s.eval(std::span<const int32_t>(&x, 1));
@@ -36,20 +51,23 @@ std::vector<int32_t> generate(model::Session& s, std::span<const int32_t> prompt
 void capture(model::Session& s, std::span<const int32_t> taps, int64_t k, DrafterSequence& seq) {
   const int64_t d = s.model().config().n_embd, width = static_cast<int64_t>(taps.size()) * d, V = s.n_vocab(),
                 n = seq.n();
-  seq.taps.assign(static_cast<size_t>(n * width), 0.0f);
+  seq.taps.assign(static_cast<size_t>(n * width), 0);
   std::vector<int64_t> next_row(taps.size(), 0);
   const model::CaptureFn fn = [&](int64_t layer, const float* hidden, int64_t rows) {
     for (size_t t = 0; t < taps.size(); ++t) {
       if (taps[t] != layer) continue;
-      for (int64_t r = 0; r < rows; ++r)
-        std::memcpy(seq.taps.data() + (next_row[t] + r) * width + static_cast<int64_t>(t) * d, hidden + r * d,
-                    static_cast<size_t>(d) * sizeof(float));
+      for (int64_t r = 0; r < rows; ++r) {
+        uint16_t* dst = seq.taps.data() + (next_row[t] + r) * width + static_cast<int64_t>(t) * d;
+        for (int64_t i = 0; i < d; ++i) dst[i] = f32_to_fp16(hidden[r * d + i]);
+      }
       next_row[t] += rows;
     }
   };
   s.truncate(0);
   const std::span<const float> logits = s.eval(seq.tokens, true, &fn);
-  seq.probs.assign(static_cast<size_t>(n * k), 0.0f);
+  seq.probs.assign(static_cast<size_t>(n * k), 0);
+  seq.mask.assign(static_cast<size_t>(n), 0);
+  for (int64_t r = std::max<int64_t>(0, seq.prompt - 1); r < n; ++r) seq.mask[static_cast<size_t>(r)] = 1;
   if (k < V) {
     seq.ids.assign(static_cast<size_t>(n * k), 0);
     seq.rest.assign(static_cast<size_t>(n), 0.0f);
@@ -61,9 +79,10 @@ void capture(model::Session& s, std::span<const int32_t> taps, int64_t k, Drafte
     const float top = *std::max_element(z, z + V);
     double sum = 0;
     for (int64_t i = 0; i < V; ++i) sum += p[static_cast<size_t>(i)] = std::exp(double(z[i]) - top);
-    float* out = seq.probs.data() + r * k;
+    uint16_t* out = seq.probs.data() + r * k;
     if (k == V) {
-      for (int64_t i = 0; i < V; ++i) out[i] = static_cast<float>(p[static_cast<size_t>(i)] / sum);
+      for (int64_t i = 0; i < V; ++i)
+        out[i] = f32_to_fp16(static_cast<float>(p[static_cast<size_t>(i)] / sum));
       continue;
     }
     std::iota(order.begin(), order.end(), 0);
@@ -76,7 +95,7 @@ void capture(model::Session& s, std::span<const int32_t> taps, int64_t k, Drafte
     for (int64_t i = 0; i < k; ++i) {
       const double q = p[static_cast<size_t>(order[static_cast<size_t>(i)])] / sum;
       seq.ids[static_cast<size_t>(r * k + i)] = order[static_cast<size_t>(i)];
-      out[i] = static_cast<float>(q);
+      out[i] = f32_to_fp16(static_cast<float>(q));
       kept += q;
     }
     seq.rest[static_cast<size_t>(r)] = static_cast<float>(std::max(0.0, 1.0 - kept));
@@ -85,11 +104,34 @@ void capture(model::Session& s, std::span<const int32_t> taps, int64_t k, Drafte
 
 }  // namespace
 
-uint64_t next_random(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+TargetRows::TargetRows(int64_t max_rows, int64_t k, int64_t vocab) : k_(k), vocab_(vocab) {
+  probs_.resize(static_cast<size_t>(max_rows * k));
+  rest_.resize(static_cast<size_t>(max_rows));
+  if (k < vocab) ids_.resize(static_cast<size_t>(max_rows * k));
+}
+
+void TargetRows::set(int64_t r, const DrafterSequence& s, int64_t pos) {
+  const uint16_t* p = s.probs.data() + pos * k_;
+  float* dst = probs_.data() + r * k_;
+  for (int64_t i = 0; i < k_; ++i) dst[i] = fp16_to_f32(p[i]);
+  if (k_ < vocab_) {
+    std::memcpy(ids_.data() + r * k_, s.ids.data() + pos * k_, static_cast<size_t>(k_) * sizeof(int32_t));
+    rest_[static_cast<size_t>(r)] = s.rest[static_cast<size_t>(pos)];
+  }
+}
+
+train::SoftTargets TargetRows::view(int64_t rows, const float* weight, const uint8_t* mask) const {
+  train::SoftTargets t;
+  t.rows = rows;
+  t.top_k = k_;
+  t.probs = probs_.data();
+  t.weight = weight;
+  t.mask = mask;
+  if (k_ < vocab_) {
+    t.ids = ids_.data();
+    t.rest = rest_.data();
+  }
+  return t;
 }
 
 std::vector<const DrafterSequence*> DrafterData::training() const {
@@ -105,8 +147,8 @@ DrafterData make_drafter_data(model::Session& session, std::span<const int32_t> 
   for (const auto& p : o.prompts)
     if (p.empty()) throw Error("a training prompt is empty: every prompt needs at least one token");
   if (o.tokens < 1 || o.continuation < 2) throw Error("train-drafter: --tokens must be positive");
-  const auto report = [&](const char* phase, int64_t done, int64_t total, double eta) {
-    if (on_progress) on_progress({phase, done, total, 0, eta});
+  const auto report = [&](const DrafterTrainProgress& p) {
+    if (on_progress) on_progress(p);
   };
   DrafterData data;
   const int64_t V = session.n_vocab();
@@ -125,6 +167,11 @@ DrafterData make_drafter_data(model::Session& session, std::span<const int32_t> 
       if (heldout != (round == 0)) continue;
       sampling::Params sp;
       const bool greedy = round <= 1;
+      const int64_t sampled =
+          greedy ? 0
+          : !o.sampled_openings || round % 2 == 0
+              ? o.continuation
+              : 8 + static_cast<int64_t>((round * n_prompts + i) * 0x9E3779B97F4A7C15ull >> 58);
       sp.temperature = greedy ? 0.0f : 1.0f;
       sp.top_k = 0;
       sp.top_p = 1.0f;
@@ -134,14 +181,19 @@ DrafterData make_drafter_data(model::Session& session, std::span<const int32_t> 
         throw Error("a training prompt of " + std::to_string(prompt.size()) +
                     " tokens leaves no room in the target's context");
       DrafterSequence s;
-      s.tokens = generate(session, prompt, o.continuation, sp, round * n_prompts + i, o.is_eog);
+      s.tokens = generate(session, prompt, o.continuation, sp, sampled, round * n_prompts + i, o.is_eog);
       s.prompt = static_cast<int64_t>(prompt.size());
       s.greedy = greedy;
       s.heldout = heldout;
       if (!heldout) generated += s.n() - s.prompt;
       if (s.n() >= 3) seqs.push_back(std::move(s));
       const double rate = static_cast<double>(generated) / std::max(1e-9, seconds_since(t0));
-      report("generate", generated, o.tokens, static_cast<double>(o.tokens - generated) / rate);
+      report(progress("generate", generated, o.tokens, generated,
+                      static_cast<double>(o.tokens - generated) / rate));
+      if (o.stop && o.stop()) {
+        data.stopped = true;
+        return data;
+      }
     }
     if (round > static_cast<uint64_t>(64 * o.tokens))
       break;  // prompts that end at once (EOG) cannot fill the budget
@@ -153,7 +205,12 @@ DrafterData make_drafter_data(model::Session& session, std::span<const int32_t> 
     capture(session, taps, data.k, seqs[i]);
     data.max_n = std::max(data.max_n, seqs[i].n());
     (seqs[i].heldout ? data.heldout_tokens : data.train_tokens) += seqs[i].n();
-    report("capture", static_cast<int64_t>(i + 1), static_cast<int64_t>(seqs.size()), -1);
+    report(progress("capture", static_cast<int64_t>(i + 1), static_cast<int64_t>(seqs.size()),
+                    data.train_tokens + data.heldout_tokens, -1));
+    if (o.stop && o.stop()) {
+      data.stopped = true;
+      return data;
+    }
   }
   data.capture_seconds = seconds_since(t0);
   if (data.train_tokens == 0) throw Error("no training text: give more prompts or a larger --tokens");
@@ -161,19 +218,27 @@ DrafterData make_drafter_data(model::Session& session, std::span<const int32_t> 
 }
 
 std::vector<float> heldout_acceptance(DraftSource& src,
-                                      const std::function<void(const DrafterSequence&)>& set_taps,
+                                      const std::function<void(std::span<const float>)>& set_taps,
                                       std::span<const DrafterSequence> sequences, int depth,
-                                      const DrafterProgressFn& on_progress) {
+                                      int64_t max_anchors, const DrafterProgressFn& on_progress) {
+  int64_t total = 0;
+  for (const DrafterSequence& s : sequences)
+    if (s.heldout && s.greedy)
+      total += std::max<int64_t>(0, s.n() - depth - std::max<int64_t>(2, s.prompt) + 1);
+  const int64_t stride = max_anchors > 0 ? std::max<int64_t>(1, (total + max_anchors - 1) / max_anchors) : 1;
   std::vector<int64_t> hits(static_cast<size_t>(depth), 0);
   int64_t anchors = 0;
   Draft draft;
   DraftSettings ds;
   ds.sampling.temperature = 0.0f;
+  std::vector<float> taps;
   for (const DrafterSequence& s : sequences) {
     if (!s.heldout || !s.greedy) continue;
+    taps.resize(s.taps.size());
+    for (size_t i = 0; i < s.taps.size(); ++i) taps[i] = fp16_to_f32(s.taps[i]);
     src.begin(std::span<const int32_t>(s.tokens).first(1), ds);
-    set_taps(s);
-    for (int64_t n = std::max<int64_t>(2, s.prompt); n + depth <= s.n(); ++n) {
+    set_taps(taps);
+    for (int64_t n = std::max<int64_t>(2, s.prompt); n + depth <= s.n(); n += stride) {
       const auto committed = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(n));
       src.propose(committed, depth, draft);
       for (size_t i = 0; i < draft.tokens.size() && draft.tokens[i] == s.tokens[static_cast<size_t>(n) + i];
@@ -182,7 +247,7 @@ std::vector<float> heldout_acceptance(DraftSource& src,
       src.accept(committed, 0);
       ++anchors;
     }
-    if (on_progress) on_progress({"evaluate", anchors, anchors, 0, -1});
+    if (on_progress) on_progress(progress("evaluate", anchors, anchors, 0, -1));
   }
   std::vector<float> acceptance;
   if (anchors > 0)

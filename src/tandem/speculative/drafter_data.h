@@ -3,7 +3,7 @@
 //   generate  continuations of the prompts by the target, greedy and temperature-1 samples in turn;
 //   capture   a teacher-forced pass over each sequence records the tap layers' hidden states and the target's
 //             next-token distribution (in full for vocabularies of at most kDrafterFullVocab tokens, else the
-//             top kDrafterTopK with the rest's mass);
+//             top kDrafterTopK with the rest's mass), stored as f16, with a loss mask;
 // and the held-out evaluation: the fraction of positions of the held-out greedy text whose first k + 1
 // greedy drafts all match the target's text. The data is the same bits for the same target, options and
 // thread count.
@@ -16,6 +16,8 @@
 
 #include "tandem/model/session.h"
 #include "tandem/speculative/draft_source.h"
+#include "tandem/train/loss.h"
+#include "tandem/train/random.h"
 
 namespace tandem::speculative {
 
@@ -26,7 +28,10 @@ inline constexpr int64_t kDrafterTopK = 32;
 struct DrafterTrainProgress {
   const char* phase = "";  // "generate", "capture", "train", "evaluate"
   int64_t done = 0, total = 0;
-  double loss = 0;          // train: the mean loss of recent steps
+  int64_t tokens = 0;  // generate, capture: tokens of text so far; train: rows trained on so far
+  double loss = 0;     // train: the mean loss of recent steps
+  // The latest held-out acceptance by draft position (train, evaluate); empty until measured.
+  std::span<const float> acceptance;
   double eta_seconds = -1;  // of the phase; < 0 when unknown
 };
 using DrafterProgressFn = std::function<void(const DrafterTrainProgress&)>;
@@ -37,11 +42,14 @@ struct DrafterSequence {
   int64_t prompt = 0;           // prompt tokens
   bool greedy = false;
   bool heldout = false;
-  std::vector<float> taps;   // [n, n_taps * d] the tap layers side by side, in order
-  std::vector<int32_t> ids;  // [n, kDrafterTopK] when the vocabulary is large, else empty
-  std::vector<float>
-      probs;  // [n, k] (k: the vocabulary, or kDrafterTopK) the target's next-token distribution
-  std::vector<float> rest;  // [n] mass outside ids (top-k only)
+  std::vector<uint16_t> taps;   // [n, n_taps * d] f16 bits: the tap layers side by side, in order
+  std::vector<int32_t> ids;     // [n, kDrafterTopK] when the vocabulary is large, else empty
+  std::vector<uint16_t> probs;  // [n, k] f16 bits (k: the vocabulary, or kDrafterTopK) the target's
+                                // next-token distribution at each position
+  std::vector<float> rest;      // [n] mass outside ids (top-k only)
+  // [n] 1 where the target's distribution at the position teaches: it predicts a token the target
+  // generated. The prompt's own tokens are the user's, and a drafter never drafts them.
+  std::vector<uint8_t> mask;
   int64_t n() const { return static_cast<int64_t>(tokens.size()); }
 };
 
@@ -50,7 +58,13 @@ struct DrafterDataOptions {
   int64_t tokens = 16384;                     // generated tokens of training text in all
   int64_t continuation = 256;                 // tokens generated per sequence at most
   uint64_t seed = 1;
+  // Rounds past the first two alternate between whole temperature-1 samples and greedy text after a
+  // sampled opening of 8 to 71 tokens (greedy text from many more starts than there are prompts); false:
+  // whole samples only.
+  bool sampled_openings = false;
   std::function<bool(int32_t)> is_eog;  // ends a continuation early; may be empty
+  // Polled once per generated and per captured sequence: true stops with DrafterData::stopped set.
+  std::function<bool()> stop;
 };
 
 struct DrafterData {
@@ -59,6 +73,7 @@ struct DrafterData {
   int64_t k = 0;                           // entries per distribution row
   int64_t train_tokens = 0, heldout_tokens = 0;
   double generate_seconds = 0, capture_seconds = 0;
+  bool stopped = false;  // DrafterDataOptions::stop said so; the data is then incomplete
   std::vector<const DrafterSequence*> training() const;
 };
 
@@ -68,15 +83,32 @@ struct DrafterData {
 DrafterData make_drafter_data(model::Session& session, std::span<const int32_t> taps,
                               const DrafterDataOptions& o, const DrafterProgressFn& on_progress);
 
-// splitmix64: a portable stream of 64-bit values for the trainers' choices (sequences, anchors), the same
-// with every standard library.
-uint64_t next_random(uint64_t& state);
+// The target distributions of one training batch, widened to f32: each row a sequence's distribution at one
+// position. Buffers are sized once, for max_rows rows of k entries (DrafterData::k).
+class TargetRows {
+ public:
+  TargetRows(int64_t max_rows, int64_t k, int64_t vocab);
+  // Row r: the distribution of s at position pos.
+  void set(int64_t r, const DrafterSequence& s, int64_t pos);
+  // Rows [0, rows) as the loss reads them, with per-row weights and mask (borrowed, [rows] each).
+  train::SoftTargets view(int64_t rows, const float* weight, const uint8_t* mask) const;
+
+ private:
+  int64_t k_, vocab_;
+  std::vector<float> probs_, rest_;  // [max_rows, k], [max_rows]
+  std::vector<int32_t> ids_;         // [max_rows, k] when k < vocab
+};
+
+// splitmix64 (train/random.h) for the trainers' choices of sequences and anchors.
+using train::next_random;
 
 // Held-out acceptance by draft position (docs/training.md): entry i is the fraction of anchors whose first
-// i + 1 greedy drafts match the text. set_taps hands a sequence's captured taps to `source` after begin().
+// i + 1 greedy drafts match the text, the anchors being every position of the held-out greedy text or, when
+// max_anchors > 0, at most that many spread evenly. set_taps hands a sequence's captured taps, widened to
+// f32 ([n, n_taps * d]), to `source` after begin().
 std::vector<float> heldout_acceptance(DraftSource& source,
-                                      const std::function<void(const DrafterSequence&)>& set_taps,
+                                      const std::function<void(std::span<const float>)>& set_taps,
                                       std::span<const DrafterSequence> sequences, int depth,
-                                      const DrafterProgressFn& on_progress);
+                                      int64_t max_anchors, const DrafterProgressFn& on_progress);
 
 }  // namespace tandem::speculative

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "tandem/speculative/calibration.h"
+#include "tandem/speculative/drafter_shape.h"
 
 #include "tandem/tensor/quant.h"
 #include "tandem/train/layers.h"
@@ -63,17 +64,8 @@ std::vector<int32_t> default_eagle_taps(int64_t n_layer) {
 }
 
 train::EagleConfig eagle_config_for(const model::Model& target, int64_t n_taps) {
-  const model::Config& c = target.config();
   train::EagleConfig e;
-  e.d = c.n_embd;
-  e.n_head = c.n_head;
-  e.n_kv_head = c.n_head_kv;
-  e.head_dim = c.head_dim;
-  e.ffn = c.n_ff;
-  e.vocab = c.n_vocab;
-  e.n_taps = n_taps;
-  e.rope_theta = c.rope_base;
-  e.norm_eps = c.norm_eps;
+  shape_from_target(target, n_taps, e);
   return e;
 }
 
@@ -81,16 +73,7 @@ train::EagleConfig eagle_config_of(const train::DrafterInfo& info) {
   if (info.kind != kEagleKind)
     throw Error("the drafter is of kind '" + info.kind + "', not '" + kEagleKind + "'");
   train::EagleConfig e;
-  e.d = info.d;
-  e.n_head = info.n_head;
-  e.n_kv_head = info.n_kv_head;
-  e.head_dim = info.head_dim;
-  e.ffn = info.ffn;
-  e.vocab = info.vocab;
-  e.n_taps = static_cast<int64_t>(info.tap_layers.size());
-  e.rope_theta = info.rope_theta;
-  e.rope_layout = info.rope_layout == "halves" ? train::RopeLayout::kHalves : train::RopeLayout::kInterleaved;
-  e.norm_eps = info.norm_eps;
+  shape_from_info(info, e);
   e.train_head = info.own_head;
   e.n_layer = info.layer_count;
   return e;
@@ -100,15 +83,7 @@ void set_eagle_shape(train::DrafterInfo& info, const train::EagleConfig& e) {
   info.kind = kEagleKind;
   info.block_size = 1;
   info.layer_count = e.n_layer;
-  info.d = e.d;
-  info.n_head = e.n_head;
-  info.n_kv_head = e.n_kv_head;
-  info.head_dim = e.head_dim;
-  info.ffn = e.ffn;
-  info.vocab = e.vocab;
-  info.rope_theta = e.rope_theta;
-  info.rope_layout = e.rope_layout == train::RopeLayout::kHalves ? "halves" : "interleaved";
-  info.norm_eps = e.norm_eps;
+  shape_to_info(e, info);
   info.own_head = e.train_head;
 }
 
@@ -185,15 +160,10 @@ EagleDraftSource::EagleDraftSource(std::unique_ptr<train::EagleDrafter> drafter,
                                    ThreadPool& pool, int64_t n_ctx, EagleDraftBatch* batch)
     : drafter_(std::move(drafter)),
       cfg_(drafter_->config()),
-      taps_layers_(std::move(taps)),
-      layers_(taps_layers_.begin(), taps_layers_.end()),
       compute_(pool),
       n_ctx_(n_ctx),
-      kv_width_(cfg_.n_kv_head * cfg_.head_dim) {
-  if (static_cast<int64_t>(taps_layers_.size()) != cfg_.n_taps)
-    throw Error("the EAGLE drafter reads " + std::to_string(cfg_.n_taps) + " tap layers, but " +
-                std::to_string(taps_layers_.size()) + " were named");
-  if (n_ctx_ < 1) throw Error("the EAGLE drafter needs a context of at least one position");
+      kv_width_(cfg_.n_kv_head * cfg_.head_dim),
+      taps_(std::move(taps), cfg_.n_taps, cfg_.d, n_ctx, "EAGLE") {
   if (batch != nullptr) {
     if (!same_shape(batch->config(), cfg_))
       throw Error(
@@ -236,7 +206,6 @@ EagleDraftSource::EagleDraftSource(std::unique_ptr<train::EagleDrafter> drafter,
   const auto sized = [](int64_t rows, int64_t width) {
     return std::vector<float>(static_cast<size_t>(rows * width), 0.0f);
   };
-  taps_ = sized(n_ctx_, cfg_.n_taps * d);
   k_ = sized(n_ctx_, kv_width_);
   v_ = sized(n_ctx_, kv_width_);
   if (batch_ == nullptr) rows_ = Rows(cfg_, pool.size(), kChunk, 1, n_ctx_);
@@ -264,25 +233,16 @@ void EagleDraftSource::begin(std::span<const int32_t> /*prompt*/, const DraftSet
   sequence_ = settings.sequence_id;
   len_ = 0;
   real_len_ = 0;
+  taps_.truncate(0);
 }
 
 void EagleDraftSource::on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
                                         int64_t first_pos) {
-  const int64_t d = cfg_.d, width = cfg_.n_taps * d;
-  for (int64_t t = 0; t < cfg_.n_taps; ++t) {
-    if (taps_layers_[static_cast<size_t>(t)] != layer) continue;
-    for (int64_t r = 0; r < n_rows && first_pos + r < n_ctx_; ++r)
-      std::memcpy(taps_.data() + (first_pos + r) * width + t * d, hidden.data() + r * d,
-                  static_cast<size_t>(d) * sizeof(float));
-  }
+  taps_.capture(layer, hidden, n_rows, first_pos);
 }
 
 void EagleDraftSource::set_taps(int64_t first_pos, std::span<const float> rows) {
-  const int64_t width = cfg_.n_taps * cfg_.d;
-  const int64_t n = std::min<int64_t>(static_cast<int64_t>(rows.size()) / width, n_ctx_ - first_pos);
-  if (n > 0)
-    std::memcpy(taps_.data() + first_pos * width, rows.data(),
-                static_cast<size_t>(n * width) * sizeof(float));
+  taps_.set(first_pos, rows);
 }
 
 void EagleDraftSource::forward(int64_t n, const float* given_g, const int32_t* next_ids, bool want_logits) {
@@ -317,7 +277,7 @@ void EagleDraftSource::run(std::span<const Segment> segments, Rows& w) {
     if (s.given_g != nullptr) {
       std::memcpy(w.g.data() + n * d, s.given_g, bytes(s.n * d));
     } else {
-      std::memcpy(w.in.data() + tap_rows * tw, src.taps_.data() + src.len_ * tw, bytes(s.n * tw));
+      std::memcpy(w.in.data() + tap_rows * tw, src.taps_.rows(src.len_, s.n).data(), bytes(s.n * tw));
       tap_rows += s.n;
     }
     n += s.n;
@@ -537,8 +497,10 @@ void EagleDraftSource::propose_batch(std::span<const DraftRequest> requests) {
   }
 }
 
-void EagleDraftSource::accept(std::span<const int32_t> /*committed*/, int /*n_accepted*/) {
+void EagleDraftSource::accept(std::span<const int32_t> committed, int /*n_accepted*/) {
   len_ = real_len_;
+  // The target has evaluated every committed token but the last; taps past it were of rejected drafts.
+  taps_.truncate(static_cast<int64_t>(committed.size()) - 1);
 }
 
 std::string eagle_cost_key(const std::string& drafter_path) {

@@ -19,6 +19,7 @@
 #include "tandem/gguf/reader.h"
 #include "tandem/model/model.h"
 #include "tandem/speculative/draft_source.h"
+#include "tandem/speculative/tap_store.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/eagle.h"
 #include "tandem/util/thread_pool.h"
@@ -91,7 +92,7 @@ class EagleDraftSource final : public DraftSource {
   // Every request's source is an EagleDraftSource of this one's batch. Each drafting step is one forward of
   // a row per sequence still drafting, on this source's weights (the batch's sources hold the same drafter).
   void propose_batch(std::span<const DraftRequest> requests) override;
-  std::span<const int64_t> target_layers() const override { return layers_; }
+  std::span<const int64_t> target_layers() const override { return taps_.target_layers(); }
   void on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
                         int64_t first_pos) override;
 
@@ -99,7 +100,9 @@ class EagleDraftSource final : public DraftSource {
   // side in order), as on_target_hidden would from a target forward.
   void set_taps(int64_t first_pos, std::span<const float> rows);
   train::EagleDrafter& drafter() { return *drafter_; }
-  std::span<const int32_t> taps() const { return taps_layers_; }
+  std::span<const int32_t> taps() const { return taps_.layers(); }
+  // The captured taps (rows past the committed text are forgotten when a round settles).
+  const TapStore& tap_store() const { return taps_; }
   int64_t n_ctx() const { return n_ctx_; }
 
   // The output hidden state (before the final norm) of the last row the latest proposal ran, [d].
@@ -165,8 +168,6 @@ class EagleDraftSource final : public DraftSource {
 
   std::unique_ptr<train::EagleDrafter> drafter_;
   train::EagleConfig cfg_;
-  std::vector<int32_t> taps_layers_;
-  std::vector<int64_t> layers_;
   train::Compute compute_;
   int64_t n_ctx_;
   int64_t kv_width_;
@@ -177,7 +178,7 @@ class EagleDraftSource final : public DraftSource {
   const train::Param *fc_, *emb_, *emb_norm_, *hidden_norm_, *wq_, *wk_, *wv_, *wo_, *ffn_norm_, *w_gate_,
       *w_up_, *w_down_, *out_norm_, *head_;
 
-  std::vector<float> taps_;   // [n_ctx, n_taps * d] the target's captured taps by position
+  TapStore taps_;             // [n_ctx, n_taps * d] the target's captured taps by position
   std::vector<float> k_, v_;  // [n_ctx, n_kv_head * head_dim] the first layer's cache, roped keys
   std::vector<PlainLayer> plain_;
   int64_t len_ = 0;       // rows in the cache

@@ -1,8 +1,7 @@
 // Training an EAGLE-3-style drafter for a target (docs/training.md, "tandem train-drafter"):
 //   generate  continuations of the prompts by the target, greedy and temperature-1 samples in turn;
 //   capture   a teacher-forced pass over each sequence records the tap layers' hidden states and the target's
-//             next-token distribution (in full for vocabularies of at most kFullVocab tokens, else the top
-//             kTopK with the rest's mass);
+//             next-token distribution (the data of drafter_data.h, with greedy text after sampled openings);
 //   train     AdamW (linear warm-up, cosine decay, gradient clipping) on one sequence per step, unrolled
 //             `unroll` steps on the drafter's own output hidden states (the training-time test), the loss of
 //             step j weighted by 0.8^j;
@@ -19,27 +18,17 @@
 #include <vector>
 
 #include "tandem/model/model.h"
+#include "tandem/speculative/drafter_data.h"
 #include "tandem/speculative/eagle_draft.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/util/thread_pool.h"
 
 namespace tandem::speculative {
 
-inline constexpr int64_t kFullVocab = 4096;
-inline constexpr int64_t kTopK = 32;
-
 // Short story openings for targets that continue plain text; none is one of the public golden prompts.
 std::span<const char* const> default_training_prompts();
 
-struct EagleTrainProgress {
-  const char* phase = "";  // "generate", "capture", "train", "evaluate"
-  int64_t done = 0, total = 0;
-  int64_t tokens = 0;  // generate, capture: tokens of text so far; train: rows trained on so far
-  double loss = 0;     // train: the mean loss of recent steps
-  // The latest held-out acceptance by draft position (train, evaluate); empty until measured.
-  std::span<const float> acceptance;
-  double eta_seconds = -1;  // of the phase; < 0 when unknown
-};
+using EagleTrainProgress = DrafterTrainProgress;
 
 struct EagleTrainOptions {
   std::vector<std::vector<int32_t>> prompts;  // tokenized; at least one

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "tandem/train/random.h"
 #include "tandem/util/error.h"
 
 namespace tandem::train {
@@ -14,25 +15,24 @@ std::vector<float> buffer(int64_t rows, int64_t width) {
   return std::vector<float>(static_cast<size_t>(rows * width), 0.0f);
 }
 
-// splitmix64: a portable stream of 64-bit values.
-uint64_t next_u64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-double uniform_pm1(uint64_t& state) {
-  return 2.0 * static_cast<double>(next_u64(state) >> 11) * 0x1.0p-53 - 1.0;
-}
-
 void copy_rows(float* dst, const float* src, int64_t n) {
   std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
 }
 
+// A frozen [rows, cols] parameter of the target's, with its values (zeros) only when `held`.
+Param target_weight(const char* name, int64_t rows, int64_t cols, bool held) {
+  if (held) return Param(name, rows, cols, false, false);
+  Param p;
+  p.name = name;
+  p.rows = rows;
+  p.cols = cols;
+  return p;
+}
+
 }  // namespace
 
-DflashDrafter::DflashDrafter(const DflashConfig& config, int64_t max_context, int64_t max_rows)
+DflashDrafter::DflashDrafter(const DflashConfig& config, int64_t max_context, int64_t max_rows,
+                             bool target_weights)
     : cfg_(config),
       max_context_(max_context),
       max_rows_(max_rows),
@@ -42,9 +42,9 @@ DflashDrafter::DflashDrafter(const DflashConfig& config, int64_t max_context, in
       fc_("fc.weight", config.d, config.n_taps * config.d, true, true),
       ctx_norm_("context_norm.weight", config.d, 1, true, false),
       mask_emb_("mask_embd.weight", 1, config.d, true, false),
-      emb_("token_embd.weight", config.vocab, config.d, false, false),
+      emb_(target_weight("token_embd.weight", config.vocab, config.d, target_weights)),
       out_norm_("output_norm.weight", config.d, 1, true, false),
-      head_("output.weight", config.vocab, config.d, false, true) {
+      head_(target_weight("output.weight", config.vocab, config.d, target_weights)) {
   if (cfg_.d <= 0 || cfg_.n_head <= 0 || cfg_.n_kv_head <= 0 || cfg_.n_head % cfg_.n_kv_head != 0 ||
       cfg_.head_dim <= 0 || cfg_.head_dim % 2 != 0 || cfg_.ffn <= 0 || cfg_.vocab <= 0 || cfg_.n_taps <= 0 ||
       cfg_.n_layers <= 0 || cfg_.block <= 0)
@@ -107,6 +107,10 @@ void DflashDrafter::init(uint64_t seed) {
   }
 }
 
+void DflashDrafter::release_target_weights() {
+  for (Param* p : {&emb_, &head_}) std::vector<float>().swap(p->value);
+}
+
 void DflashDrafter::zero_grad() {
   for (Param* p : params())
     if (p->trainable()) p->zero_grad();
@@ -123,6 +127,10 @@ LossStats DflashDrafter::forward_backward(const DflashBatch& b, Compute& c, bool
                 std::to_string(max_rows_) + " (got " + std::to_string(R) + ")");
   if (b.targets.rows != R)
     throw Error("a DFlash batch needs targets for each of its " + std::to_string(R) + " rows");
+  if (emb_.value.empty() || head_.value.empty())
+    throw Error(
+        "this DFlash drafter holds no copies of the target's embedding and head: it drafts but cannot "
+        "train; build it with target_weights and copy them in (copy_target_weights)");
   const AttentionMask mask =
       AttentionMask::context_blocks(C, {b.context_visible, static_cast<size_t>(R / B)}, R, B);
   const float eps = cfg_.norm_eps;

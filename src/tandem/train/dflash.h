@@ -54,7 +54,10 @@ struct DflashBatch {
 
 class DflashDrafter {
  public:
-  DflashDrafter(const DflashConfig& config, int64_t max_context, int64_t max_rows);
+  // target_weights: whether to hold f32 copies of the target's embedding and head (frozen, filled by the
+  // caller), which training reads; a drafter that only drafts reads the target's own and holds none.
+  DflashDrafter(const DflashConfig& config, int64_t max_context, int64_t max_rows,
+                bool target_weights = true);
 
   // Fills the trainable weights from `seed` (uniform in +-sqrt(3 / fan_in) for matrices, 1 for norm gains,
   // uniform in +-1 for the mask embedding) and zeroes their gradients; the same seed gives the same bits on
@@ -62,13 +65,16 @@ class DflashDrafter {
   void init(uint64_t seed);
 
   const DflashConfig& config() const { return cfg_; }
-  Param& embedding() { return emb_; }  // [vocab, d], set from the target
-  Param& head() { return head_; }      // [vocab, d], set from the target
+  Param& embedding() { return emb_; }  // [vocab, d], set from the target; no values without target_weights
+  Param& head() { return head_; }      // [vocab, d], set from the target; no values without target_weights
+  // Frees the f32 copies of the target's embedding and head (forward_backward needs them again).
+  void release_target_weights();
   // Every parameter in checkpoint order, frozen ones included.
   std::vector<Param*> params();
   void zero_grad();
 
-  // The batch's loss; with backward, also adds every trainable parameter's gradient.
+  // The batch's loss; with backward, also adds every trainable parameter's gradient. Throws tandem::Error
+  // when the drafter holds no copies of the target's weights.
   LossStats forward_backward(const DflashBatch& batch, Compute& c, bool backward = true);
 
   struct Layer {

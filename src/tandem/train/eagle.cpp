@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "tandem/train/random.h"
 #include "tandem/util/error.h"
 
 namespace tandem::train {
@@ -12,14 +13,6 @@ namespace {
 
 std::vector<float> buffer(int64_t rows, int64_t width) {
   return std::vector<float>(static_cast<size_t>(rows * width), 0.0f);
-}
-
-// splitmix64: a portable stream of 64-bit values (std::normal_distribution differs between libraries).
-uint64_t next_u64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
 }
 
 // Copies columns [col, col + width) of each of `rows` rows (stride `stride`) out of / into a packed buffer.
@@ -151,8 +144,7 @@ void EagleDrafter::init(uint64_t seed) {
       continue;
     }
     const double a = std::sqrt(3.0 / static_cast<double>(p->cols));
-    for (float& w : p->value)
-      w = static_cast<float>(a * (2.0 * static_cast<double>(next_u64(state) >> 11) * 0x1.0p-53 - 1.0));
+    for (float& w : p->value) w = static_cast<float>(a * uniform_pm1(state));
   }
 }
 
