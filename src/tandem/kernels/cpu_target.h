@@ -35,7 +35,7 @@ int64_t l1_data_cache_bytes();
 // activations (QuantKernels::direct_pass_rows).
 bool splits_512bit_ops();
 // Whether the CPU is Intel's (false off x86-64). The x86 kernels prefetch as measured on Intel cores there
-// (quant_avx2.inc, quant_avx512.inc), and as measured on AMD cores elsewhere.
+// (quant_avx2_kernels.h, quant_avx512_kernels.h), and as measured on AMD cores elsewhere.
 bool intel_cpu();
 
 }  // namespace tandem::kernels

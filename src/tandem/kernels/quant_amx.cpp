@@ -1,6 +1,6 @@
 // Quantized kernels for x86-64 CPUs with AMX tiles (Target::kAMX): the AVX-512 VBMI kernels (which on these
-// Intel cores take PrefetchReach's L1 forms: quant_avx512.inc's direct_rows_target), and Q4_0 and Q8_0 in row
-// tiles (repack.h) against activations in natural order (quant_layout.h).
+// Intel cores take PrefetchReach's L1 forms: quant_avx512_kernels.h's direct_rows_target), and Q4_0 and Q8_0
+// in row tiles (repack.h) against activations in natural order (quant_layout.h).
 //
 // Row tiles, 16 output rows at a time. Per 32-element block b, each output row n and activation row m take
 // the integer sum of the weight codes w (Q4_0: the 4-bit codes minus 8; Q8_0: the signed codes) by the

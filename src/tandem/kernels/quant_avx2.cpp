@@ -1,4 +1,4 @@
-// Quantized kernels for x86-64 CPUs with AVX2, FMA and F16C: quant_avx2.inc.
+// Quantized kernels for x86-64 CPUs with AVX2, FMA and F16C: quant_avx2_kernels.h.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -18,27 +18,17 @@
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
-#include "tandem/kernels/quant_direct_x86.h"
-#include "tandem/kernels/quant_kquants_avx2.h"
-#include "tandem/kernels/quant_legacy_avx2.h"
-#include "tandem/kernels/quant_regs_avx2.h"
-#include "tandem/kernels/quant_unpack.h"
-#include "tandem/kernels/quant_x86_ops.h"
+#include "tandem/kernels/quant_avx2_kernels.h"
 
 namespace tandem::kernels {
-namespace avx2_target {
 
-// The instruction set this copy of quant_avx2.inc is compiled for: plain AVX2: vpmaddubsw and vpmaddwd.
-struct Isa {
+// The instruction set this target's Avx2Kernels is compiled for: plain AVX2: vpmaddubsw and vpmaddwd.
+struct Avx2Plain {
   static constexpr bool kVnni = false;
 };
 
-#include "tandem/kernels/quant_avx2.inc"
-
-}  // namespace avx2_target
-
 const QuantKernels& quant_kernels_avx2() {
-  return avx2_target::kernels();
+  return Avx2Kernels<Avx2Plain>::table();
 }
 
 }  // namespace tandem::kernels

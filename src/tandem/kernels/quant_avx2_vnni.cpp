@@ -1,5 +1,5 @@
 // Quantized kernels for x86-64 CPUs with AVX2 and AVX-VNNI (vpdpbusd on 256-bit vectors, without AVX-512):
-// quant_avx2.inc.
+// quant_avx2_kernels.h.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -19,27 +19,17 @@
 #pragma GCC target("avx2,fma,f16c,avxvnni")
 #include <immintrin.h>
 
-#include "tandem/kernels/quant_direct_x86.h"
-#include "tandem/kernels/quant_kquants_avx2.h"
-#include "tandem/kernels/quant_legacy_avx2.h"
-#include "tandem/kernels/quant_regs_avx2.h"
-#include "tandem/kernels/quant_unpack.h"
-#include "tandem/kernels/quant_x86_ops.h"
+#include "tandem/kernels/quant_avx2_kernels.h"
 
 namespace tandem::kernels {
-namespace avx2_vnni_target {
 
-// The instruction set this copy of quant_avx2.inc is compiled for: AVX-VNNI: vpdpbusd.
-struct Isa {
+// The instruction set this target's Avx2Kernels is compiled for: AVX-VNNI: vpdpbusd.
+struct Avx2Vnni {
   static constexpr bool kVnni = true;
 };
 
-#include "tandem/kernels/quant_avx2.inc"
-
-}  // namespace avx2_vnni_target
-
 const QuantKernels& quant_kernels_avx2_vnni() {
-  return avx2_vnni_target::kernels();
+  return Avx2Kernels<Avx2Vnni>::table();
 }
 
 }  // namespace tandem::kernels

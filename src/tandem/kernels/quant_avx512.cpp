@@ -1,4 +1,4 @@
-// Quantized kernels for x86-64 CPUs with AVX-512 F/BW/VL and VNNI: quant_avx512.inc.
+// Quantized kernels for x86-64 CPUs with AVX-512 F/BW/VL and VNNI: quant_avx512_kernels.h.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -22,31 +22,17 @@
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 #include <immintrin.h>
 
-#include "tandem/kernels/quant_act_avx512.h"
-#include "tandem/kernels/quant_direct_x86.h"
-#include "tandem/kernels/quant_kquants_avx512.h"
-#include "tandem/kernels/quant_lane_pairs_avx512.h"
-#include "tandem/kernels/quant_legacy_avx512.h"
-#include "tandem/kernels/quant_prefetch_avx512.h"
-#include "tandem/kernels/quant_regs_avx512.h"
-#include "tandem/kernels/quant_signed_avx512.h"
-#include "tandem/kernels/quant_unpack.h"
-#include "tandem/kernels/quant_x86_ops.h"
+#include "tandem/kernels/quant_avx512_kernels.h"
 
 namespace tandem::kernels {
-namespace avx512_target {
 
-// The instruction set this copy of quant_avx512.inc is compiled for: no VBMI byte permutes.
-struct Isa {
+// The instruction set this variant's Avx512Kernels is compiled for: no VBMI byte permutes.
+struct Avx512Vnni {
   static constexpr bool kVbmi = false;
 };
 
-#include "tandem/kernels/quant_avx512.inc"
-
-}  // namespace avx512_target
-
 const QuantKernels& quant_kernels_avx512() {
-  return avx512_target::kernels();
+  return Avx512Kernels<Avx512Vnni>::table();
 }
 
 }  // namespace tandem::kernels

@@ -2,7 +2,7 @@
 // in lane pairs (ActForm::kLanePairs, quant_layout.h): a pair's registers, their loaders, the per-row work
 // and the window rows that take two weight rows a tile. Static members of a template over the variant's Isa
 // (Avx512Isa, quant_regs_avx512.h), which each AVX-512 variant instantiates inside its `#pragma GCC target`
-// region; its tiles and row driver (lane_pair_group, lane_pair_rows) are in quant_avx512.inc.
+// region; its tiles and row driver (lane_pair_group, lane_pair_rows) are in quant_avx512_kernels.h.
 //
 // Per pair of super-blocks (288 bytes; Q8_0 544) and weight row: the 16 block scales converted at once (Q4_K:
 // and its 16 minimums, decoded from the 24 header bytes), and four code vectors whose low and high nibbles

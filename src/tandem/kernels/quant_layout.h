@@ -165,7 +165,7 @@ bool is_quantized_weight(DType t);
 // changes with the machine's memory state, so a PrefetchTuner (prefetch_tuner.h) picks it by measuring
 // forwards (kNear or kFar). The L1 forms, which the x86 kernel tables take on Intel cores (with_near_l1,
 // intel_cpu), are those reaches with the tiles of decode and short windows taking their first prefetch into
-// L1 6 KB ahead instead (quant_prefetch_avx512.h, quant_avx2.inc). Results never depend on the reach.
+// L1 6 KB ahead instead (quant_prefetch_avx512.h, quant_avx2_kernels.h). Results never depend on the reach.
 enum class PrefetchReach : uint8_t { kNear, kFar, kNearL1, kFarL1 };
 constexpr bool is_far(PrefetchReach r) {
   return r == PrefetchReach::kFar || r == PrefetchReach::kFarL1;

@@ -1,4 +1,5 @@
-// Quantized kernels for every AArch64 CPU (Advanced SIMD without the dot-product extension): quant_neon.inc.
+// Quantized kernels for every AArch64 CPU (Advanced SIMD without the dot-product extension):
+// quant_neon_kernels.h.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -12,19 +13,17 @@
 #if defined(__aarch64__) && defined(__GNUC__)
 #include <arm_neon.h>
 
-#include "tandem/kernels/quant_plain_ops.h"
-#include "tandem/kernels/quant_unpack.h"
+#include "tandem/kernels/quant_neon_kernels.h"
 
 namespace tandem::kernels {
-namespace neon_target {
 
-constexpr bool kDotProduct = false;
-#include "tandem/kernels/quant_neon.inc"
-
-}  // namespace neon_target
+// The instruction set this variant's NeonKernels is compiled for: Advanced SIMD without sdot.
+struct NeonPlain {
+  static constexpr bool kDotProduct = false;
+};
 
 const QuantKernels& quant_kernels_neon() {
-  return neon_target::kernels();
+  return NeonKernels<NeonPlain>::table();
 }
 
 }  // namespace tandem::kernels

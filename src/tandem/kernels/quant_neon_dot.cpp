@@ -1,4 +1,4 @@
-// Quantized kernels for AArch64 CPUs with the dot-product extension (ARMv8.2 sdot): quant_neon.inc.
+// Quantized kernels for AArch64 CPUs with the dot-product extension (ARMv8.2 sdot): quant_neon_kernels.h.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -14,19 +14,17 @@
 #pragma GCC target("arch=armv8.2-a+dotprod")
 #include <arm_neon.h>
 
-#include "tandem/kernels/quant_plain_ops.h"
-#include "tandem/kernels/quant_unpack.h"
+#include "tandem/kernels/quant_neon_kernels.h"
 
 namespace tandem::kernels {
-namespace neon_dot_target {
 
-constexpr bool kDotProduct = true;
-#include "tandem/kernels/quant_neon.inc"
-
-}  // namespace neon_dot_target
+// The instruction set this variant's NeonKernels is compiled for: the dot-product extension (sdot).
+struct NeonDot {
+  static constexpr bool kDotProduct = true;
+};
 
 const QuantKernels& quant_kernels_neon_dot() {
-  return neon_dot_target::kernels();
+  return NeonKernels<NeonDot>::table();
 }
 
 }  // namespace tandem::kernels

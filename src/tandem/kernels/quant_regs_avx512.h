@@ -68,7 +68,7 @@ struct Avx512Regs {
 
   static float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 
-  // The fold of a weight type (accumulate_super in quant_avx512.inc), or 0.
+  // The fold of a weight type (accumulate_super in quant_avx512_kernels.h), or 0.
   static constexpr int fold_of(DType type) {
     return type == DType::Q4_0 ? 3 : type == DType::Q6_K ? 5 : type == DType::Q8_0 ? 7 : 0;
   }
