@@ -24,6 +24,9 @@ struct SynthMoe {
   // per layer) is scaled by (1 + k)^-router_zipf, so wide-spread logits win the top-k more often (0.5 puts
   // about 83% of a top-6-of-64 selection on the 32 most popular experts, for isotropic inputs).
   float router_zipf = 0.5f;
+  // deepseek2: DeepSeek-V3 routing (sigmoid scores, a per-expert selection bias exp_probs_b, normalised
+  // top-k weights, routed scale 2.5) instead of V2's (softmax, weights as they are).
+  bool v3_routing = false;
 };
 
 // Latent attention shapes (deepseek2): q LoRA rank (0: a full attn_q), KV latent rank, key and value width
@@ -50,11 +53,15 @@ struct SynthPreset {
   // jamba: layer i attends when i % attn_period == attn_offset (as Jamba's attn_layer_period and
   // attn_layer_offset); the other layers are Mamba layers. Every layer has a SwiGLU FFN of width n_ff.
   int64_t attn_period = 0, attn_offset = 0;
+  // deepseek2: next-token-prediction (MTP) layers after the n_layer main ones (nextn_predict_layers; each
+  // an ordinary block plus its nextn.enorm, nextn.hnorm, nextn.eh_proj and nextn.shared_head_norm, sharing
+  // the main embedding and head). block_count counts them.
+  int64_t n_mtp = 0;
 };
 
 // tinyllama-1.1b, llama-3.2-1b, qwen2.5-0.5b, qwen2.5-1.5b, bge-small (a bert encoder), nomic-embed-text (a
 // nomic-bert encoder), mamba-1.4b, qwen1.5-moe-a2.7b, deepseek-v2-lite, and small test shapes (a jamba hybrid
-// among them).
+// and a DeepSeek-V3-style deepseek2 with one MTP layer among them).
 const std::vector<SynthPreset>& synth_presets();
 // Throws tandem::Error listing the known names.
 const SynthPreset& find_synth_preset(std::string_view name);
@@ -71,6 +78,10 @@ const std::vector<FileType>& file_types();
 const FileType& find_file_type(std::string_view name);
 // The type a matrix named `tensor` ([rows, cols], layer `layer` of `n_layer`, or -1) gets in file type `ft`.
 DType matrix_type(const FileType& ft, std::string_view tensor, int64_t cols, int64_t layer, int64_t n_layer);
+
+// `preset` with n_mtp MTP layers (SynthPreset::n_mtp); throws tandem::Error for a negative count or an
+// architecture other than deepseek2.
+SynthPreset with_mtp_layers(const SynthPreset& preset, int64_t n_mtp);
 
 // Writes a random-weight checkpoint. Rows are generated from (seed, tensor name, row), so the file does not
 // depend on the thread count. Quantization runs on `pool`.
