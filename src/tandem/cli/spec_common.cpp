@@ -6,6 +6,7 @@
 #include "tandem/speculative/dflash_draft.h"
 #include "tandem/speculative/draft_model.h"
 #include "tandem/speculative/eagle_draft.h"
+#include "tandem/speculative/mtp_draft.h"
 #include "tandem/speculative/ngram.h"
 #include "tandem/speculative/replay.h"
 #include "tandem/util/error.h"
@@ -19,9 +20,11 @@ void add_spec_options(CLI::App& cmd, SpecFlags& f, bool with_replay) {
                  "Speculative decoding with a drafter made by `tandem train-drafter` for this target");
   cmd.add_option("--draft", f.draft,
                  with_replay
-                     ? "Speculative decoding without a draft model: ngram (lookup in the prompt and output) "
-                       "or replay (the target's own greedy output, corrupted at rate 1 - --accept)"
-                     : "Speculative decoding without a draft model: ngram (lookup in the prompt and output)");
+                     ? "Speculative decoding without a draft model: ngram (lookup in the prompt and output), "
+                       "mtp (the checkpoint's own next-token-prediction layer, where the file has one) or "
+                       "replay (the target's own greedy output, corrupted at rate 1 - --accept)"
+                     : "Speculative decoding without a draft model: ngram (lookup in the prompt and output) "
+                       "or mtp (the checkpoint's own next-token-prediction layer, where the file has one)");
   cmd.add_option("--draft-max", f.draft_max, "Tokens drafted per round at most (default 8)");
   cmd.add_option("--draft-min", f.draft_min, "Shortest proposal worth verifying (default 1)");
   cmd.add_flag("--no-gate", f.no_gate,
@@ -97,10 +100,14 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
   } else if (f.draft == "ngram") {
     s.source =
         std::make_unique<speculative::NgramSource>(speculative::NgramOptions{f.ngram_min, f.ngram_max});
+  } else if (f.draft == "mtp") {
+    speculative::check_has_mtp(target, target_path);
+    s.source = std::make_unique<speculative::MtpDraftSource>(
+        target, pool, model::default_context(target, session_options.n_ctx));
   } else if (f.draft == "replay") {
     s.source = std::make_unique<speculative::ReplaySource>(f.accept, target.config().n_vocab);
   } else {
-    throw Error("unknown --draft '" + f.draft + "': expected ngram" +
+    throw Error("unknown --draft '" + f.draft + "': expected ngram or mtp" +
                 std::string(" (or replay in bench-spec)"));
   }
   s.options.draft_max = f.draft_max;
@@ -134,11 +141,13 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
         "note: no calibration for this model, CPU and thread count; the gate assumes each extra verify "
         "row costs 0.25 of a decode step (run `tandem calibrate -m %s%s%s`)\n",
         target_path.c_str(), f.draft_model.empty() ? "" : " --draft-model ", f.draft_model.c_str());
-    // An EAGLE drafter is one layer of the target's shape and its head: about two of its n_layer layers.
+    // An EAGLE drafter, like an MTP layer, is one layer of the target's shape and its head: about two of
+    // its n_layer layers.
     const double drafter_cost = 2.0 / static_cast<double>(std::max<int64_t>(2, target.config().n_layer));
-    s.options.costs = speculative::CostModel::linear(0.25, !f.draft_model.empty() ? 0.5
-                                                           : !f.drafter.empty()   ? drafter_cost
-                                                                                  : 0.0);
+    s.options.costs =
+        speculative::CostModel::linear(0.25, !f.draft_model.empty()                   ? 0.5
+                                             : !f.drafter.empty() || f.draft == "mtp" ? drafter_cost
+                                                                                      : 0.0);
   }
   return s;
 }
