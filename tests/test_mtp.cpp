@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,9 +18,12 @@
 #include <vector>
 
 #include "tandem/cache/kv_cache.h"
+#include "tandem/engine/cache_pool.h"
 #include "tandem/engine/generate.h"
 #include "tandem/engine/generate_speculative.h"
+#include "tandem/engine/scheduler.h"
 #include "tandem/model/forward.h"
+#include "tandem/model/graph.h"
 #include "tandem/model/model.h"
 #include "tandem/model/session.h"
 #include "tandem/model/synth.h"
@@ -297,6 +301,56 @@ TEST_F(Mtp, SpeculativeGreedyEqualsPlainGreedy) {
           std::to_string(total.tokens_per_forward()));
     }
   }
+}
+
+// In the server's scheduler, four concurrent greedy requests drafted by their own MTP sources (fed by the
+// scheduler's captures of prompt chunks, decode rows and verify windows) give each request's plain greedy
+// output; every round drafts (flat costs, no margin).
+TEST_F(Mtp, SchedulerOutputWithTheMtpDrafterEqualsPlain) {
+  ThreadPool pool(2);
+  const model::Model& m = *q8_;
+  constexpr int64_t kCtx = 256;
+  std::mt19937 rng(31);
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t n : {size_t{3}, size_t{20}, size_t{40}, size_t{70}})
+    prompts.push_back(random_tokens(rng, n, static_cast<int32_t>(m.config().n_vocab)));
+  model::Graph graph(m, pool, model::GraphOptions{64, 16});
+  engine::SchedulerOptions o;
+  o.max_running = 4;
+  o.max_waiting = 4;
+  o.max_rows = 64;
+  o.max_draft = 3;
+  o.gate.margin = 0.0;
+  o.gate.timing_samples = 1 << 30;
+  engine::SlotCachePool caches(m.config(), kCtx, cache::KvType::kF16, o.max_running);
+  engine::Scheduler s(graph, caches, nullptr, o,
+                      [&] { return std::make_unique<speculative::MtpDraftSource>(m, pool, kCtx); });
+  std::vector<std::shared_ptr<engine::Stream>> streams;
+  for (const auto& prompt : prompts) {
+    engine::Request r;
+    r.prompt = prompt;
+    r.max_tokens = 20;
+    r.sampling.temperature = 0.0f;
+    r.stop_at_eog = false;
+    engine::Scheduler::Admit a{};
+    std::string why;
+    streams.push_back(s.submit(std::move(r), a, &why));
+    ASSERT_EQ(a, engine::Scheduler::Admit::kOk) << why;
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<int32_t> tokens;
+    engine::Event ev;
+    while (streams[i]->next(ev, std::chrono::milliseconds(60000)) && ev.kind == engine::Event::Kind::kToken)
+      tokens.push_back(ev.token.id);
+    EXPECT_NE(ev.finish, engine::Finish::kError) << ev.error;
+    EXPECT_EQ(tokens, plain_greedy(m, pool, prompts[i], 20)) << "request " << i;
+  }
+  s.stop();
+  const engine::SchedulerStats stats = s.stats();
+  uint64_t drafted = 0;
+  for (const auto& d : stats.drafters)
+    if (d.kind == speculative::kMtpKind) drafted += d.drafted;
+  EXPECT_GT(drafted, 0u);
 }
 
 // Sampled drafts: near-uniform random-weight distributions make rejection sampling accept often, so rounds
