@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "tandem/model/model.h"
 #include "tandem/model/session.h"
 #include "tandem/model/synth.h"
+#include "tandem/speculative/calibration.h"
 #include "tandem/speculative/mtp_draft.h"
 #include "tandem/util/error.h"
 #include "test_util.h"
@@ -314,6 +316,9 @@ TEST_F(Mtp, SchedulerOutputWithTheMtpDrafterEqualsPlain) {
   std::vector<std::vector<int32_t>> prompts;
   for (size_t n : {size_t{3}, size_t{20}, size_t{40}, size_t{70}})
     prompts.push_back(random_tokens(rng, n, static_cast<int32_t>(m.config().n_vocab)));
+  // Plain outputs first: the scheduler's thread shares the pool while it runs.
+  std::vector<std::vector<int32_t>> plain;
+  for (const auto& prompt : prompts) plain.push_back(plain_greedy(m, pool, prompt, 20));
   model::Graph graph(m, pool, model::GraphOptions{64, 16});
   engine::SchedulerOptions o;
   o.max_running = 4;
@@ -343,7 +348,7 @@ TEST_F(Mtp, SchedulerOutputWithTheMtpDrafterEqualsPlain) {
     while (streams[i]->next(ev, std::chrono::milliseconds(60000)) && ev.kind == engine::Event::Kind::kToken)
       tokens.push_back(ev.token.id);
     EXPECT_NE(ev.finish, engine::Finish::kError) << ev.error;
-    EXPECT_EQ(tokens, plain_greedy(m, pool, prompts[i], 20)) << "request " << i;
+    EXPECT_EQ(tokens, plain[i]) << "request " << i;
   }
   s.stop();
   const engine::SchedulerStats stats = s.stats();
@@ -390,6 +395,38 @@ TEST_F(Mtp, SampledSpeculationAcceptsAndRepeats) {
       "target forward\n",
       static_cast<long long>(stats.accepted), static_cast<long long>(stats.drafted),
       stats.tokens_per_forward());
+}
+
+// The MTP layer's drafting cost is measured apart (bench-spec stores it under its own calibration key) and
+// leaves the source empty.
+TEST_F(Mtp, CalibrationMeasuresTheMtpLayersCost) {
+  ThreadPool pool(1);
+  speculative::MtpDraftSource source(*q8_, pool, 128);
+  const double cost = speculative::measure_mtp_draft_cost(source, 1e-3);
+  EXPECT_GT(cost, 0.0);
+  EXPECT_TRUE(std::isfinite(cost));
+  EXPECT_EQ(source.cache_length(), 0);
+
+  {
+    std::ofstream prompts(dir_->file("prompts.txt"));
+    prompts << "Once upon a time\n";
+  }
+  const auto [out, rc] = testing::run_command(
+      "XDG_CACHE_HOME='" + dir_->file("cache") + "' '" + std::string(TANDEM_BINARY) + "' bench-spec -m '" +
+      path("Q8_0") + "' --draft mtp -t 1 -n 8 --draft-max 3 --prompts '" + dir_->file("prompts.txt") +
+      "' 2>&1");
+  ASSERT_EQ(rc, 0) << out;
+  std::ifstream in(dir_->file("cache") + "/tandem/calibration.json");
+  ASSERT_TRUE(in) << out;
+  const nlohmann::json j = nlohmann::json::parse(in);
+  const std::string key = speculative::mtp_cost_key(path("Q8_0"));
+  bool found = false;
+  for (const auto& entry : j.at("entries")) {
+    if (!entry.contains("draft_per_token") || !entry["draft_per_token"].contains(key)) continue;
+    found = true;
+    EXPECT_GT(entry["draft_per_token"][key].get<double>(), 0.0);
+  }
+  EXPECT_TRUE(found) << key << " not in " << j.dump();
 }
 
 // A file without MTP layers is refused with the drafters that remain: by the source and by `tandem run`.

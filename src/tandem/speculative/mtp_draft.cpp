@@ -1,9 +1,11 @@
 #include "tandem/speculative/mtp_draft.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 
+#include "tandem/speculative/calibration.h"
 #include "tandem/util/error.h"
 
 namespace tandem::speculative {
@@ -49,6 +51,7 @@ void MtpDraftSource::begin(std::span<const int32_t> /*prompt*/, const DraftSetti
   sampler_ = sampling::Sampler(settings.sampling);
   sequence_ = settings.sequence_id;
   real_len_ = 0;
+  cache_.truncate(0);
 }
 
 void MtpDraftSource::on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
@@ -110,6 +113,36 @@ void MtpDraftSource::propose(std::span<const int32_t> committed, int max_depth, 
 void MtpDraftSource::accept(std::span<const int32_t> /*committed*/, int /*n_accepted*/) {
   // The draft rows past real_len_ are overwritten by the next proposal's forwards (Forward::run_mtp writes
   // from their first position on); the real rows stay.
+}
+
+std::string mtp_cost_key(const std::string& target_path) {
+  return std::string(kMtpKind) + ":" + file_fingerprint(target_path);
+}
+
+double measure_mtp_draft_cost(MtpDraftSource& source, double decode_seconds, int64_t context, int depth,
+                              int rounds) {
+  if (!(decode_seconds > 0) || context < 2 || depth < 1 || rounds < 1)
+    throw Error("measuring the MTP drafter's cost needs a positive decode time, context and depth");
+  const int64_t n = std::max<int64_t>(2, std::min<int64_t>(context, source.n_ctx() - depth));
+  const auto vocab = static_cast<int64_t>(source.last_logits().size());
+  std::vector<int32_t> committed(static_cast<size_t>(n));
+  for (size_t i = 0; i < committed.size(); ++i) committed[i] = static_cast<int32_t>((7 * i + 1) % vocab);
+  DraftSettings settings;
+  settings.sampling.temperature = 0.0f;
+  source.begin(committed, settings);
+  Draft draft;
+  source.propose(committed, depth, draft);  // the real rows, once, as the target's prompt would
+  source.accept(committed, 0);
+  std::vector<double> seconds;
+  for (int r = 0; r < rounds; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    source.propose(committed, depth, draft);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    source.accept(committed, 0);
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + rounds / 2, seconds.end());
+  source.begin({}, settings);
+  return seconds[static_cast<size_t>(rounds / 2)] / depth / decode_seconds;
 }
 
 }  // namespace tandem::speculative

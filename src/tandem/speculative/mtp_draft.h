@@ -34,6 +34,19 @@ inline constexpr const char* kMtpKind = "mtp";
 // Throws tandem::Error, saying what to use instead, unless `target` carries MTP layers (`path` names it).
 void check_has_mtp(const model::Model& target, const std::string& path);
 
+class MtpDraftSource;
+
+// The calibration key of a target's MTP drafting cost (Calibration::draft_per_token): the kind and the
+// target's file_fingerprint().
+std::string mtp_cost_key(const std::string& target_path);
+
+// The cost of one drafted token relative to a target decode step of `decode_seconds`: the median over
+// `rounds` of a proposal of `depth` tokens (one real row and depth - 1 chained rows, as each round of
+// speculation runs) after a context of `context` positions, divided by depth. The source is begun anew and
+// left empty.
+double measure_mtp_draft_cost(MtpDraftSource& source, double decode_seconds, int64_t context = 64,
+                              int depth = 4, int rounds = 7);
+
 class MtpDraftSource final : public DraftSource {
  public:
   // target: a model with MTP layers (Config::n_mtp > 0; the first one drafts), else tandem::Error.
