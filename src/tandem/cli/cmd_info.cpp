@@ -127,6 +127,12 @@ void add_info_command(CLI::App& app) {
           static_cast<long long>(c.n_head), static_cast<long long>(c.n_head_kv),
           static_cast<long long>(c.head_dim), static_cast<long long>(c.n_ff),
           static_cast<long long>(c.n_vocab));
+      if (c.n_mtp > 0)
+        std::printf(
+            "mtp: %lld next-token-prediction layer%s after the %lld main ones (blk.%lld..blk.%lld; not run "
+            "by the main forward; drafts with --draft mtp)\n",
+            static_cast<long long>(c.n_mtp), c.n_mtp == 1 ? "" : "s", static_cast<long long>(c.n_layer),
+            static_cast<long long>(c.n_layer), static_cast<long long>(c.n_layer + c.n_mtp - 1));
       std::printf(
           "memory needed: %.1f MiB weights + %.1f MiB f16 KV cache at context %lld (%.0f bytes/token)\n",
           total / 1048576.0, kv_per_token * static_cast<double>(ctx) / 1048576.0, static_cast<long long>(ctx),

@@ -29,6 +29,7 @@
 #include "tandem/speculative/dflash_draft.h"
 #include "tandem/speculative/draft_model.h"
 #include "tandem/speculative/eagle_draft.h"
+#include "tandem/speculative/mtp_draft.h"
 #include "tandem/speculative/ngram.h"
 #include "tandem/tokenizer/tokenizer.h"
 #include "tandem/util/error.h"
@@ -220,8 +221,8 @@ class SourceLender {
 };
 
 void serve(const ServeOptions& o) {
-  if (!o.draft.empty() && o.draft != "ngram")
-    throw Error("--draft takes 'ngram' (or use --draft-model FILE or --drafter FILE)");
+  if (!o.draft.empty() && o.draft != "ngram" && o.draft != "mtp")
+    throw Error("--draft takes 'ngram' or 'mtp' (or use --draft-model FILE or --drafter FILE)");
   std::signal(SIGPIPE, SIG_IGN);  // a client that disconnects must not end the process
   ensure_descriptors(o.connections.max_connections);
   bound_allocator_retention();
@@ -321,6 +322,14 @@ void serve(const ServeOptions& o) {
                                                               eagle_batch.get()));
     lender = std::make_unique<SourceLender>(std::move(sources));
     drafts = [&] { return lender->lend(); };
+  } else if (o.draft == "mtp") {
+    // The MTP layer's workspace and cache, once per running slot.
+    speculative::check_has_mtp(*model, o.model.model_path);
+    std::vector<std::unique_ptr<speculative::DraftSource>> sources;
+    for (int i = 0; i < o.parallel; ++i)
+      sources.push_back(std::make_unique<speculative::MtpDraftSource>(*model, pool, n_ctx));
+    lender = std::make_unique<SourceLender>(std::move(sources));
+    drafts = [&] { return lender->lend(); };
   } else if (o.draft == "ngram") {
     drafts = [] { return std::make_unique<speculative::NgramSource>(); };
   }
@@ -402,7 +411,8 @@ void serve(const ServeOptions& o) {
                  http.model_name.c_str(), std::string(chat.name()).c_str(), static_cast<long long>(n_ctx),
                  o.parallel, o.queue, static_cast<long long>(o.rows),
                  speculate ? (draft    ? "with a draft model"
-                              : lender ? "with a drafter that reads the target"
+                              : lender ? (o.draft == "mtp" ? "with the checkpoint's MTP layer"
+                                                           : "with a drafter that reads the target")
                                        : "by n-gram lookup")
                            : "off");
   if (residency)
@@ -512,7 +522,10 @@ void add_serve_command(CLI::App& app) {
   auto* dm = cmd->add_option("--draft-model", o->draft_model, "Draft model for speculative decoding");
   auto* dr =
       cmd->add_option("--drafter", o->drafter, "Drafter trained by `tandem train-drafter`")->excludes(dm);
-  cmd->add_option("--draft", o->draft, "Draft source: ngram")->excludes(dm)->excludes(dr);
+  cmd->add_option("--draft", o->draft,
+                  "Draft source: ngram, or mtp (the checkpoint's own next-token-prediction layer)")
+      ->excludes(dm)
+      ->excludes(dr);
   cmd->add_option("--max-draft", o->max_draft, "Deepest drafted window per sequence (default 6 with a draft)")
       ->check(CLI::Range(0, 15));
   add_gate_options(*cmd, o->gate);

@@ -18,6 +18,7 @@ void add_synth_command(CLI::App& app) {
     std::string preset, type = "Q4_0", out;
     int threads = 0;
     uint64_t seed = 1;
+    int mtp_layers = -1;  // -1: the preset's own
   };
   auto o = std::make_shared<Opts>();
   std::string presets;
@@ -29,8 +30,14 @@ void add_synth_command(CLI::App& app) {
   cmd->add_option("-o,--output", o->out, "Output GGUF file")->required();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: physical cores)");
   cmd->add_option("--seed", o->seed, "Random seed (default 1)");
+  cmd->add_option(
+      "--mtp-layers", o->mtp_layers,
+      "deepseek2 presets: next-token-prediction (MTP) layers after the main ones, for --draft mtp "
+      "(default: the preset's own, 1 for tiny-deepseek-v3-d64, else 0)");
   cmd->callback([o] {
-    const auto& preset = model::find_synth_preset(o->preset);
+    const model::SynthPreset preset =
+        o->mtp_layers == -1 ? model::find_synth_preset(o->preset)
+                            : model::with_mtp_layers(model::find_synth_preset(o->preset), o->mtp_layers);
     const auto& type = model::find_file_type(o->type);
     ThreadPool pool(o->threads > 0 ? o->threads : ThreadPool::physical_cores());
     const auto t0 = std::chrono::steady_clock::now();

@@ -6,6 +6,7 @@
 #include "tandem/speculative/dflash_draft.h"
 #include "tandem/speculative/draft_model.h"
 #include "tandem/speculative/eagle_draft.h"
+#include "tandem/speculative/mtp_draft.h"
 #include "tandem/speculative/ngram.h"
 #include "tandem/speculative/replay.h"
 #include "tandem/util/error.h"
@@ -19,9 +20,11 @@ void add_spec_options(CLI::App& cmd, SpecFlags& f, bool with_replay) {
                  "Speculative decoding with a drafter made by `tandem train-drafter` for this target");
   cmd.add_option("--draft", f.draft,
                  with_replay
-                     ? "Speculative decoding without a draft model: ngram (lookup in the prompt and output) "
-                       "or replay (the target's own greedy output, corrupted at rate 1 - --accept)"
-                     : "Speculative decoding without a draft model: ngram (lookup in the prompt and output)");
+                     ? "Speculative decoding without a draft model: ngram (lookup in the prompt and output), "
+                       "mtp (the checkpoint's own next-token-prediction layer, where the file has one) or "
+                       "replay (the target's own greedy output, corrupted at rate 1 - --accept)"
+                     : "Speculative decoding without a draft model: ngram (lookup in the prompt and output) "
+                       "or mtp (the checkpoint's own next-token-prediction layer, where the file has one)");
   cmd.add_option("--draft-max", f.draft_max, "Tokens drafted per round at most (default 8)");
   cmd.add_option("--draft-min", f.draft_min, "Shortest proposal worth verifying (default 1)");
   cmd.add_flag("--no-gate", f.no_gate,
@@ -97,10 +100,15 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
   } else if (f.draft == "ngram") {
     s.source =
         std::make_unique<speculative::NgramSource>(speculative::NgramOptions{f.ngram_min, f.ngram_max});
+  } else if (f.draft == "mtp") {
+    speculative::check_has_mtp(target, target_path);
+    s.source = std::make_unique<speculative::MtpDraftSource>(
+        target, pool, model::default_context(target, session_options.n_ctx));
+    draft_hash = speculative::mtp_cost_key(target_path);
   } else if (f.draft == "replay") {
     s.source = std::make_unique<speculative::ReplaySource>(f.accept, target.config().n_vocab);
   } else {
-    throw Error("unknown --draft '" + f.draft + "': expected ngram" +
+    throw Error("unknown --draft '" + f.draft + "': expected ngram or mtp" +
                 std::string(" (or replay in bench-spec)"));
   }
   s.options.draft_max = f.draft_max;
@@ -123,22 +131,29 @@ SpecSetup make_spec_setup(const SpecFlags& f, const model::Model& target, const 
     cal = speculative::calibrate(target, target_path, s.draft_model.get(), f.draft_model, pool, co);
     if (auto* eagle = dynamic_cast<speculative::EagleDraftSource*>(s.source.get()))
       cal->draft_per_token[draft_hash] = speculative::measure_eagle_draft_cost(*eagle, cal->decode_seconds);
+    if (auto* mtp = dynamic_cast<speculative::MtpDraftSource*>(s.source.get()))
+      cal->draft_per_token[draft_hash] = speculative::measure_mtp_draft_cost(*mtp, cal->decode_seconds);
     speculative::store_calibration(cache_path, *cal);
   }
+  // An EAGLE drafter, like an MTP layer, is one layer of the target's shape and its head: about two of its
+  // n_layer layers.
+  const double drafter_cost = 2.0 / static_cast<double>(std::max<int64_t>(2, target.config().n_layer));
   if (cal) {
     s.options.costs = cal->cost_model(draft_hash);
     s.calibrated = true;
+    // A calibration made without the MTP layer (bench-spec measures it) charges the layer's estimate.
+    if (f.draft == "mtp" && !cal->draft_per_token.count(draft_hash))
+      s.options.costs.draft_per_token = drafter_cost;
   } else if (s.options.use_gate) {
     std::fprintf(
         stderr,
         "note: no calibration for this model, CPU and thread count; the gate assumes each extra verify "
         "row costs 0.25 of a decode step (run `tandem calibrate -m %s%s%s`)\n",
         target_path.c_str(), f.draft_model.empty() ? "" : " --draft-model ", f.draft_model.c_str());
-    // An EAGLE drafter is one layer of the target's shape and its head: about two of its n_layer layers.
-    const double drafter_cost = 2.0 / static_cast<double>(std::max<int64_t>(2, target.config().n_layer));
-    s.options.costs = speculative::CostModel::linear(0.25, !f.draft_model.empty() ? 0.5
-                                                           : !f.drafter.empty()   ? drafter_cost
-                                                                                  : 0.0);
+    s.options.costs =
+        speculative::CostModel::linear(0.25, !f.draft_model.empty()                   ? 0.5
+                                             : !f.drafter.empty() || f.draft == "mtp" ? drafter_cost
+                                                                                      : 0.0);
   }
   return s;
 }

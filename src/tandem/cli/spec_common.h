@@ -23,7 +23,7 @@ namespace tandem::cli {
 struct SpecFlags {
   std::string draft_model;  // --draft-model FILE
   std::string drafter;      // --drafter FILE (tandem train-drafter)
-  std::string draft;        // --draft ngram | replay
+  std::string draft;        // --draft ngram | mtp | replay
   int draft_max = 8;
   int draft_min = 1;
   bool no_gate = false;

@@ -4,6 +4,10 @@
 // mixture-of-experts layers (model/moe.h) with routed and shared experts. V3 routing is data: sigmoid scores
 // (expert_gating_func 2), a per-expert selection bias (exp_probs_b), normalised top-k weights, a routed
 // scale and group-limited selection where the metadata asks for them.
+//
+// Next-token-prediction layers (nextn_predict_layers = N, V3): block_count counts them, the last N blocks
+// are they, and the main forward runs only the first block_count - N. Each holds an ordinary block plus its
+// nextn.* tensors (model/weights.h, MtpWeights).
 #include <cmath>
 #include <limits>
 #include <numbers>
@@ -54,7 +58,9 @@ void read_deepseek2_hparams(const ArchReader& r, Config& c) {
                 ", but tensor 'token_embd.weight' has shape " + embd->shape_string());
   c.n_vocab = embd->ne[1];
   const auto n_tensors = static_cast<int64_t>(r.file().tensors().size());
-  c.n_layer = r.int_in("block_count", 1, std::max<int64_t>(1, n_tensors), std::nullopt);
+  const int64_t blocks = r.int_in("block_count", 1, std::max<int64_t>(1, n_tensors), std::nullopt);
+  c.n_mtp = r.int_in("nextn_predict_layers", 0, blocks - 1, 0);
+  c.n_layer = blocks - c.n_mtp;
   c.n_head = r.int_in("attention.head_count", 1, kMaxHeads, std::nullopt);
   // Latent attention expands one key and value per query head; a head_count_kv in the file describes the
   // latent's single "head" and is not used.
@@ -97,6 +103,22 @@ void read_deepseek2_hparams(const ArchReader& r, Config& c) {
     c.moe.selection_bias = r.has_tensor("blk." + std::to_string(c.moe.n_leading_dense) + ".exp_probs_b.bias");
 }
 
+// Binds blk.i's decoder block (the main layers' and an MTP layer's alike).
+void bind_block(const ArchReader& r, const Config& c, int64_t i, LayerWeights& l) {
+  const std::string p = "blk." + std::to_string(i) + ".";
+  l.attn_norm = r.vector(p + "attn_norm.weight", c.n_embd);
+  bind_mla_layer(r, c, i, l.mla);
+  l.wo = r.matrix(p + "attn_output.weight", c.n_head * c.head_dim_v, c.n_embd);
+  l.ffn_norm = r.vector(p + "ffn_norm.weight", c.n_embd);
+  if (c.moe_layer(i)) {
+    bind_moe_layer(r, c, i, l.moe);
+  } else {
+    l.w_gate = r.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
+    l.w_up = r.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
+    l.w_down = r.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
+  }
+}
+
 }  // namespace
 
 void load_deepseek2(const ArchReader& r, Config& c, Weights& w) {
@@ -106,20 +128,19 @@ void load_deepseek2(const ArchReader& r, Config& c, Weights& w) {
   w.output = r.matrix("output.weight", c.n_embd, c.n_vocab, /*required=*/false);
   if (w.output.empty()) w.output = w.tok_embd;
   w.layers.resize(static_cast<size_t>(c.n_layer));
-  for (int64_t i = 0; i < c.n_layer; ++i) {
-    const std::string p = "blk." + std::to_string(i) + ".";
-    LayerWeights& l = w.layers[static_cast<size_t>(i)];
-    l.attn_norm = r.vector(p + "attn_norm.weight", c.n_embd);
-    bind_mla_layer(r, c, i, l.mla);
-    l.wo = r.matrix(p + "attn_output.weight", c.n_head * c.head_dim_v, c.n_embd);
-    l.ffn_norm = r.vector(p + "ffn_norm.weight", c.n_embd);
-    if (c.moe_layer(i)) {
-      bind_moe_layer(r, c, i, l.moe);
-    } else {
-      l.w_gate = r.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff);
-      l.w_up = r.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff);
-      l.w_down = r.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd);
-    }
+  for (int64_t i = 0; i < c.n_layer; ++i) bind_block(r, c, i, w.layers[static_cast<size_t>(i)]);
+  w.mtp.resize(static_cast<size_t>(c.n_mtp));
+  for (int64_t k = 0; k < c.n_mtp; ++k) {
+    const int64_t i = c.n_layer + k;
+    const std::string p = "blk." + std::to_string(i) + ".nextn.";
+    MtpWeights& m = w.mtp[static_cast<size_t>(k)];
+    bind_block(r, c, i, m.block);
+    m.enorm = r.vector(p + "enorm.weight", c.n_embd);
+    m.hnorm = r.vector(p + "hnorm.weight", c.n_embd);
+    m.eh_proj = r.matrix(p + "eh_proj.weight", 2 * c.n_embd, c.n_embd);
+    m.embed = r.matrix(p + "embed_tokens.weight", c.n_embd, c.n_vocab, /*required=*/false);
+    m.head_norm = r.vector(p + "shared_head_norm.weight", c.n_embd, /*required=*/false);
+    m.head = r.matrix(p + "shared_head_head.weight", c.n_embd, c.n_vocab, /*required=*/false);
   }
 }
 

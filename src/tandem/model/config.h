@@ -46,9 +46,13 @@ struct MlaConfig {
 };
 
 struct Config {
-  std::string arch;    // general.architecture
-  int64_t n_embd = 0;  // residual width
-  int64_t n_layer = 0;
+  std::string arch;     // general.architecture
+  int64_t n_embd = 0;   // residual width
+  int64_t n_layer = 0;  // the main decoder layers (the forward's); MTP layers come after them
+  // Next-token-prediction (MTP) layers the checkpoint carries after its n_layer main layers
+  // ({arch}.nextn_predict_layers; blk.n_layer .. blk.n_layer + n_mtp - 1, Weights::mtp). The main forward
+  // never runs them; the MTP drafter does (speculative/mtp_draft.h).
+  int64_t n_mtp = 0;
   int64_t n_head = 0;
   int64_t n_head_kv = 0;
   int64_t head_dim = 0;    // key and query width per head
@@ -119,6 +123,14 @@ struct Config {
   // still names a head shape (one head of 32) that every KV type accepts; no block stores it. Latent
   // attention caches per token only the normed latent and the rotary key part: one KV head whose key is
   // [latent, rotary part] and whose value is the key's latent part, stored once (model/mla.h).
+  // The cache of one MTP layer (the MTP drafter's own): the main layers' kind of entry, for one layer.
+  cache::Geometry mtp_kv_geometry() const {
+    cache::Geometry g = kv_geometry();
+    g.n_layer = 1;
+    g.layer_sliding.clear();
+    g.layer_recurrent.clear();
+    return g;
+  }
   cache::Geometry kv_geometry() const {
     if (mla.kv_lora_rank > 0) {
       cache::Geometry g;

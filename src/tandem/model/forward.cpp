@@ -16,8 +16,9 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
   TANDEM_CHECK(max_rows > 0, "max_rows must be positive");
   if (c.encoder)
     throw Error("model '" + c.arch + "' is an encoder: it computes embeddings (tandem embed), not text");
-  const int64_t widest = std::max({c.n_embd, c.n_ff, c.n_head * c.head_dim_v, c.moe.n_ff_expert,
-                                   c.moe.n_ff_shared, c.ssm_d_inner, c.mla.q_lora_rank, c.mla.kv_lora_rank});
+  const int64_t widest =
+      std::max({c.n_embd, c.n_ff, c.n_head * c.head_dim_v, c.moe.n_ff_expert, c.moe.n_ff_shared,
+                c.ssm_d_inner, c.mla.q_lora_rank, c.mla.kv_lora_rank, c.n_mtp > 0 ? 2 * c.n_embd : 0});
   scratch_ = kernels::MatmulScratch(pool.size(), widest, max_rows);
   inv_freq_.resize(static_cast<size_t>(c.n_rot / 2));
   for (int64_t i = 0; i < c.n_rot / 2; ++i) {
@@ -38,6 +39,7 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
   alloc(ffn_gate_, c.n_ff);
   alloc(ffn_up_, c.n_ff);
   alloc(rope_cs_, std::max<int64_t>(c.n_rot, 2));
+  if (c.n_mtp > 0) alloc(mtp_in_, 2 * c.n_embd);
   runs_.reserve(static_cast<size_t>(max_rows));
   if (c.moe.n_expert > 0) moe_ = MoeFfn(c, max_rows);
   if (c.mla.kv_lora_rank > 0) {
@@ -51,13 +53,29 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
 
 void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
                   const CaptureFn* capture, const TreeRows* tree) {
+  run_timed(rows, caches, logits, capture, tree, nullptr, nullptr);
+}
+
+void Forward::run_mtp(int64_t k, std::span<const Row> rows, const float* hidden,
+                      std::span<cache::KvCache* const> caches, float* logits, const CaptureFn* capture) {
+  const Config& c = model_.config();
+  if (k < 0 || k >= c.n_mtp)
+    throw Error("model '" + c.arch + "' has " + std::to_string(c.n_mtp) +
+                " next-token-prediction (MTP) layers; layer " + std::to_string(k) + " does not exist");
+  TANDEM_CHECK(hidden != nullptr, "an MTP step needs the previous hidden states");
+  run_timed(rows, caches, logits, capture, nullptr, &model_.weights().mtp[static_cast<size_t>(k)], hidden);
+}
+
+void Forward::run_timed(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
+                        const CaptureFn* capture, const TreeRows* tree, const MtpWeights* mtp,
+                        const float* mtp_hidden) {
   // A forward of one or two rows (a decode step, a short verify window) takes the kernels' prefetch reach
   // from the tuner of its width and reports its time back (kernels/prefetch_tuner.h).
   const auto width = static_cast<int64_t>(rows.size());
   kernels::PrefetchTuner* tuner = width >= 1 && width <= kTunedWidths ? &reach_tuners_[width - 1] : nullptr;
   scratch_.set_prefetch_reach(tuner != nullptr ? tuner->begin() : kernels::PrefetchReach::kNear);
   const auto t0 = std::chrono::steady_clock::now();
-  run_untimed(rows, caches, logits, capture, tree);
+  run_untimed(rows, caches, logits, capture, tree, mtp, mtp_hidden);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (tuner != nullptr) tuner->end(seconds);
   if (times_ != nullptr) {
@@ -66,14 +84,35 @@ void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> ca
   }
 }
 
+void Forward::mtp_input(const MtpWeights& m, std::span<const Row> rows, const float* hidden) {
+  const Config& c = model_.config();
+  const Weights& w = model_.weights();
+  const MatrixView& embed = m.embed.empty() ? w.tok_embd : m.embed;
+  const auto R = static_cast<int64_t>(rows.size());
+  for_rows(R, [&](int64_t r) {
+    float* u = mtp_in_.data() + r * 2 * c.n_embd;
+    float* e = xb_.data() + r * c.n_embd;
+    dequantize_row(embed.type, embed.row(rows[static_cast<size_t>(r)].token), e, c.n_embd);
+    if (c.embed_scale != 1.0f)
+      for (int64_t i = 0; i < c.n_embd; ++i) e[i] *= c.embed_scale;
+    kernels::rms_norm(e, m.enorm.data, u, c.n_embd, c.norm_eps);
+    kernels::rms_norm(hidden + r * c.n_embd, m.hnorm.data, u + c.n_embd, c.n_embd, c.norm_eps);
+  });
+  timed(&PhaseTimes::matmul_s,
+        [&] { kernels::matmul(m.eh_proj, mtp_in_.data(), R, x_.data(), pool_, scratch_); });
+}
+
 void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
-                          const CaptureFn* capture, const TreeRows* tree) {
+                          const CaptureFn* capture, const TreeRows* tree, const MtpWeights* mtp,
+                          const float* mtp_hidden) {
   const Config& c = model_.config();
   const Weights& w = model_.weights();
   const int64_t R = static_cast<int64_t>(rows.size());
   if (R == 0) return;
   if (R > max_rows_) throw Error("batch of " + std::to_string(R) + " rows exceeds the forward's capacity");
-  if (residency_) residency_->rebalance_if_due();
+  // An MTP layer reads the model's own experts: residency follows the main layers' routing.
+  ExpertResidency* residency = mtp ? nullptr : residency_;
+  if (residency) residency->rebalance_if_due();
 
   // Validate every row before touching any cache: positions continue each sequence without gaps.
   if (lengths_.size() < caches.size()) lengths_.resize(caches.size());
@@ -135,12 +174,16 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
     scores_.assign(static_cast<size_t>(scores_stride_ * window_queries_ * pool_.size()), 0.0f);
   }
 
-  // Embeddings.
-  for (int64_t r = 0; r < R; ++r) {
-    float* x = x_.data() + r * c.n_embd;
-    dequantize_row(w.tok_embd.type, w.tok_embd.row(rows[static_cast<size_t>(r)].token), x, c.n_embd);
-    if (c.embed_scale != 1.0f)
-      for (int64_t i = 0; i < c.n_embd; ++i) x[i] *= c.embed_scale;
+  // Embeddings (an MTP layer's input: the projected next-token embeddings and previous hidden states).
+  if (mtp) {
+    mtp_input(*mtp, rows, mtp_hidden);
+  } else {
+    for (int64_t r = 0; r < R; ++r) {
+      float* x = x_.data() + r * c.n_embd;
+      dequantize_row(w.tok_embd.type, w.tok_embd.row(rows[static_cast<size_t>(r)].token), x, c.n_embd);
+      if (c.embed_scale != 1.0f)
+        for (int64_t i = 0; i < c.n_embd; ++i) x[i] *= c.embed_scale;
+    }
   }
 
   // Rotary angles once per row (every layer and head uses them).
@@ -151,8 +194,10 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
     kernels::rope_angles(c.n_rot, inv_freq_.data(), pos, rope_cs_.data() + r * c.n_rot);
   }
 
-  for (int64_t il = 0; il < c.n_layer; ++il) {
-    const LayerWeights& l = w.layers[static_cast<size_t>(il)];
+  // An MTP layer is one block, layer 0 of its own cache.
+  const int64_t n_layers = mtp ? 1 : c.n_layer;
+  for (int64_t il = 0; il < n_layers; ++il) {
+    const LayerWeights& l = mtp ? mtp->block : w.layers[static_cast<size_t>(il)];
     for_rows(R, [&](int64_t r) {
       kernels::rms_norm(x_.data() + r * c.n_embd, l.attn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
                         c.norm_eps);
@@ -166,7 +211,7 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
           kernels::rms_norm(x_.data() + r * c.n_embd, l.ffn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
                             c.norm_eps);
         });
-        ffn_residual(l, R, il);
+        ffn_residual(l, R, il, residency);
       }
       if (capture) (*capture)(il, x_.data(), R);
       continue;
@@ -193,21 +238,22 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
       kernels::rms_norm(x_.data() + r * c.n_embd, l.ffn_norm.data, xb_.data() + r * c.n_embd, c.n_embd,
                         c.norm_eps);
     });
-    ffn_residual(l, R, il);
+    ffn_residual(l, R, il, residency);
     if (capture) (*capture)(il, x_.data(), R);
   }
 
   // Final norm for the rows that need logits (all rows when capturing), then the head.
+  const VectorView& out_norm = mtp && !mtp->head_norm.empty() ? mtp->head_norm : w.output_norm;
   int64_t n_out = 0;
   for (int64_t r = 0; r < R; ++r) {
     const bool want = rows[static_cast<size_t>(r)].logits;
     if (!want && !capture) continue;
     float* dst = xb_.data() + (capture ? r : n_out) * c.n_embd;
-    kernels::rms_norm(x_.data() + r * c.n_embd, w.output_norm.data, dst, c.n_embd, c.norm_eps);
+    kernels::rms_norm(x_.data() + r * c.n_embd, out_norm.data, dst, c.n_embd, c.norm_eps);
     if (want) ++n_out;
   }
   if (capture) {
-    (*capture)(c.n_layer, xb_.data(), R);
+    (*capture)(n_layers, xb_.data(), R);
     // Pack the rows that want logits to the front.
     int64_t k = 0;
     for (int64_t r = 0; r < R; ++r)
@@ -218,7 +264,7 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
   }
   if (n_out > 0) {
     TANDEM_CHECK(logits != nullptr, "rows want logits but no output buffer was given");
-    head(xb_.data(), n_out, logits);
+    head_with(mtp && !mtp->head.empty() ? mtp->head : w.output, xb_.data(), n_out, logits);
   }
 }
 
@@ -252,10 +298,10 @@ void Forward::project_qkv(const LayerWeights& l, std::span<const Row> rows,
   }
 }
 
-void Forward::ffn_residual(const LayerWeights& l, int64_t R, int64_t il) {
+void Forward::ffn_residual(const LayerWeights& l, int64_t R, int64_t il, ExpertResidency* residency) {
   const Config& c = model_.config();
   if (!l.moe.empty()) {
-    timed(&PhaseTimes::matmul_s, [&] { moe_.run(l.moe, xb_.data(), R, pool_, scratch_, residency_, il); });
+    timed(&PhaseTimes::matmul_s, [&] { moe_.run(l.moe, xb_.data(), R, pool_, scratch_, residency, il); });
   } else {
     dense_ffn(l, R);
   }
@@ -284,9 +330,12 @@ void Forward::dense_ffn(const LayerWeights& l, int64_t R) {
 }
 
 void Forward::head(const float* hidden, int64_t n, float* logits) {
+  head_with(model_.weights().output, hidden, n, logits);
+}
+
+void Forward::head_with(const MatrixView& output, const float* hidden, int64_t n, float* logits) {
   const Config& c = model_.config();
-  timed(&PhaseTimes::matmul_s,
-        [&] { kernels::matmul(model_.weights().output, hidden, n, logits, pool_, scratch_); });
+  timed(&PhaseTimes::matmul_s, [&] { kernels::matmul(output, hidden, n, logits, pool_, scratch_); });
   if (c.final_softcap > 0) kernels::soft_cap(logits, n * c.n_vocab, c.final_softcap);
 }
 

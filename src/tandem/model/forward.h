@@ -75,6 +75,16 @@ class Forward {
   void run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
            const CaptureFn* capture = nullptr, const TreeRows* tree = nullptr);
 
+  // The checkpoint's MTP layer k (k < Config::n_mtp; model/weights.h, MtpWeights) over rows whose tokens are
+  // each the token after its position and whose previous hidden states are hidden [R, n_embd] (the main
+  // model's final hidden states before the output norm, or an MTP step's own output). caches: the MTP
+  // layer's own, of Config::mtp_kv_geometry(), with the rules of run(). logits: [rows with logits=true,
+  // n_vocab], through the layer's head norm and head. capture: layer 0 receives the block's output (the
+  // hidden state a chained step reads), layer 1 the normed output. Throws tandem::Error when the model has
+  // no such layer.
+  void run_mtp(int64_t k, std::span<const Row> rows, const float* hidden,
+               std::span<cache::KvCache* const> caches, float* logits, const CaptureFn* capture = nullptr);
+
   // The output head: post-final-norm hidden rows [n, n_embd] -> logits [n, n_vocab] (final soft-cap
   // included).
   void head(const float* hidden, int64_t n, float* logits);
@@ -89,8 +99,17 @@ class Forward {
   void set_phase_times(PhaseTimes* times) { times_ = times; }
 
  private:
+  // The main layers (mtp null) or an MTP layer whose input rows come from mtp_hidden (run_mtp).
+  void run_timed(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
+                 const CaptureFn* capture, const TreeRows* tree, const MtpWeights* mtp,
+                 const float* mtp_hidden);
   void run_untimed(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
-                   const CaptureFn* capture, const TreeRows* tree);
+                   const CaptureFn* capture, const TreeRows* tree, const MtpWeights* mtp,
+                   const float* mtp_hidden);
+  // x_ = eh_proj [enorm(embedding of each row's token); hnorm(hidden row)], the MTP layer's input.
+  void mtp_input(const MtpWeights& m, std::span<const Row> rows, const float* hidden);
+  // head() through the given output matrix (an MTP layer's own head, or the model's).
+  void head_with(const MatrixView& output, const float* hidden, int64_t n, float* logits);
   // The tree node of a row, or -1 for a row outside the tree.
   static int64_t tree_node(const Row& row, const TreeRows* tree) {
     return tree && row.seq == tree->seq && row.pos >= tree->mask.base ? row.pos - tree->mask.base : -1;
@@ -111,8 +130,9 @@ class Forward {
   void project_qkv(const LayerWeights& l, std::span<const Row> rows, std::span<cache::KvCache* const> caches,
                    int64_t il);
   // x_ += FFN(xb_) (mixture of experts or dense, then the post-FFN norm where the layer has one) for R rows
-  // whose xb_ holds the FFN's normed input.
-  void ffn_residual(const LayerWeights& l, int64_t R, int64_t il);
+  // whose xb_ holds the FFN's normed input, reading the routed experts through `residency` (null: the
+  // model's own views).
+  void ffn_residual(const LayerWeights& l, int64_t R, int64_t il, ExpertResidency* residency);
   // xb_ = FFN(xb_) for R rows of a dense layer.
   void dense_ffn(const LayerWeights& l, int64_t R);
 
@@ -140,7 +160,8 @@ class Forward {
   std::vector<float> rope_cs_;   // [max_rows, n_rot]: cos/sin of each row's position (kernels::rope_angles)
   // Activations, [max_rows, width] each.
   std::vector<float> x_, xb_, q_, k_, v_, att_, ffn_gate_, ffn_up_;
-  MoeFfn moe_;                            // the workspace of mixture-of-experts layers (models with them)
+  std::vector<float> mtp_in_;  // [max_rows, 2 * n_embd] the MTP layers' concatenated input (models with them)
+  MoeFfn moe_;                 // the workspace of mixture-of-experts layers (models with them)
   ExpertResidency* residency_ = nullptr;  // borrowed (set_expert_residency)
   MlaProjection mla_;                     // the projections of latent attention layers (models with them)
   // Latent attention: absorbed queries [max_rows, n_head * key_width], cache entries [max_rows, key_width]

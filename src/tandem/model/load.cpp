@@ -321,7 +321,7 @@ void bind_model(const gguf::File& file, Config& config, Weights& weights) {
   if (const gguf::TensorInfo* t = reader.first_unbound())
     throw Error("model file '" + file.path() + "' holds tensor '" + t->name + "' " + t->shape_string() +
                 ", which a " + std::string(*arch) + " model with block_count " +
-                std::to_string(config.n_layer) + " does not use; the file is inconsistent");
+                std::to_string(config.n_layer + config.n_mtp) + " does not use; the file is inconsistent");
   // A token id indexes both the vocabulary and the embedding rows: they must be the same length.
   if (file.find("tokenizer.ggml.tokens")) {
     const size_t n_tokens = file.get_strings("tokenizer.ggml.tokens").size();

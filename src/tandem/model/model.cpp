@@ -23,17 +23,25 @@ void repack(const gguf::File& file, MatrixView& m) {
   m.form = form;
 }
 
+void repack_layer(const gguf::File& file, LayerWeights& l) {
+  for (MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.ssm_in, &l.ssm_x,
+                        &l.ssm_dt, &l.ssm_out})
+    repack(file, *m);
+  // attn_kv_b stays in the file's form: latent attention reads it row by row (model/mla.h).
+  for (MatrixView* m : {&l.mla.wq, &l.mla.wq_a, &l.mla.wq_b, &l.mla.wkv_a}) repack(file, *m);
+  for (MatrixView* m : {&l.moe.router, &l.moe.shared_gate, &l.moe.shared_up, &l.moe.shared_down})
+    repack(file, *m);
+  for (auto* experts : {&l.moe.gate, &l.moe.up, &l.moe.down})
+    for (MatrixView& m : *experts) repack(file, m);
+}
+
 void repack_layer_weights(const gguf::File& file, Weights& w) {
-  for (LayerWeights& l : w.layers) {
-    for (MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.ssm_in, &l.ssm_x,
-                          &l.ssm_dt, &l.ssm_out})
-      repack(file, *m);
-    // attn_kv_b stays in the file's form: latent attention reads it row by row (model/mla.h).
-    for (MatrixView* m : {&l.mla.wq, &l.mla.wq_a, &l.mla.wq_b, &l.mla.wkv_a}) repack(file, *m);
-    for (MatrixView* m : {&l.moe.router, &l.moe.shared_gate, &l.moe.shared_up, &l.moe.shared_down})
-      repack(file, *m);
-    for (auto* experts : {&l.moe.gate, &l.moe.up, &l.moe.down})
-      for (MatrixView& m : *experts) repack(file, m);
+  for (LayerWeights& l : w.layers) repack_layer(file, l);
+  // The MTP layers' own matrices (their embedding, read row by row, keeps the file's form).
+  for (MtpWeights& m : w.mtp) {
+    repack_layer(file, m.block);
+    repack(file, m.eh_proj);
+    if (m.head.data != m.embed.data && m.head.data != w.tok_embd.data) repack(file, m.head);
   }
   if (w.output.data != w.tok_embd.data) repack(file, w.output);  // a head of its own (not tied)
 }

@@ -117,6 +117,36 @@ void add_vocabulary(gguf::Writer& w, int64_t n_vocab) {
   w.add_bool("tokenizer.ggml.add_bos_token", true);
 }
 
+// DeepSeek-V3 style at test size: a q LoRA, V3 routing over 8 experts (top 2) and one shared expert, one
+// dense layer then two MoE layers, and one MTP layer after them.
+SynthPreset tiny_deepseek_v3() {
+  SynthPreset p{};
+  p.name = "tiny-deepseek-v3-d64";
+  p.arch = "deepseek2";
+  p.n_embd = 64;
+  p.n_ff = 128;
+  p.n_layer = 3;
+  p.n_head = 4;
+  p.n_head_kv = 4;
+  p.n_vocab = 384;
+  p.n_ctx_train = 4096;
+  p.rope_base = 10000.0f;
+  p.tied_embeddings = false;
+  p.moe.n_expert = 8;
+  p.moe.n_expert_used = 2;
+  p.moe.n_ff_expert = 32;
+  p.moe.n_shared = 1;
+  p.moe.n_leading_dense = 1;
+  p.moe.v3_routing = true;
+  p.mla.q_lora_rank = 32;
+  p.mla.kv_lora_rank = 32;
+  p.mla.key_length = 48;
+  p.mla.value_length = 32;
+  p.mla.n_rot = 16;
+  p.n_mtp = 1;
+  return p;
+}
+
 }  // namespace
 
 const std::vector<SynthPreset>& synth_presets() {
@@ -168,8 +198,20 @@ const std::vector<SynthPreset>& synth_presets() {
        .attn_offset = 1,
        .expert_period = 2,
        .expert_offset = 1},
+      tiny_deepseek_v3(),
   };
   return presets;
+}
+
+SynthPreset with_mtp_layers(const SynthPreset& preset, int64_t n_mtp) {
+  if (n_mtp < 0)
+    throw Error("the number of MTP layers must be 0 or more (got " + std::to_string(n_mtp) + ")");
+  if (n_mtp > 0 && preset.arch != "deepseek2")
+    throw Error("MTP layers are written for deepseek2 presets only; '" + std::string(preset.name) + "' is " +
+                std::string(preset.arch));
+  SynthPreset p = preset;
+  p.n_mtp = n_mtp;
+  return p;
 }
 
 const SynthPreset& find_synth_preset(std::string_view name) {
@@ -308,12 +350,20 @@ void add_moe_metadata(gguf::Writer& w, const SynthPreset& p) {
   if (p.moe.n_ff_shared > 0)
     w.add_u32(a + ".expert_shared_feed_forward_length", static_cast<uint32_t>(p.moe.n_ff_shared));
   if (p.arch != "deepseek2") return;
-  // DeepSeek-V2 routing: softmax scores, top-k weights as they are.
   w.add_u32(a + ".leading_dense_block_count", static_cast<uint32_t>(p.moe.n_leading_dense));
   w.add_u32(a + ".expert_shared_count", static_cast<uint32_t>(p.moe.n_shared));
-  w.add_f32(a + ".expert_weights_scale", 1.0f);
-  w.add_bool(a + ".expert_weights_norm", false);
-  w.add_u32(a + ".expert_gating_func", 1);
+  if (p.moe.v3_routing) {
+    // DeepSeek-V3 routing: sigmoid scores, a selection bias per expert, normalised and scaled weights.
+    w.add_f32(a + ".expert_weights_scale", 2.5f);
+    w.add_bool(a + ".expert_weights_norm", true);
+    w.add_u32(a + ".expert_gating_func", 2);
+  } else {
+    // DeepSeek-V2 routing: softmax scores, top-k weights as they are.
+    w.add_f32(a + ".expert_weights_scale", 1.0f);
+    w.add_bool(a + ".expert_weights_norm", false);
+    w.add_u32(a + ".expert_gating_func", 1);
+  }
+  if (p.n_mtp > 0) w.add_u32(a + ".nextn_predict_layers", static_cast<uint32_t>(p.n_mtp));
   if (p.mla.q_lora_rank > 0)
     w.add_u32(a + ".attention.q_lora_rank", static_cast<uint32_t>(p.mla.q_lora_rank));
   w.add_u32(a + ".attention.kv_lora_rank", static_cast<uint32_t>(p.mla.kv_lora_rank));
@@ -361,9 +411,16 @@ void write_moe_layers(const SynthPreset& p, const LayerWriter& lw) {
   const bool deepseek = p.arch == "deepseek2";
   const int64_t head_dim = p.n_embd / p.n_head, kv_dim = p.n_head_kv * head_dim;
   const int64_t n_ff_shared = deepseek ? m.n_shared * m.n_ff_expert : m.n_ff_shared;
-  for (int64_t i = 0; i < p.n_layer; ++i) {
+  // The MTP layers (deepseek2) follow the main ones: an ordinary block plus the nextn tensors.
+  for (int64_t i = 0; i < p.n_layer + p.n_mtp; ++i) {
     const std::string b = "blk." + std::to_string(i) + ".";
     lw.vec(b + "attn_norm.weight", p.n_embd, 0.1f, 1.0f);
+    if (i >= p.n_layer) {
+      lw.vec(b + "nextn.enorm.weight", p.n_embd, 0.1f, 1.0f);
+      lw.vec(b + "nextn.hnorm.weight", p.n_embd, 0.1f, 1.0f);
+      lw.matrix(b + "nextn.eh_proj.weight", 2 * p.n_embd, p.n_embd, i, fan_in(2 * p.n_embd));
+      lw.vec(b + "nextn.shared_head_norm.weight", p.n_embd, 0.1f, 1.0f);
+    }
     if (deepseek) {
       const int64_t q_width = p.n_head * mla.key_length;
       if (mla.q_lora_rank > 0) {
@@ -396,6 +453,7 @@ void write_moe_layers(const SynthPreset& p, const LayerWriter& lw) {
       continue;
     }
     lw.router(b + "ffn_gate_inp.weight", p.n_embd, router_popularity(m, i));
+    if (deepseek && m.v3_routing) lw.vec(b + "exp_probs_b.bias", m.n_expert, 0.1f, 0.0f);
     lw.experts(b + "ffn_gate_exps.weight", p.n_embd, m.n_ff_expert, m.n_expert, i);
     lw.experts(b + "ffn_up_exps.weight", p.n_embd, m.n_ff_expert, m.n_expert, i);
     lw.experts(b + "ffn_down_exps.weight", m.n_ff_expert, p.n_embd, m.n_expert, i);
@@ -417,7 +475,8 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
   w.add_u32("general.file_type", llama_ftype(ft.name));
   w.add_u32(a + ".context_length", static_cast<uint32_t>(p.n_ctx_train));
   w.add_u32(a + ".embedding_length", static_cast<uint32_t>(p.n_embd));
-  w.add_u32(a + ".block_count", static_cast<uint32_t>(p.n_layer));
+  if (p.n_mtp != 0 && p.arch != "deepseek2") throw Error("MTP layers are written for deepseek2 presets only");
+  w.add_u32(a + ".block_count", static_cast<uint32_t>(p.n_layer + p.n_mtp));
   const bool mamba = p.arch == "mamba", jamba = p.arch == "jamba";
   const int64_t d_inner = p.ssm_expand * p.n_embd, dt_rank = (p.n_embd + 15) / 16;
   const auto attends = [&](int64_t layer) { return jamba && layer % p.attn_period == p.attn_offset; };
@@ -456,7 +515,7 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
   auto matrix = [&](const std::string& name, int64_t cols, int64_t rows, int64_t layer, float scale) {
     // A tied embedding is also the head, so it takes the head's type.
     const bool tied_head = p.tied_embeddings && name == "token_embd.weight";
-    const DType t = matrix_type(ft, tied_head ? "output.weight" : name, cols, layer, p.n_layer);
+    const DType t = matrix_type(ft, tied_head ? "output.weight" : name, cols, layer, p.n_layer + p.n_mtp);
     RowGen gen = uniform_rows(seed, name, cols, scale);
     w.add_tensor(name, t, {cols, rows}, [&pool, t, rows, cols, gen](const gguf::ByteSink& sink) {
       emit_rows(pool, t, rows, cols, gen, sink);
@@ -517,7 +576,7 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
     });
   };
   const auto experts = [&](const std::string& name, int64_t cols, int64_t rows, int64_t n, int64_t layer) {
-    const DType t = matrix_type(ft, name, cols, layer, p.n_layer);
+    const DType t = matrix_type(ft, name, cols, layer, p.n_layer + p.n_mtp);
     RowGen gen = uniform_rows(seed, name, cols, fan_in(cols));
     w.add_tensor(name, t, {cols, rows, n}, [&pool, t, rows, n, cols, gen](const gguf::ByteSink& sink) {
       emit_rows(pool, t, rows * n, cols, gen, sink);

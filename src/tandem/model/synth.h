@@ -25,6 +25,9 @@ struct SynthMoe {
   // per layer) is scaled by (1 + k)^-router_zipf, so wide-spread logits win the top-k more often (0.5 puts
   // about 83% of a top-6-of-64 selection on the 32 most popular experts, for isotropic inputs).
   float router_zipf = 0.5f;
+  // deepseek2: DeepSeek-V3 routing (sigmoid scores, a per-expert selection bias exp_probs_b, normalised
+  // top-k weights, routed scale 2.5) instead of V2's (softmax, weights as they are).
+  bool v3_routing = false;
 };
 
 // Latent attention shapes (deepseek2): q LoRA rank (0: a full attn_q), KV latent rank, key and value width
@@ -55,11 +58,15 @@ struct SynthPreset {
   // otherwise.
   int64_t attn_period = 0, attn_offset = 0;
   int64_t expert_period = 0, expert_offset = 0;
+  // deepseek2: next-token-prediction (MTP) layers after the n_layer main ones (nextn_predict_layers; each
+  // an ordinary block plus its nextn.enorm, nextn.hnorm, nextn.eh_proj and nextn.shared_head_norm, sharing
+  // the main embedding and head). block_count counts them.
+  int64_t n_mtp = 0;
 };
 
 // tinyllama-1.1b, llama-3.2-1b, qwen2.5-0.5b, qwen2.5-1.5b, bge-small (a bert encoder), nomic-embed-text (a
 // nomic-bert encoder), mamba-1.4b, qwen1.5-moe-a2.7b, deepseek-v2-lite, and small test shapes (jamba hybrids,
-// dense and with experts, among them).
+// dense and with experts, and a DeepSeek-V3-style deepseek2 with one MTP layer among them).
 const std::vector<SynthPreset>& synth_presets();
 // Throws tandem::Error listing the known names.
 const SynthPreset& find_synth_preset(std::string_view name);
@@ -76,6 +83,10 @@ const std::vector<FileType>& file_types();
 const FileType& find_file_type(std::string_view name);
 // The type a matrix named `tensor` ([rows, cols], layer `layer` of `n_layer`, or -1) gets in file type `ft`.
 DType matrix_type(const FileType& ft, std::string_view tensor, int64_t cols, int64_t layer, int64_t n_layer);
+
+// `preset` with n_mtp MTP layers (SynthPreset::n_mtp); throws tandem::Error for a negative count or an
+// architecture other than deepseek2.
+SynthPreset with_mtp_layers(const SynthPreset& preset, int64_t n_mtp);
 
 // Writes a random-weight checkpoint. Rows are generated from (seed, tensor name, row), so the file does not
 // depend on the thread count. Quantization runs on `pool`.

@@ -80,11 +80,27 @@ struct LayerWeights {
   const float* ssm_a_t = nullptr;     // [d_state, d_inner]: ssm_a transposed
 };
 
+// A next-token-prediction (MTP) layer (DeepSeek-V3 / GLM style, {arch}.nextn_predict_layers): for position
+// t, the main model's final hidden state h_t (before the output norm) and the embedding e of token t + 1 make
+// the block's input eh_proj [enorm(e); hnorm(h_t)]; the block is an ordinary decoder block of the
+// architecture (its attention at position t); its output, through head_norm and head, predicts token t + 2.
+// The optional tensors fall back to the main model's (empty here: the forward uses Weights' own).
+struct MtpWeights {
+  LayerWeights block;    // blk.i's decoder block
+  VectorView enorm;      // [n_embd] (nextn.enorm): RMS norm of the next token's embedding
+  VectorView hnorm;      // [n_embd] (nextn.hnorm): RMS norm of the previous hidden state
+  MatrixView eh_proj;    // [n_embd, 2 * n_embd] (nextn.eh_proj): [enorm(e); hnorm(h)] -> the block's input
+  MatrixView embed;      // [n_vocab, n_embd] (nextn.embed_tokens), else empty: token_embd
+  VectorView head_norm;  // [n_embd] (nextn.shared_head_norm), else empty: output_norm
+  MatrixView head;       // [n_vocab, n_embd] (nextn.shared_head_head), else empty: output
+};
+
 struct Weights {
   MatrixView tok_embd;     // [n_vocab, n_embd]
   VectorView output_norm;  // [n_embd]
   MatrixView output;       // [n_vocab, n_embd]; the embedding when the head is tied
   std::vector<LayerWeights> layers;
+  std::vector<MtpWeights> mtp;  // [Config::n_mtp] the MTP layers after the main ones
   // Encoders (bert), else empty.
   MatrixView pos_embd;                // [n_ctx_train, n_embd]
   MatrixView type_embd;               // [n_token_types, n_embd]; encoders add row 0
