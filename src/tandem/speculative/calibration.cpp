@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -270,6 +272,32 @@ Calibration calibrate(const model::Model& target, const std::string& target_path
     c.draft_per_token[file_fingerprint(draft_path)] = median(draft_ratios);
   }
   return c;
+}
+
+double measure_drafting_cost(DraftSource& source, std::string_view kind, int64_t n_ctx, int64_t vocab,
+                             double decode_seconds, int64_t context, int depth, int rounds) {
+  if (!(decode_seconds > 0) || context < 2 || depth < 1 || rounds < 1 || vocab < 1)
+    throw Error("measuring the " + std::string(kind) +
+                " drafter's cost needs a positive decode time, context, depth and vocabulary");
+  const int64_t n = std::max<int64_t>(2, std::min<int64_t>(context, n_ctx - depth));
+  std::vector<int32_t> committed(static_cast<size_t>(n));
+  for (size_t i = 0; i < committed.size(); ++i) committed[i] = static_cast<int32_t>((7 * i + 1) % vocab);
+  DraftSettings settings;
+  settings.sampling.temperature = 0.0f;
+  source.begin(committed, settings);
+  Draft draft;
+  source.propose(committed, depth, draft);  // the real rows, once, as the target's prompt would
+  source.accept(committed, 0);
+  std::vector<double> seconds;
+  for (int r = 0; r < rounds; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    source.propose(committed, depth, draft);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    source.accept(committed, 0);
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + rounds / 2, seconds.end());
+  source.begin({}, settings);
+  return seconds[static_cast<size_t>(rounds / 2)] / depth / decode_seconds;
 }
 
 }  // namespace tandem::speculative

@@ -14,9 +14,11 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tandem/model/model.h"
+#include "tandem/speculative/draft_source.h"
 #include "tandem/speculative/gate.h"
 #include "tandem/util/thread_pool.h"
 
@@ -70,5 +72,13 @@ std::vector<double> paired_window_costs(const std::function<void(int)>& run_rows
 // the fingerprints.
 Calibration calibrate(const model::Model& target, const std::string& target_path, const model::Model* draft,
                       const std::string& draft_path, ThreadPool& pool, const CalibrateOptions& options);
+
+// The cost of one drafted token of a drafter that reads the target (EAGLE-3, MTP) relative to a target decode
+// step of `decode_seconds`: the median over `rounds` of a proposal of `depth` tokens (one real row and depth
+// - 1 drafted rows, as each round of speculation runs) after a context of `context` positions (at most n_ctx
+// - depth; token ids below `vocab`), divided by depth. The source is begun anew and left empty. `kind` names
+// the drafter in errors.
+double measure_drafting_cost(DraftSource& source, std::string_view kind, int64_t n_ctx, int64_t vocab,
+                             double decode_seconds, int64_t context, int depth, int rounds);
 
 }  // namespace tandem::speculative

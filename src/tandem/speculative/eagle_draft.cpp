@@ -1,7 +1,6 @@
 #include "tandem/speculative/eagle_draft.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -509,28 +508,8 @@ std::string eagle_cost_key(const std::string& drafter_path) {
 
 double measure_eagle_draft_cost(EagleDraftSource& source, double decode_seconds, int64_t context, int depth,
                                 int rounds) {
-  if (!(decode_seconds > 0) || context < 2 || depth < 1 || rounds < 1)
-    throw Error("measuring the EAGLE drafter's cost needs a positive decode time, context and depth");
-  const int64_t n = std::min<int64_t>(context, source.n_ctx() - depth);
-  std::vector<int32_t> committed(static_cast<size_t>(std::max<int64_t>(n, 2)));
-  const int64_t vocab = source.drafter().config().vocab;
-  for (size_t i = 0; i < committed.size(); ++i) committed[i] = static_cast<int32_t>((7 * i + 1) % vocab);
-  DraftSettings settings;
-  settings.sampling.temperature = 0.0f;
-  source.begin(committed, settings);
-  Draft draft;
-  source.propose(committed, depth, draft);  // the real rows, once, as the target's prompt would
-  source.accept(committed, 0);
-  std::vector<double> seconds;
-  for (int r = 0; r < rounds; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    source.propose(committed, depth, draft);
-    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    source.accept(committed, 0);
-  }
-  std::nth_element(seconds.begin(), seconds.begin() + rounds / 2, seconds.end());
-  source.begin({}, settings);
-  return seconds[static_cast<size_t>(rounds / 2)] / depth / decode_seconds;
+  return measure_drafting_cost(source, "EAGLE", source.n_ctx(), source.drafter().config().vocab,
+                               decode_seconds, context, depth, rounds);
 }
 
 }  // namespace tandem::speculative

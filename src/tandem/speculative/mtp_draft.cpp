@@ -1,7 +1,6 @@
 #include "tandem/speculative/mtp_draft.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -121,28 +120,9 @@ std::string mtp_cost_key(const std::string& target_path) {
 
 double measure_mtp_draft_cost(MtpDraftSource& source, double decode_seconds, int64_t context, int depth,
                               int rounds) {
-  if (!(decode_seconds > 0) || context < 2 || depth < 1 || rounds < 1)
-    throw Error("measuring the MTP drafter's cost needs a positive decode time, context and depth");
-  const int64_t n = std::max<int64_t>(2, std::min<int64_t>(context, source.n_ctx() - depth));
-  const auto vocab = static_cast<int64_t>(source.last_logits().size());
-  std::vector<int32_t> committed(static_cast<size_t>(n));
-  for (size_t i = 0; i < committed.size(); ++i) committed[i] = static_cast<int32_t>((7 * i + 1) % vocab);
-  DraftSettings settings;
-  settings.sampling.temperature = 0.0f;
-  source.begin(committed, settings);
-  Draft draft;
-  source.propose(committed, depth, draft);  // the real rows, once, as the target's prompt would
-  source.accept(committed, 0);
-  std::vector<double> seconds;
-  for (int r = 0; r < rounds; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    source.propose(committed, depth, draft);
-    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    source.accept(committed, 0);
-  }
-  std::nth_element(seconds.begin(), seconds.begin() + rounds / 2, seconds.end());
-  source.begin({}, settings);
-  return seconds[static_cast<size_t>(rounds / 2)] / depth / decode_seconds;
+  return measure_drafting_cost(source, "MTP", source.n_ctx(),
+                               static_cast<int64_t>(source.last_logits().size()), decode_seconds, context,
+                               depth, rounds);
 }
 
 }  // namespace tandem::speculative
