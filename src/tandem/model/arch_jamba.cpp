@@ -86,20 +86,7 @@ void read_jamba_moe(const ArchReader& r, Config& c) {
 }  // namespace
 
 void load_jamba(const ArchReader& r, Config& c, Weights& w) {
-  c.arch = r.arch();
-  const gguf::TensorInfo* embd = r.file().tensor("token_embd.weight");
-  if (!embd) throw Error("model file '" + r.file().path() + "' lacks tensor 'token_embd.weight'");
-  c.n_embd = r.req_int("embedding_length");
-  if (c.n_embd != embd->ne[0])
-    throw Error("metadata '" + r.arch() + ".embedding_length' is " + std::to_string(c.n_embd) +
-                ", but tensor 'token_embd.weight' has shape " + embd->shape_string());
-  c.n_vocab = embd->ne[1];
-  const auto n_tensors = static_cast<int64_t>(r.file().tensors().size());
-  c.n_layer = r.int_in("block_count", 1, std::numeric_limits<int32_t>::max(), std::nullopt);
-  if (c.n_layer > n_tensors)
-    throw Error("metadata '" + r.arch() + ".block_count' is " + std::to_string(c.n_layer) +
-                ", but the file holds only " + std::to_string(n_tensors) +
-                " tensors; block_count must be the number of blk.N layers");
+  read_embedding_and_blocks(r, c);
   check_layer_count(r, c);
   c.n_ctx_train = r.int_in("context_length", 1, std::numeric_limits<int32_t>::max(), 2048);
   c.norm_eps = r.positive_float("attention.layer_norm_rms_epsilon", 1e-6f);

@@ -190,7 +190,7 @@ VectorView ArchReader::vector(const std::string& name, int64_t n, bool required)
   return {reinterpret_cast<const float*>(t->data), n};
 }
 
-void read_common_hparams(const ArchReader& r, Config& c) {
+void read_embedding_and_blocks(const ArchReader& r, Config& c) {
   c.arch = r.arch();
   const gguf::TensorInfo* embd = r.file().tensor("token_embd.weight");
   if (!embd) throw Error("model file '" + r.file().path() + "' lacks tensor 'token_embd.weight'");
@@ -201,13 +201,17 @@ void read_common_hparams(const ArchReader& r, Config& c) {
                 std::to_string(embd->ne[0]) + ")");
   c.n_vocab = embd->ne[1];
   // Every layer holds several tensors: a count past the file's tensors is refused before anything is sized
-  // by it (bind_standard_layers then requires the exact number).
+  // by it (the layers' binding then requires the exact number).
   const auto n_tensors = static_cast<int64_t>(r.file().tensors().size());
   c.n_layer = r.int_in("block_count", 1, std::numeric_limits<int32_t>::max(), std::nullopt);
   if (c.n_layer > n_tensors)
     throw Error("metadata '" + r.arch() + ".block_count' is " + std::to_string(c.n_layer) +
                 ", but the file holds only " + std::to_string(n_tensors) +
                 " tensors; block_count must be the number of blk.N layers");
+}
+
+void read_common_hparams(const ArchReader& r, Config& c) {
+  read_embedding_and_blocks(r, c);
   c.n_head = r.int_in("attention.head_count", 1, kMaxHeads, std::nullopt);
   c.n_head_kv = r.int_in("attention.head_count_kv", 1, c.n_head, c.n_head);
   if (c.n_head % c.n_head_kv != 0)

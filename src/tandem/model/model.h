@@ -93,6 +93,9 @@ const std::vector<ArchEntry>& architectures();
 // (fuzzing).
 void bind_model(const gguf::File& file, Config& config, Weights& weights);
 
+// The architecture name, width, vocabulary (from token_embd.weight) and block_count, checked against the
+// file's tensors: shared by every family whose layers are all blk.N blocks of the main forward.
+void read_embedding_and_blocks(const ArchReader& r, Config& c);
 // Shared by the llama-like families: hyperparameters common to all of them and the standard tensor names.
 void read_common_hparams(const ArchReader& r, Config& c);
 void bind_standard_layers(const ArchReader& r, const Config& c, Weights& w);
