@@ -289,15 +289,62 @@ class ConnectionQueue final : public httplib::TaskQueue {
   void refuse_loop() {
     std::unique_lock lock(mu_);
     for (;;) {
-      refuse_cv_.wait(lock, [&] { return !refusals_.empty() || shut_; });
-      if (refusals_.empty()) return;
-      std::function<void()> fn = std::move(refusals_.front());
-      refusals_.pop_front();
+      const auto ready = [&] { return !refusals_.empty() || shut_; };
+      if (lingering_.empty())
+        refuse_cv_.wait(lock, ready);
+      else
+        refuse_cv_.wait_for(lock, kLingerPoll, ready);
+      if (refusals_.empty() && shut_) break;
+      if (!refusals_.empty()) {
+        std::function<void()> fn = std::move(refusals_.front());
+        refusals_.pop_front();
+        lock.unlock();
+        fn();
+        lock.lock();
+      }
       lock.unlock();
-      fn();
+      drain_lingering(false);
       lock.lock();
     }
+    lock.unlock();
+    drain_lingering(true);
   }
+
+ public:
+  // A refused socket whose answer is sent and whose writing side is shut: the refusal thread reads and drops
+  // what the client still sends until it closes or `kLinger` passes, between refusals, so that closing does
+  // not reset the connection before the client has read the answer, and no refusal waits for another's
+  // client. Refusal thread only.
+  void linger(int sock) {
+    if (lingering_.size() >= kMaxLingering) {
+      ::close(lingering_.front().sock);
+      lingering_.pop_front();
+    }
+    lingering_.push_back({sock, Clock::now() + kLinger});
+  }
+
+ private:
+  struct Lingering {
+    int sock;
+    Clock::time_point until;
+  };
+  void drain_lingering(bool all) {
+    char sink[4096];
+    const auto now = Clock::now();
+    std::erase_if(lingering_, [&](const Lingering& l) {
+      ssize_t n = 0;
+      for (int i = 0; i < 16 && (n = ::recv(l.sock, sink, sizeof sink, MSG_DONTWAIT)) > 0; ++i) {
+      }
+      const bool open = n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+      if (!all && open && now < l.until) return false;
+      ::close(l.sock);
+      return true;
+    });
+  }
+
+  static constexpr size_t kMaxLingering = 1024;
+  static constexpr std::chrono::milliseconds kLinger{200}, kLingerPoll{20};
+  std::deque<Lingering> lingering_;  // refusal thread only
 
   static constexpr size_t kSpareThreads = 8;
   static constexpr std::chrono::seconds kThreadIdle{2};
@@ -403,9 +450,12 @@ bool LimitedServer::process_and_close_socket(socket_t sock) {
                         "Service Unavailable", limits_.retry_after_seconds);
     (void)::send(sock, answer.data(), answer.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     ::shutdown(sock, SHUT_WR);
-    if (!quick)
-      while (poll_for(sock, POLLIN, milliseconds(100)) && ::recv(sock, sink, sizeof sink, MSG_DONTWAIT) > 0) {
-      }
+    if (quick) {
+      q->linger(sock);  // closed by the refusal thread once the client closes, or after a short while
+      return false;
+    }
+    while (poll_for(sock, POLLIN, milliseconds(100)) && ::recv(sock, sink, sizeof sink, MSG_DONTWAIT) > 0) {
+    }
     ::close(sock);
     return false;
   }
