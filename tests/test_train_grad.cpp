@@ -274,13 +274,13 @@ TEST(TrainGrad, UnusedEntriesAreNoOutcome) {
   const std::vector<int32_t> ids = {-1, 1, -1};
   const std::vector<float> probs = {0.0f, 0.6f, 0.0f};
   const float rest = 0.4f;
-  const SoftTargets t{1, 3, ids.data(), probs.data(), &rest};
+  const SoftTargets t{.rows = 1, .top_k = 3, .ids = ids.data(), .probs = probs.data(), .rest = &rest};
   const LossStats st = head_soft_cross_entropy(head, &h, t, nullptr, fx.c);
   EXPECT_NEAR(st.loss, std::log(2.0), 1e-6);
   EXPECT_EQ(st.agree, 1) << "the argmax is id 1, the row's most probable listed id";
   const std::vector<float> weighted = {0.1f, 0.6f, 0.0f};
-  EXPECT_THROW(head_soft_cross_entropy(head, &h, {1, 3, ids.data(), weighted.data(), &rest}, nullptr, fx.c),
-               tandem::Error)
+  const SoftTargets bad{.rows = 1, .top_k = 3, .ids = ids.data(), .probs = weighted.data(), .rest = &rest};
+  EXPECT_THROW(head_soft_cross_entropy(head, &h, bad, nullptr, fx.c), tandem::Error)
       << "an unused entry with a probability";
 }
 
