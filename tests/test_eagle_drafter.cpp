@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -21,12 +22,16 @@
 
 #include "tandem/engine/generate.h"
 #include "tandem/engine/generate_speculative.h"
+#include "tandem/gguf/reader.h"
+#include "tandem/kernels/matmul.h"
 #include "tandem/model/model.h"
 #include "tandem/model/session.h"
 #include "tandem/speculative/calibration.h"
 #include "tandem/speculative/drafter_data.h"
 #include "tandem/speculative/eagle_train.h"
+#include "tandem/speculative/target_vocab.h"
 #include "tandem/tensor/fp16.h"
+#include "tandem/tensor/quant.h"
 #include "tandem/tokenizer/tokenizer.h"
 #include "tandem/util/error.h"
 #include "test_util.h"
@@ -440,6 +445,68 @@ TEST(EagleDrafter, TargetRowsRestrictToTheDraftVocabulary) {
   EXPECT_NEAR(u.rest[0], 0.2f / 0.6f, 1e-3f);
   EXPECT_EQ(u.mask[0], 1);
   EXPECT_NO_THROW(train::validate_targets(u, 3));
+}
+
+// The target's weights as the drafters read them, on quantized targets whose head the loader may repack:
+// the gathered head rows score exactly as the target's whole head does at those ids (the same kernels on
+// the same bytes), expand() puts them at their target ids with -inf elsewhere, embed() and the training
+// copies (copy_target_rows) equal the file's own rows dequantized, and bad ids are refused.
+TEST(EagleDrafter, TargetVocabGathersTheHeadRowsOfQuantizedTargets) {
+  for (const char* type : {"Q4_0", "Q8_0", "Q6_K"}) {
+    const std::string path =
+        testing::shared_path(std::string("models/synth/synth-llama-d256-") + type + ".gguf");
+    auto target = model::Model::load(path);
+    const gguf::File original = gguf::File::open(path);  // the file's own bytes, never repacked
+    const int64_t V = target->config().n_vocab, d = target->config().n_embd;
+    const std::vector<int32_t> ids = {0, 2, 3, 17, 100, 255, 256, 300, 411, 511};
+    const TargetVocab vocab(*target, ids, d);
+    ASSERT_EQ(vocab.size(), static_cast<int64_t>(ids.size()));
+    EXPECT_EQ(vocab.head().type, target->weights().output.type) << type << ": the stored block type";
+
+    ThreadPool pool(2);
+    kernels::MatmulScratch mm(pool.size(), d, 1);
+    std::vector<float> x(static_cast<size_t>(d)), all(static_cast<size_t>(V)), some(ids.size()),
+        full(static_cast<size_t>(V));
+    for (int64_t i = 0; i < d; ++i) x[static_cast<size_t>(i)] = std::sin(0.3f * static_cast<float>(i));
+    kernels::matmul(target->weights().output, x.data(), 1, all.data(), pool, mm);
+    kernels::matmul(vocab.head(), x.data(), 1, some.data(), pool, mm);
+    for (size_t i = 0; i < ids.size(); ++i)
+      EXPECT_NEAR(some[i], all[static_cast<size_t>(ids[i])],
+                  1e-4f * (1.0f + std::abs(all[static_cast<size_t>(ids[i])])))
+          << type << ", id " << ids[i];
+    vocab.expand(some.data(), full.data());
+    for (int64_t id = 0; id < V; ++id) {
+      const auto it = std::lower_bound(ids.begin(), ids.end(), static_cast<int32_t>(id));
+      if (it != ids.end() && *it == id)
+        EXPECT_EQ(full[static_cast<size_t>(id)], some[static_cast<size_t>(it - ids.begin())]);
+      else
+        EXPECT_EQ(full[static_cast<size_t>(id)], -INFINITY) << id;
+    }
+
+    // The training copies and the embedding, against the file's rows.
+    const gguf::TensorInfo* head = original.tensor("output.weight");
+    if (head == nullptr) head = original.tensor("token_embd.weight");
+    const gguf::TensorInfo* embd = original.tensor("token_embd.weight");
+    ASSERT_NE(head, nullptr);
+    ASSERT_NE(embd, nullptr);
+    train::Param rows("output.weight", static_cast<int64_t>(ids.size()), d, false, false);
+    copy_target_rows(*target, true, ids, rows);
+    std::vector<float> want(static_cast<size_t>(d)), got(static_cast<size_t>(d));
+    const size_t head_row = head->bytes / static_cast<size_t>(V),
+                 embd_row = embd->bytes / static_cast<size_t>(V);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      dequantize_row(head->type, head->data + static_cast<size_t>(ids[i]) * head_row, want.data(), d);
+      EXPECT_EQ(0, std::memcmp(want.data(), rows.value.data() + static_cast<int64_t>(i) * d, want.size() * 4))
+          << type << ": head row " << ids[i];
+      dequantize_row(embd->type, embd->data + static_cast<size_t>(ids[i]) * embd_row, want.data(), d);
+      vocab.embed(ids[i], got.data());
+      EXPECT_EQ(want, got) << type << ": embedding row " << ids[i];
+    }
+    EXPECT_THROW(vocab.embed(static_cast<int32_t>(V), got.data()), Error);
+    const std::vector<int32_t> twice = {3, 3}, outside = {3, static_cast<int32_t>(V)};
+    EXPECT_THROW(TargetVocab(*target, twice, d), Error);
+    EXPECT_THROW(TargetVocab(*target, outside, d), Error);
+  }
 }
 
 // A reduced draft vocabulary: the file lists kDraftVocab ascending ids, the end-of-text token among them;
