@@ -63,7 +63,8 @@ Slot read_slot(const cache::RecurrentState::Append& plan, int64_t pos) {
   return from_base ? Slot::kBase : Slot::kCurrent;
 }
 Slot write_slot(const cache::RecurrentState::Append& plan, int64_t pos) {
-  return plan.new_base > plan.first && pos + 1 == plan.new_base ? Slot::kBase : Slot::kCurrent;
+  return plan.new_base > plan.first && plan.new_base < plan.end && pos + 1 == plan.new_base ? Slot::kBase
+                                                                                            : Slot::kCurrent;
 }
 
 }  // namespace
