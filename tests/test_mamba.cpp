@@ -5,6 +5,7 @@
 // and in test_golden.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -227,6 +228,110 @@ TEST_F(Mamba, RollbackPastTheKeptDepthIsRefused) {
   EXPECT_EQ(s.length(), 0);
 }
 
+// Greedy decoding of n tokens after `prompt` (evaluated in chunks of `chunk`): the tokens and every step's
+// logits.
+struct Decoded {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;
+};
+Decoded decode_greedy(model::Session& s, std::span<const int32_t> prompt, size_t chunk, int n) {
+  Decoded out;
+  std::span<const float> l;
+  for (size_t b = 0; b < prompt.size(); b += chunk)
+    l = s.eval(prompt.subspan(b, std::min(chunk, prompt.size() - b)));
+  for (int i = 0; i < n; ++i) {
+    out.logits.insert(out.logits.end(), l.begin(), l.end());
+    const auto next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    out.tokens.push_back(next);
+    l = s.eval(std::span<const int32_t>(&next, 1));
+  }
+  out.logits.insert(out.logits.end(), l.begin(), l.end());
+  return out;
+}
+
+model::SessionOptions without_rollback() {
+  model::SessionOptions o = options();
+  o.rollback = false;
+  return o;
+}
+
+// A sequence set up without rollback (plain decoding) keeps one state and no row inputs, replays nothing, and
+// gives the bits of one with rollback: the tokens, every step's logits and the state, over more single rows
+// than a rollback base is kept for (it moves, replaying rows, where rollback is on), after prompts in one
+// chunk or several.
+TEST_F(Mamba, PlainDecodingWithoutRollbackGivesTheSameBits) {
+  ThreadPool pool(2);
+  std::mt19937 rng(41);
+  for (const model::Model* m : {f32_, q8_}) {
+    const auto prompt = random_tokens(rng, 30, static_cast<int32_t>(m->config().n_vocab));
+    for (size_t chunk : {size_t{1}, size_t{7}, size_t{30}}) {
+      model::Session with(*m, pool, options()), without(*m, pool, without_rollback());
+      ASSERT_EQ(without.cache().recurrent()->depth(), 0);
+      const Decoded a = decode_greedy(with, prompt, chunk, 40);
+      const Decoded b = decode_greedy(without, prompt, chunk, 40);
+      EXPECT_EQ(a.tokens, b.tokens) << "chunk " << chunk;
+      ASSERT_EQ(a.logits.size(), b.logits.size());
+      EXPECT_EQ(std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(float)), 0)
+          << "chunk " << chunk;
+      EXPECT_EQ(state_of(with), state_of(without)) << "chunk " << chunk;
+    }
+  }
+  // One state (no base) and no row inputs, besides the snapshots.
+  model::Session s(*f32_, pool, without_rollback());
+  const cache::RecurrentState& st = *s.cache().recurrent();
+  EXPECT_EQ(cache::RecurrentState::rows_kept(0), 0);
+  EXPECT_EQ(st.bytes(), static_cast<size_t>(1 + cache::RecurrentState::kMaxSnapshots) * st.bytes_per_state());
+  EXPECT_EQ(st.bytes(), cache::recurrent_sequence_bytes(f32_->config().kv_geometry(), 0));
+}
+
+// A rollback of a sequence set up without rollback is refused, changing nothing; a restart from 0, a
+// "rollback" to its own length and one to a snapshot's length still work, and continue exactly.
+TEST_F(Mamba, RollbackWithoutRollbackIsRefused) {
+  ThreadPool pool(2);
+  std::mt19937 rng(43);
+  const model::Model& m = *q8_;
+  const auto V = static_cast<int32_t>(m.config().n_vocab);
+  model::Session s(m, pool, without_rollback());
+  const auto tokens = random_tokens(rng, 300, V);
+  s.eval(std::span<const int32_t>(tokens).first(30));
+  const std::vector<float> before = state_of(s);
+  for (int64_t n : {int64_t{29}, int64_t{20}, int64_t{1}}) {
+    try {
+      s.truncate(n);
+      FAIL() << "a rollback to " << n << " of a sequence without rollback was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("without rollback"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(s.length(), 30);
+  }
+  EXPECT_EQ(state_of(s), before);  // unchanged by the refusals
+  s.truncate(30);                  // its own length: nothing to do
+  const auto probe = random_tokens(rng, 3, V);
+  auto l = s.eval(probe, true);
+  std::vector<float> got(l.begin(), l.end());
+  model::Session fresh(m, pool, without_rollback());
+  fresh.eval(std::span<const int32_t>(tokens).first(30));
+  l = fresh.eval(probe, true);
+  EXPECT_EQ(std::memcmp(got.data(), l.data(), l.size() * sizeof(float)), 0);
+
+  // 300 positions in chunks of 256 and 44, then single rows: the second chunk's forward takes a snapshot
+  // at 256.
+  s.truncate(0);
+  EXPECT_EQ(s.length(), 0);
+  s.eval(tokens);
+  for (int32_t t : probe) s.eval(std::span<const int32_t>(&t, 1));
+  EXPECT_EQ(s.cache().recurrent()->snapshot_lengths(), (std::vector<int64_t>{256}));
+  EXPECT_EQ(s.cache().recurrent()->reachable(302), 256);
+  s.truncate(256);
+  l = s.eval(probe, true);
+  got.assign(l.begin(), l.end());
+  model::Session plain(m, pool, without_rollback());
+  plain.eval(std::span<const int32_t>(tokens).first(256));
+  l = plain.eval(probe, true);
+  EXPECT_EQ(std::memcmp(got.data(), l.data(), l.size() * sizeof(float)), 0);
+  EXPECT_EQ(state_of(s), state_of(plain));
+}
+
 TEST_F(Mamba, RowsOutOfOrderAreRefused) {
   ThreadPool pool(1);
   model::Forward fwd(*f32_, pool, 4);
@@ -295,6 +400,39 @@ TEST_F(Mamba, CachePoolResumesFromASnapshot) {
   auto third = second;
   third.back() = third.back() == 3 ? 4 : 3;
   EXPECT_EQ(caches.reusable(third), static_cast<int64_t>(third.size()) - 1);
+}
+
+// The pool of a server that does not speculate sets its caches up without rollback: a new prompt resumes at a
+// snapshot (or the finished sequence's end), never a few positions back, and the logits are those of a fresh
+// evaluation.
+TEST_F(Mamba, CachePoolWithoutRollbackResumesAtSnapshots) {
+  ThreadPool pool(2);
+  std::mt19937 rng(33);
+  const model::Model& m = *q8_;
+  const int64_t V = m.config().n_vocab;
+  model::Forward fwd(m, pool, 64);
+  engine::SlotCachePool caches(m.config(), 512, cache::KvType::kF16, 1, /*rollback=*/false);
+  const auto first = random_tokens(rng, 300, static_cast<int32_t>(V));
+  auto lease = caches.acquire(first);
+  eval_on(fwd, *lease.cache, first, 0, V);
+  EXPECT_EQ(lease.cache->recurrent()->depth(), 0);
+  caches.release(std::move(lease.cache), first);
+
+  // All but the last token shared: a rollback of one position, out of reach; the snapshot at 256 is not.
+  auto second = first;
+  second.back() = second.back() == 3 ? 4 : 3;
+  EXPECT_EQ(caches.reusable(second), 256);
+  lease = caches.acquire(second);
+  ASSERT_EQ(lease.reused, 256);
+  const auto resumed = eval_on(fwd, *lease.cache, second, lease.reused, V);
+  cache::KvCache fresh(m.config().kv_geometry(), 512, cache::KvType::kF16, 64, 0);
+  EXPECT_EQ(resumed, eval_on(fwd, fresh, second, 0, V));
+  caches.release(std::move(lease.cache), second);
+
+  // A continuation of the whole sequence resumes at its end.
+  auto third = second;
+  third.push_back(5);
+  EXPECT_EQ(caches.reusable(third), static_cast<int64_t>(second.size()));
 }
 
 std::vector<int32_t> plain_greedy(const model::Model& m, ThreadPool& pool, std::span<const int32_t> prompt,

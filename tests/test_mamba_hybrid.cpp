@@ -8,6 +8,7 @@
 // are any). The MoE layers are those whose router the file holds, and expert residency gives the same bits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -406,6 +407,50 @@ TEST_P(Hybrid, AcceptRejectRoundsEqualPlainDecoding) {
   const std::vector<float> from_spec(a.begin(), a.end());
   const auto b = plain.eval(probe, true);
   EXPECT_EQ(std::memcmp(from_spec.data(), b.data(), b.size() * sizeof(float)), 0);
+}
+
+// Plain decoding in a sequence set up without rollback (its Mamba layers keep one state and replay nothing)
+// gives the bits of one with rollback: tokens, every step's logits and the state; a rollback of it is refused
+// and changes nothing, neither the state nor the attention layers' positions.
+TEST_P(Hybrid, PlainDecodingWithoutRollbackGivesTheSameBits) {
+  ThreadPool pool(2);
+  std::mt19937 rng(13);
+  for (const model::Model* m : {&f32(), &q8()}) {
+    const auto prompt = random_tokens(rng, 11, static_cast<int32_t>(m->config().n_vocab));
+    model::SessionOptions off = options();
+    off.rollback = false;
+    model::Session with(*m, pool, options()), without(*m, pool, off);
+    ASSERT_EQ(without.cache().recurrent()->depth(), 0);
+    std::vector<int32_t> tokens_with, tokens_without;
+    std::vector<float> logits_with, logits_without;
+    const auto step = [](model::Session& s, std::span<const int32_t> in, std::vector<int32_t>& tokens,
+                         std::vector<float>& logits) {
+      const auto l = s.eval(in);
+      logits.insert(logits.end(), l.begin(), l.end());
+      tokens.push_back(static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin()));
+    };
+    step(with, prompt, tokens_with, logits_with);
+    step(without, prompt, tokens_without, logits_without);
+    for (int i = 0; i < 36; ++i) {  // past the rows a rollback base is kept for
+      step(with, std::span<const int32_t>(&tokens_with.back(), 1), tokens_with, logits_with);
+      step(without, std::span<const int32_t>(&tokens_without.back(), 1), tokens_without, logits_without);
+    }
+    EXPECT_EQ(tokens_with, tokens_without);
+    ASSERT_EQ(logits_with.size(), logits_without.size());
+    EXPECT_EQ(std::memcmp(logits_with.data(), logits_without.data(), logits_with.size() * sizeof(float)), 0);
+    EXPECT_EQ(state_of(with), state_of(without));
+
+    const int64_t length = without.length();
+    const std::vector<float> before = state_of(without);
+    EXPECT_THROW(without.truncate(length - 1), Error);
+    EXPECT_EQ(without.length(), length);
+    EXPECT_EQ(state_of(without), before);
+    const int32_t next = tokens_with.back();
+    const auto a = with.eval(std::span<const int32_t>(&next, 1));
+    const std::vector<float> expected(a.begin(), a.end());
+    const auto b = without.eval(std::span<const int32_t>(&next, 1));
+    EXPECT_EQ(std::memcmp(expected.data(), b.data(), b.size() * sizeof(float)), 0);
+  }
 }
 
 std::vector<int32_t> plain_greedy(const model::Model& m, ThreadPool& pool, std::span<const int32_t> prompt,

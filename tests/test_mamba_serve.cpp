@@ -102,7 +102,8 @@ TEST(MambaServe, VerifyWindowsKeepGreedyOutput) {
   const auto req = request(tokens(7, 1, V), 30);
   Result plain;
   {
-    engine::SlotCachePool caches(f.model->config(), kCtx, cache::KvType::kF16, 1);
+    // As `serve` without speculation: the plain reference's cache keeps no rollback.
+    engine::SlotCachePool caches(f.model->config(), kCtx, cache::KvType::kF16, 1, /*rollback=*/false);
     Scheduler s(graph, caches, nullptr, {1, 4, 32, 0});
     plain = collect(*submit(s, req));
   }
@@ -116,6 +117,33 @@ TEST(MambaServe, VerifyWindowsKeepGreedyOutput) {
   const auto stats = s.stats();
   EXPECT_GT(stats.accepted, 0u);
   EXPECT_LT(stats.accepted, stats.drafted);
+}
+
+// Several sequences decoding together in caches set up without rollback (a server that does not speculate)
+// give the tokens of caches with rollback, and a later prompt sharing a long prefix resumes at a snapshot.
+TEST(MambaServe, PlainServingWithoutRollbackGivesTheSameTokens) {
+  Fixture f;
+  const auto V = static_cast<int32_t>(f.model->config().n_vocab);
+  model::Graph graph(*f.model, f.pool, model::GraphOptions{32, 16});
+  std::vector<engine::Request> reqs;
+  for (int32_t i = 0; i < 3; ++i) reqs.push_back(request(tokens(9 + 4 * i, 5 + i, V), 30));
+  std::vector<std::vector<int32_t>> out[2];
+  for (const bool rollback : {true, false}) {
+    engine::SlotCachePool caches(f.model->config(), kCtx, cache::KvType::kF16, 3, rollback);
+    Scheduler s(graph, caches, nullptr, {3, 4, 32, 0});
+    std::vector<std::shared_ptr<engine::Stream>> streams;
+    for (const auto& r : reqs) streams.push_back(submit(s, r));
+    for (auto& st : streams) out[rollback ? 1 : 0].push_back(collect(*st).tokens);
+  }
+  EXPECT_EQ(out[0], out[1]);
+
+  engine::SlotCachePool caches(f.model->config(), kCtx, cache::KvType::kF16, 1, /*rollback=*/false);
+  Scheduler s(graph, caches, nullptr, {1, 4, 32, 0});
+  collect(*submit(s, request(tokens(300, 2, V), 4)));
+  std::vector<int32_t> second = tokens(299, 2, V);
+  second.push_back(7);
+  const Result resumed = collect(*submit(s, request(second, 8)));
+  EXPECT_EQ(resumed.usage.cached_tokens, 256);  // a rollback from 303 to 299 is out of reach: the snapshot
 }
 
 TEST(MambaServe, LongSharedPrefixResumesFromASnapshot) {

@@ -18,7 +18,8 @@ KvStore::KvStore(const Geometry& c, const KvStoreOptions& options)
     : options_(options), geometry_(c), n_layer_(c.n_layer), n_head_kv_(c.n_head_kv) {
   if (options.block_size <= 0) throw Error("KV block size must be positive");
   if (options.n_blocks <= 0) throw Error("a KV store needs at least one block");
-  if (options.rollback < 0) throw Error("KV rollback depth must not be negative");
+  if (options.rollback < 0 || options.recurrent_rollback < 0)
+    throw Error("KV rollback depth must not be negative");
   key_codec_ = KvCodec::create(options.type, c.head_dim, c.n_head_kv, options.seed, /*keys=*/true);
   if (c.values_in_keys) {
     TANDEM_CHECK(c.head_dim_v > 0 && c.head_dim_v <= c.head_dim,
@@ -67,11 +68,14 @@ int32_t KvStore::allocate(bool sliding) {
   return b;
 }
 
-KvCache::KvCache(const Geometry& geometry, int64_t capacity, KvType type, int64_t max_batch)
+KvCache::KvCache(const Geometry& geometry, int64_t capacity, KvType type, int64_t max_batch,
+                 int64_t recurrent_rollback)
     : capacity_(capacity) {
   if (capacity <= 0) throw Error("context size must be positive");
+  if (recurrent_rollback < 0) throw Error("recurrent rollback depth must not be negative");
   KvStoreOptions o;
   o.type = type;
+  o.recurrent_rollback = recurrent_rollback;
   o.n_blocks = ceil_div(capacity, o.block_size) + 1;  // + 1: a copy-on-write in flight
   const int64_t reach = geometry.sliding_window + o.rollback + std::max<int64_t>(1, max_batch);
   o.n_sliding_blocks = std::min(o.n_blocks, ceil_div(reach, o.block_size) + 2);

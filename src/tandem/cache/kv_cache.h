@@ -38,13 +38,19 @@
 
 namespace tandem::cache {
 
+// The deepest truncate a recurrent state supports unless told otherwise (enough for any verify window).
+constexpr int64_t kDefaultRecurrentRollback = 16;
+
 struct KvStoreOptions {
   KvType type = KvType::kF16;
   int64_t block_size = 16;  // positions per block
   int64_t n_blocks = 0;     // full-attention blocks (> 0): positions of all sequences together / block_size
-  int64_t n_sliding_blocks = 0;           // sliding-window blocks; 0: as many as n_blocks
-  int64_t rollback = 32;                  // deepest truncate the sliding-window layers support
-  int64_t recurrent_rollback = 16;        // deepest truncate the recurrent layers support (RecurrentState)
+  int64_t n_sliding_blocks = 0;  // sliding-window blocks; 0: as many as n_blocks
+  int64_t rollback = 32;         // deepest truncate the sliding-window layers support
+  // Deepest truncate the recurrent layers support (RecurrentState). 0 for sequences that are never rolled
+  // back (plain decoding): their state keeps no rollback base, and a truncate other than to 0 (or to a
+  // snapshot's length) throws.
+  int64_t recurrent_rollback = kDefaultRecurrentRollback;
   bool prefix_reuse = true;               // keep a PrefixIndex
   uint64_t seed = 0x7A4D3C1B2E5F6A09ull;  // q4r rotations
 };
@@ -99,8 +105,9 @@ class KvStore {
 class KvCache {
  public:
   // A sequence with a store of its own, sized for `capacity` positions; max_batch: the most rows of this
-  // sequence one forward appends (sizes the sliding-window pool).
-  KvCache(const Geometry& geometry, int64_t capacity, KvType type, int64_t max_batch = 256);
+  // sequence one forward appends (sizes the sliding-window pool); recurrent_rollback: as KvStoreOptions'.
+  KvCache(const Geometry& geometry, int64_t capacity, KvType type, int64_t max_batch = 256,
+          int64_t recurrent_rollback = kDefaultRecurrentRollback);
   // A sequence of at most `capacity` positions in a shared store, which must outlive it.
   KvCache(KvStore& store, int64_t capacity);
   ~KvCache();
@@ -118,7 +125,9 @@ class KvCache {
   const RecurrentState* recurrent() const { return recurrent_.get(); }
 
   // Drops every position >= n (n <= length()), releasing whole blocks no longer used. Throws tandem::Error
-  // (changing nothing) when a sliding-window layer no longer holds the window position n would attend to.
+  // (changing nothing) when a sliding-window layer no longer holds the window position n would attend to, or
+  // the recurrent state cannot go back to n (past its rollback depth; without rollback, any n but 0,
+  // length() or a snapshot's length).
   void truncate(int64_t n);
 
   // Keeps a path of a token tree evaluated at positions [base, length()) (model::Forward's TreeWindow): the

@@ -25,7 +25,9 @@ size_t recurrent_sequence_bytes(const Geometry& g, int64_t depth) {
   const auto inputs = static_cast<size_t>(recurrent_layers(g) * RecurrentState::rows_kept(depth) *
                                           (2 * g.ssm_d_inner + 2 * g.ssm_d_state)) *
                       sizeof(float);
-  return static_cast<size_t>(2 + RecurrentState::kMaxSnapshots) * recurrent_state_bytes(g) + inputs;
+  return static_cast<size_t>(RecurrentState::slots(depth) + RecurrentState::kMaxSnapshots) *
+             recurrent_state_bytes(g) +
+         inputs;
 }
 
 RecurrentState::RecurrentState(const Geometry& g, int64_t depth)
@@ -33,16 +35,17 @@ RecurrentState::RecurrentState(const Geometry& g, int64_t depth)
       d_inner_(g.ssm_d_inner),
       d_state_(g.ssm_d_state),
       d_conv_(g.ssm_d_conv),
+      slots_(static_cast<size_t>(slots(depth))),
       rows_(static_cast<size_t>(rows_kept(depth))) {
-  TANDEM_CHECK(depth >= 1, "recurrent rollback depth must be at least 1");
+  TANDEM_CHECK(depth >= 0, "recurrent rollback depth must not be negative");
   TANDEM_CHECK(d_inner_ > 0 && d_state_ > 0 && d_conv_ >= 1, "bad recurrent state shape");
   index_.assign(static_cast<size_t>(g.n_layer), -1);
   for (int64_t l = 0; l < g.n_layer; ++l)
     if (g.recurrent(l)) index_[static_cast<size_t>(l)] = static_cast<int32_t>(n_recurrent_++);
   const auto layers = static_cast<size_t>(n_recurrent_);
   try {
-    conv_.assign(layers * 2 * conv_size(), 0.0f);
-    ssm_.assign(layers * 2 * ssm_size(), 0.0f);
+    conv_.assign(layers * slots_ * conv_size(), 0.0f);
+    ssm_.assign(layers * slots_ * ssm_size(), 0.0f);
     inputs_.assign(layers * rows_ * input_size(), 0.0f);
     snapshots_.resize(static_cast<size_t>(kMaxSnapshots));
   } catch (const std::bad_alloc&) {
@@ -56,7 +59,7 @@ size_t RecurrentState::bytes_per_state() const {
 }
 
 size_t RecurrentState::bytes() const {
-  return static_cast<size_t>(2 + kMaxSnapshots) * bytes_per_state() +
+  return (slots_ + static_cast<size_t>(kMaxSnapshots)) * bytes_per_state() +
          static_cast<size_t>(n_recurrent_) * rows_ * input_size() * sizeof(float);
 }
 
@@ -132,6 +135,12 @@ void RecurrentState::rollback(int64_t n) {
     drop_snapshots_after(n);
     return;
   }
+  if (depth_ == 0)
+    throw Error("cannot roll back the recurrent state to position " + std::to_string(n) + " of " +
+                std::to_string(newest_) +
+                ": the sequence was set up without rollback (plain decoding), so it keeps no earlier state "
+                "and restarts only from position 0 or a snapshot's length; set it up with rollback "
+                "(a recurrent rollback depth above 0) to truncate it");
   throw Error("cannot roll back the recurrent state to position " + std::to_string(n) +
               ": it holds the states after positions " + std::to_string(oldest_) + " to " +
               std::to_string(newest_) + " only (a rollback reaches at most " + std::to_string(depth_) +
@@ -147,7 +156,10 @@ void RecurrentState::begin_append(int64_t first, int64_t end) {
   a = Append{};
   a.first = first;
   a.end = end;
-  if (current_ != first) {
+  if (depth_ == 0) {
+    // No rollback: every row updates `current` in place, no row keeps its inputs.
+    a.new_base = end;
+  } else if (current_ != first) {
     // After a rollback: `base` is replayed up to first, and the window starts there.
     a.replay_from = oldest_;
     a.replay_to = first;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -97,9 +98,21 @@ void add_bench_command(CLI::App& app) {
     so.n_ctx = std::max<int64_t>(ctx + o->decode_tokens + 16, 512);
     so.kv_type = o->model.resolved_kv_type();
     so.batch = 512;
+    // Decode and prefill as plain generation runs them: never rolled back (the steps return to the context's
+    // end, a recurrent state's snapshot). Verify windows are timed as speculation runs them, with rollback;
+    // only a recurrent state needs a sequence of its own for that.
+    so.rollback = false;
     model::Session session(*model, pool, so);
     const std::unique_ptr<model::ExpertResidency> residency = make_expert_residency(o->expert_budget, *model);
     session.forward().set_expert_residency(residency.get());
+    std::optional<model::Session> windows_session;
+    if (c.kv_geometry().has_recurrent()) {
+      model::SessionOptions wo = so;
+      wo.rollback = true;
+      windows_session.emplace(*model, pool, wo);
+      windows_session->forward().set_expert_residency(residency.get());
+    }
+    model::Session& windows = windows_session ? *windows_session : session;
 
     // Bandwidth: stream the mapped weights themselves when they are much larger than any cache (they are
     // resident anyway, so the peak RSS does not grow); otherwise a temporary buffer.
@@ -206,6 +219,11 @@ void add_bench_command(CLI::App& app) {
     const double decode_beside = median(beside);
 
     progress("verify windows");
+    if (windows_session) {
+      windows.eval(tokens(ctx, c.n_vocab, 0));
+      windows.eval(tokens(1, c.n_vocab, 1));  // as the decode session: the state at `base` is a snapshot
+      windows.truncate(base);
+    }
     // Each width timed right after a one-row forward, the median of the paired ratios (as calibrate does):
     // widths timed one after another drifted with the machine's speed against the one-row time.
     const int widths[] = {1, 2, 3, 4, 5, 6, 8, 12, 16};
@@ -214,10 +232,10 @@ void add_bench_command(CLI::App& app) {
     bool time_parts = false;
     const auto run_rows = [&](int n) {
       const auto at = static_cast<size_t>(std::find(std::begin(widths), std::end(widths), n) - widths);
-      if (time_parts) session.forward().set_phase_times(&width_parts[at]);
-      session.eval(tokens(n, c.n_vocab, 7 * n), /*all_logits=*/true);
-      session.forward().set_phase_times(nullptr);
-      session.truncate(base);
+      if (time_parts) windows.forward().set_phase_times(&width_parts[at]);
+      windows.eval(tokens(n, c.n_vocab, 7 * n), /*all_logits=*/true);
+      windows.forward().set_phase_times(nullptr);
+      windows.truncate(base);
     };
     for (int n : widths) run_rows(n);  // warm every width
     time_parts = true;
@@ -260,9 +278,12 @@ void add_bench_command(CLI::App& app) {
         decode_tps, static_cast<long long>(ctx), decode_median_tps, bytes_per_token / 1e6,
         static_cast<long long>(far_steps), steps.size());
     if (state_bytes > 0)
-      std::printf("recurrent state  %.1f KiB per state, %.2f MiB per sequence (rollback depth %lld)\n",
-                  state_bytes / 1024.0, static_cast<double>(session.cache().recurrent()->bytes()) / 1048576.0,
-                  static_cast<long long>(session.cache().recurrent()->depth()));
+      std::printf(
+          "recurrent state  %.1f KiB per state, %.2f MiB per sequence without rollback (plain decoding), "
+          "%.2f MiB with rollback depth %lld (speculation)\n",
+          state_bytes / 1024.0, static_cast<double>(session.cache().recurrent()->bytes()) / 1048576.0,
+          static_cast<double>(windows.cache().recurrent()->bytes()) / 1048576.0,
+          static_cast<long long>(windows.cache().recurrent()->depth()));
     std::printf("kv cache         %.0f bytes per token (%s)", kv_token_bytes,
                 std::string(cache::kv_type_name(so.kv_type)).c_str());
     if (c.mla.kv_lora_rank > 0)
@@ -360,8 +381,11 @@ void add_bench_command(CLI::App& app) {
           j["expert_reads_served_resident"] = residency_decode.served_resident();
         }
       }
-      if (state_bytes > 0)
+      if (state_bytes > 0) {
         j["recurrent_state_bytes_per_sequence"] = static_cast<double>(session.cache().recurrent()->bytes());
+        j["recurrent_state_bytes_per_sequence_rollback"] =
+            static_cast<double>(windows.cache().recurrent()->bytes());
+      }
       j["prefill64_tps"] = p64;
       j["prefill512_tps"] = p512;
       j["verify_cost"] = verify;

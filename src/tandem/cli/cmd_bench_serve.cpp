@@ -118,7 +118,9 @@ RunResult run_once(model::Graph& graph, const model::Model& model, const BenchSe
   // Each sequence's positions: its prompt, its tokens and a window past them.
   const int64_t ctx = std::min<int64_t>(model::default_context(model, o.model.n_ctx),
                                         o.prompt_tokens + o.max_tokens + o.max_draft + 2);
-  engine::SlotCachePool caches(model.config(), ctx, o.model.resolved_kv_type(), n);
+  // Plain runs (no drafts) roll nothing back, as `serve` without speculation.
+  engine::SlotCachePool caches(model.config(), ctx, o.model.resolved_kv_type(), n,
+                               /*rollback=*/max_draft > 0);
   engine::SchedulerOptions so;
   so.max_running = n;
   so.max_waiting = n;

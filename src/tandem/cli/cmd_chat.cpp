@@ -238,6 +238,9 @@ class Chat {
     // Keep the cache's longest prefix of the new prompt; at least the prompt's last token is evaluated.
     size_t keep = 0;
     while (keep < cached_.size() && keep + 1 < prompt.size() && cached_[keep] == prompt[keep]) ++keep;
+    // A recurrent state resumes only where it reaches: within its rollback depth, or at a snapshot.
+    if (const cache::RecurrentState* st = session_.cache().recurrent())
+      keep = static_cast<size_t>(st->reachable(static_cast<int64_t>(keep)));
     session_.truncate(static_cast<int64_t>(keep));
     cached_.resize(keep);
 
@@ -398,6 +401,9 @@ void run_chat(Opts& o) {
   so.n_ctx = o.model.n_ctx;
   so.kv_type = o.model.resolved_kv_type();
   so.batch = o.model.batch;
+  // Without a drafter nothing rolls the conversation back but the next turn's prompt, which resumes where
+  // the state reaches (its end, or a snapshot's length).
+  so.rollback = o.spec.enabled();
   Chat chat(o, *model, *tok, pool, so, templ);
   const bool tty = ::isatty(0) != 0;
   std::fprintf(

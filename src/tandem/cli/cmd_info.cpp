@@ -182,13 +182,14 @@ void add_info_command(CLI::App& app) {
             "%lld "
             "per layer; the inputs of %lld rows for rollbacks of up to %lld; at most %lld snapshots for "
             "prefix "
-            "reuse)\n",
+            "reuse; %.2f MiB without rollback: plain decoding keeps one state)\n",
             static_cast<double>(cache::recurrent_sequence_bytes(c.kv_geometry(), depth)) / 1048576.0,
             static_cast<double>(state) / 1024.0, static_cast<long long>(c.ssm_d_conv - 1),
             static_cast<long long>(c.ssm_d_inner), static_cast<long long>(c.ssm_d_state),
             static_cast<long long>(c.ssm_d_inner),
             static_cast<long long>(cache::RecurrentState::rows_kept(depth)), static_cast<long long>(depth),
-            static_cast<long long>(cache::RecurrentState::kMaxSnapshots));
+            static_cast<long long>(cache::RecurrentState::kMaxSnapshots),
+            static_cast<double>(cache::recurrent_sequence_bytes(c.kv_geometry(), 0)) / 1048576.0);
       }
     } catch (const Error& e) {
       std::printf("not runnable: %s\n", e.what());

@@ -70,6 +70,7 @@ void add_run_command(CLI::App& app) {
     so.n_ctx = o->model.n_ctx;
     so.kv_type = o->model.resolved_kv_type();
     so.batch = o->model.batch;
+    so.rollback = o->spec.enabled();  // only a drafter's rounds roll the sequence back
     model::Session session(*model, pool, so);
     session.forward().set_expert_residency(residency.get());
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

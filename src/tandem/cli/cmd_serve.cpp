@@ -376,7 +376,9 @@ void serve(const ServeOptions& o) {
     graph =
         std::make_unique<model::Graph>(*model, pool, model::GraphOptions{std::max<int64_t>(o.rows, 16), 16});
     graph->set_expert_residency(residency.get());
-    caches = std::make_unique<engine::SlotCachePool>(config, n_ctx, o.model.resolved_kv_type(), o.parallel);
+    // Without speculation no sequence is rolled back: recurrent states then skip the rollback work.
+    caches = std::make_unique<engine::SlotCachePool>(config, n_ctx, o.model.resolved_kv_type(), o.parallel,
+                                                     /*rollback=*/speculate);
     scheduler = std::make_unique<engine::Scheduler>(
         *graph, *caches, [&tk](int32_t id) { return tk.is_eog(id); }, so, drafts);
   }

@@ -16,8 +16,12 @@ int64_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
 
 }  // namespace
 
-SlotCachePool::SlotCachePool(const model::Config& config, int64_t capacity, cache::KvType type, int n_slots)
-    : geometry_(config.kv_geometry()), capacity_(capacity), type_(type) {
+SlotCachePool::SlotCachePool(const model::Config& config, int64_t capacity, cache::KvType type, int n_slots,
+                             bool rollback)
+    : geometry_(config.kv_geometry()),
+      capacity_(capacity),
+      type_(type),
+      recurrent_rollback_(rollback ? cache::kDefaultRecurrentRollback : 0) {
   TANDEM_CHECK(capacity > 0 && n_slots > 0, "a cache pool needs a positive capacity and slot count");
   free_.resize(static_cast<size_t>(n_slots));
 }
@@ -63,7 +67,7 @@ CachePool::Lease SlotCachePool::acquire(std::span<const int32_t> prompt) {
     }
   }
   if (!lease.cache) {
-    lease.cache = std::make_unique<cache::KvCache>(geometry_, capacity_, type_);
+    lease.cache = std::make_unique<cache::KvCache>(geometry_, capacity_, type_, 256, recurrent_rollback_);
     lease.reused = 0;
   }
   return lease;
@@ -73,7 +77,10 @@ void SlotCachePool::release(std::unique_ptr<cache::KvCache> cache, std::span<con
   TANDEM_CHECK(cache != nullptr && leased_ > 0, "released a cache that was not leased");
   --leased_;
   Slot slot;
-  const auto n = static_cast<size_t>(std::min<int64_t>(cache->length(), static_cast<int64_t>(tokens.size())));
+  auto n = static_cast<size_t>(std::min<int64_t>(cache->length(), static_cast<int64_t>(tokens.size())));
+  // A recurrent state keeps only the lengths it reaches (its end, when it was set up without rollback).
+  if (cache->recurrent() && static_cast<int64_t>(n) < cache->length())
+    n = static_cast<size_t>(cache->recurrent()->reachable(static_cast<int64_t>(n)));
   if (static_cast<int64_t>(n) < cache->length()) cache->truncate(static_cast<int64_t>(n));
   slot.tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n));
   slot.cache = std::move(cache);

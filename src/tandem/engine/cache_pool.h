@@ -6,7 +6,7 @@
 // truncates it there, so a repeated system prompt or a continued conversation is not evaluated again.
 // Because rows are batch-invariant, reused positions hold exactly the bits a fresh evaluation would write.
 // A recurrent model's cache resumes only at a length its state reaches (cache/recurrent.h: within the
-// rollback depth of its end, or at a snapshot taken every few hundred positions).
+// rollback depth of its end, its end itself, or a snapshot taken every few hundred positions).
 //
 // Not thread safe: the scheduler thread is the only user.
 #pragma once
@@ -43,8 +43,11 @@ class CachePool {
 
 class SlotCachePool final : public CachePool {
  public:
-  // n_slots caches of `capacity` positions each, created on first use.
-  SlotCachePool(const model::Config& config, int64_t capacity, cache::KvType type, int n_slots);
+  // n_slots caches of `capacity` positions each, created on first use. rollback false: the scheduler never
+  // truncates a sequence (no speculation), so recurrent states keep no rollback base
+  // (cache::KvStoreOptions::recurrent_rollback 0); prefixes still resume at snapshots.
+  SlotCachePool(const model::Config& config, int64_t capacity, cache::KvType type, int n_slots,
+                bool rollback = true);
 
   int64_t capacity() const override { return capacity_; }
   Lease acquire(std::span<const int32_t> prompt) override;
@@ -63,6 +66,7 @@ class SlotCachePool final : public CachePool {
   cache::Geometry geometry_;
   int64_t capacity_;
   cache::KvType type_;
+  int64_t recurrent_rollback_;
   std::vector<Slot> free_;  // slots not leased
   int leased_ = 0;
   uint64_t clock_ = 0;

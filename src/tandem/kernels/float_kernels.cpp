@@ -15,6 +15,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"  // after highway.h: per-target include guards
+#include "tandem/kernels/exp_non_positive.h"  // likewise
 // clang-format on
 
 HWY_BEFORE_NAMESPACE();
@@ -583,30 +584,6 @@ void GeluTanh(float* x, int64_t n) {
     hn::Store(gelu(hn::Load(df, buf)), df, buf);
     std::memcpy(x + i, buf, rest * 4);
   }
-}
-
-// e^x for the x <= 0 a softmax takes (scores less their max), in fewer operations than hn::Exp, which also
-// serves positive and huge arguments: n = round(x log2 e) by the shifter 1.5 * 2^23 (t's low mantissa bits
-// hold n), r = x - n ln 2 in two steps, e^r = 1 + r + r^2 P(r) with hn::Exp's coefficients (Horner), and 2^n
-// built in the exponent field from t's bits. Below -87 (2^n would leave the normal floats) the result is 0;
-// above it e^r >= 0.7 and n >= -126 keep every result normal (denormals would cost microcode assists).
-template <class D, class V>
-HWY_INLINE V ExpNonPositive(D d, V x) {
-  const hn::RebindToSigned<D> di;
-  const V shifter = hn::Set(d, 12582912.0f);
-  const V t = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), shifter);
-  const V n = hn::Sub(t, shifter);
-  V r = hn::MulAdd(n, hn::Set(d, -0.693145751953125f), x);
-  r = hn::MulAdd(n, hn::Set(d, -1.428606765330187045e-6f), r);
-  V p = hn::Set(d, 0.000198527617612853646278381f);
-  p = hn::MulAdd(p, r, hn::Set(d, 0.00139304355252534151077271f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0.00833336077630519866943359f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0.0416664853692054748535156f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0.166666671633720397949219f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0.5f));
-  const V er = hn::Add(hn::MulAdd(p, hn::Mul(r, r), r), hn::Set(d, 1.0f));
-  const V two_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127))));
-  return hn::IfThenElseZero(hn::Ge(x, hn::Set(d, -87.0f)), hn::Mul(er, two_n));
 }
 
 // The exponentials of x less max and their sum (the softmax's second pass), each exponent x * scale - max in

@@ -15,6 +15,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"  // after highway.h: per-target include guards
+#include "tandem/kernels/exp_non_positive.h"  // likewise
 // clang-format on
 
 HWY_BEFORE_NAMESPACE();
@@ -112,7 +113,8 @@ void scan_block(const SsmScanArgs& a, int64_t i0, int64_t i1) {
     const float* a_row = a.a + s * N + i0;
     for_vectors([&](auto full, int64_t o, size_t rest) {
       constexpr bool kFull = decltype(full)::value;
-      const VF decay = hn::Exp(d, hn::Mul(hn::Load(d, dt_buf + o), load<kFull>(d, a_row + o, rest)));
+      // dt > 0 and A < 0: the decay's exponent is never positive.
+      const VF decay = ExpNonPositive(d, hn::Mul(hn::Load(d, dt_buf + o), load<kFull>(d, a_row + o, rest)));
       const VF s1 =
           hn::MulAdd(load<kFull>(d, state_in + o, rest), decay, hn::Mul(b, hn::Load(d, xdt_buf + o)));
       store<kFull>(d, s1, state_out + o, rest);

@@ -17,6 +17,10 @@ struct SessionOptions {
   int64_t n_ctx = 0;  // 0: the model's training context, capped at 4096
   cache::KvType kv_type = cache::KvType::kF16;
   int64_t batch = 256;  // rows per forward when evaluating a prompt
+  // false: the caller never truncates the sequence except to 0 (plain decoding and prefill, no drafter); a
+  // recurrent state then skips the work that keeps rollbacks within reach, and refuses any other truncate
+  // (cache::KvStoreOptions::recurrent_rollback 0). Other layers are unaffected. Ignored with a shared store.
+  bool rollback = true;
 };
 
 class Session {

@@ -1,7 +1,8 @@
 // The Mamba-1 mixer of a recurrent layer over a batch of forward rows. Rows of different sequences run
 // together: the projections are packed matrix products over all rows; the convolution and the scan run per
-// channel range across the team, each range taking the rows in batch order, so a sequence's rows see the
-// state its previous row left. Before a sequence's first row, each layer carries out the plan its
+// channel range across the team, each range in blocks of 64 channels and each block taking the rows in batch
+// order, so a sequence's rows see the state its previous row left (and a window's rows find the block's state
+// in the L1 cache). Before a sequence's first row, each layer carries out the plan its
 // RecurrentState recorded (cache/recurrent.h): after a rollback it brings the base state up to the accepted
 // length by replaying the kept inputs of the accepted rows through the same kernels (so the bits are those
 // decoding gave), or moves the base state forward; each row then keeps its inputs for later replays.

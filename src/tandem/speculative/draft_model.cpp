@@ -101,9 +101,17 @@ DraftModelBatch::DraftModelBatch(const model::Model& draft, ThreadPool& pool, in
   groups_.reserve(n);
 }
 
+namespace {
+// A drafter's sequence is rolled back after every round.
+model::SessionOptions with_rollback(model::SessionOptions options) {
+  options.rollback = true;
+  return options;
+}
+}  // namespace
+
 DraftModelSource::DraftModelSource(const model::Model& draft, const model::Model& target, ThreadPool& pool,
                                    const model::SessionOptions& options, DraftModelBatch* batch)
-    : session_((check_same_vocabulary(target, draft), draft), pool, options),
+    : session_((check_same_vocabulary(target, draft), draft), pool, with_rollback(options)),
       batch_(batch),
       sampler_(sampling::Params{}),
       ranker_(sampling::Params{}),
