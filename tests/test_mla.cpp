@@ -7,6 +7,7 @@
 // the same bits alone as inside 16 rows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -228,6 +229,47 @@ TEST(MlaProjection, ARowHasTheSameBitsAloneAsInAWindow) {
     EXPECT_EQ(0,
               std::memcmp(out1.data(), out.data() + pick * kHeads * kHeadDimV, out1.size() * sizeof(float)));
   }
+}
+
+// The per-thread product the projections run per head (kernels::matmul_on_thread) gives every row the bits
+// matmul() gives it, for quantized weights too (activations quantized a few rows at a time into the thread's
+// own copy), over strided input and output rows, in the file's form and the form the loader repacks into.
+TEST(MlaProjection, PerThreadMatmulHasTheBitsOfMatmul) {
+  ThreadPool pool(2);
+  constexpr int64_t kRows = 48, kCols = 512, kStride = kCols + 32, kOutStride = kRows + 16;
+  for (DType type : {DType::Q4_0, DType::Q8_0, DType::F16})
+    for (bool repacked : {false, true})
+      for (kernels::Target target : {kernels::best_target(), kernels::Target::kScalar}) {
+        SCOPED_TRACE(std::string(dtype_name(type)) + (repacked ? " repacked" : " file form") +
+                     (target == kernels::Target::kScalar ? " scalar" : " best target"));
+        const std::vector<float> values = normal_floats(kRows * kCols, 400);
+        AlignedBytes bytes(row_bytes(type, kCols) * kRows);
+        for (int64_t o = 0; o < kRows; ++o)
+          quantize_row(type, values.data() + o * kCols,
+                       bytes.data() + static_cast<size_t>(o) * row_bytes(type, kCols), kCols);
+        MatrixView w = view(type, kRows, kCols, bytes.data());
+        if (repacked) {
+          w.form = kernels::repack_form(type, kRows, kCols, bytes.data(), target);
+          if (w.form != WeightForm::kFile) kernels::repack_rows(w.form, type, kCols, bytes.data(), w.bytes());
+        }
+        kernels::MatmulScratch scratch(pool.size(), kCols, kMaxRows, target);
+        for (int64_t R : {1, 3, 16}) {
+          SCOPED_TRACE("rows " + std::to_string(R));
+          const std::vector<float> x = normal_floats(R * kCols, static_cast<uint32_t>(500 + R));
+          std::vector<float> want(static_cast<size_t>(R * kRows));
+          kernels::matmul(w, x.data(), R, want.data(), pool, scratch);
+          std::vector<float> xs(static_cast<size_t>(R * kStride), 0.0f);
+          for (int64_t r = 0; r < R; ++r) std::copy_n(x.data() + r * kCols, kCols, xs.data() + r * kStride);
+          std::vector<float> got(static_cast<size_t>(R * kOutStride), -1.0f);
+          kernels::matmul_on_thread(w, xs.data(), kStride, R, got.data(), kOutStride, scratch, 1);
+          for (int64_t r = 0; r < R; ++r) {
+            ASSERT_EQ(
+                0, std::memcmp(got.data() + r * kOutStride, want.data() + r * kRows, kRows * sizeof(float)))
+                << "row " << r;
+            ASSERT_EQ(got[static_cast<size_t>(r * kOutStride + kRows)], -1.0f);  // nothing past the row
+          }
+        }
+      }
 }
 
 }  // namespace
