@@ -91,9 +91,11 @@ void float_matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y,
 }
 
 // Output rows [o0, o1) of one quantized matrix over activations already quantized.
+// y: row r's outputs at y + r * y_stride.
 void quant_rows(const QuantKernels& qk, const MatrixView& w, const ActSuper* act, int64_t n_rows, float* y,
-                int64_t o0, int64_t o1, UnpackedSuper* buf, uint8_t* file_row, PrefetchReach reach) {
-  const int64_t N = w.rows, K = w.cols, ns = super_count(K);
+                int64_t y_stride, int64_t o0, int64_t o1, UnpackedSuper* buf, uint8_t* file_row,
+                PrefetchReach reach) {
+  const int64_t K = w.cols, ns = super_count(K);
   const bool signed_codes = w.type == DType::Q8_0 && qk.signed_q8;
   // Decode and verify windows: one pass over the weights, each weight row decoded once for all rows (straight
   // from the file bytes where the target has a direct kernel). Prefill: the same per chunk of activation
@@ -114,7 +116,7 @@ void quant_rows(const QuantKernels& qk, const MatrixView& w, const ActSuper* act
       for (int64_t p = 0, r0 = 0; p < passes; ++p) {
         const int64_t nr = (n_rows - r0) / (passes - p);
         qk.direct_rows(w.type, w.form, w.row(b0), static_cast<int64_t>(w.row_bytes), b1 - b0, K,
-                       act + r0 * ns, ns, nr, y + r0 * N + b0, N, reach);
+                       act + r0 * ns, ns, nr, y + r0 * y_stride + b0, y_stride, reach);
         r0 += nr;
       }
     }
@@ -133,7 +135,7 @@ void quant_rows(const QuantKernels& qk, const MatrixView& w, const ActSuper* act
       } else {
         qk.unpack_row(w.type, w.form, w.row(o), K, signed_codes, buf);
       }
-      qk.dot_rows(buf, ns, act + r0 * ns, ns, nr, w.type, signed_codes, y + r0 * N + o, N);
+      qk.dot_rows(buf, ns, act + r0 * ns, ns, nr, w.type, signed_codes, y + r0 * y_stride + o, y_stride);
     }
   }
 }
@@ -202,7 +204,7 @@ void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t n_row
       const int64_t n = (o.w->rows + kOutputGrain - 1) / kOutputGrain;
       const int64_t b = std::max(u0, first), e = std::min(u1, first + n);
       if (b < e)
-        quant_rows(qk, *o.w, a, n_rows, o.y, (b - first) * kOutputGrain,
+        quant_rows(qk, *o.w, a, n_rows, o.y, o.w->rows, (b - first) * kOutputGrain,
                    std::min(o.w->rows, (e - first) * kOutputGrain), buf, scratch.file_row_buffer(thread),
                    scratch.prefetch_reach());
       first += n;
@@ -266,6 +268,31 @@ void matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y, Threa
   if (!is_quantized_weight(w.type)) return float_matmul(w, x, n_rows, y, pool);
   const MatmulOut out{&w, y};
   matmul_group(std::span<const MatmulOut>(&out, 1), x, n_rows, pool, scratch);
+}
+
+void matmul_on_thread(const MatrixView& w, const float* x, int64_t x_stride, int64_t n_rows, float* y,
+                      int64_t y_stride, MatmulScratch& scratch, int thread) {
+  if (n_rows <= 0 || w.rows <= 0) return;
+  const int64_t N = w.rows, K = w.cols;
+  if (!is_quantized_weight(w.type)) {
+    TANDEM_CHECK(w.type == DType::F32 || w.type == DType::F16 || w.type == DType::BF16,
+                 "matmul: unsupported weight type " + std::string(dtype_name(w.type)));
+    float_matmul_rows(w.type, w.data, w.row_bytes, 0, N, K, x, x_stride, n_rows, y, y_stride);
+    return;
+  }
+  TANDEM_CHECK(K <= scratch.max_cols(), "matmul scratch too small");
+  const QuantKernels& qk = quant_kernels(scratch.target());
+  const ActForm form = activation_form(qk, w);
+  const int64_t ns = super_count(K);
+  // The thread's own activations, kOwnActivationRows rows at a time (each row's result depends only on that
+  // row, so the grouping changes no bits). They are refilled by the next matmul call (a new call number).
+  ActSuper* act = scratch.own_activations(thread);
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kOwnActivationRows) {
+    const int64_t nr = std::min(kOwnActivationRows, n_rows - r0);
+    for (int64_t r = 0; r < nr; ++r) qk.quantize_row(x + (r0 + r) * x_stride, K, form, act + r * ns);
+    quant_rows(qk, w, act, nr, y + r0 * y_stride, y_stride, 0, N, scratch.unpack_buffer(thread),
+               scratch.file_row_buffer(thread), scratch.prefetch_reach());
+  }
 }
 
 void matmul_reference(const MatrixView& w, const float* x, int64_t n_rows, float* y) {

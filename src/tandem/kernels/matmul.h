@@ -119,6 +119,14 @@ void encoder_matmul_group(std::span<const MatmulOut> outs, const float* x, int64
 void encoder_matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y, ThreadPool& pool,
                     MatmulScratch& scratch);
 
+// matmul() computed wholly by the calling thread, as thread `thread` of a parallel region of the pool that
+// `scratch` was made for (it uses that thread's buffers): for many small products of different inputs (one
+// per attention head) run as one task each in a single region, rather than one region each. Row r of the
+// input at x + r * x_stride, its outputs at y + r * y_stride. Every row's result has the same bits as
+// matmul() gives it. w.cols <= scratch.max_cols() for quantized weights.
+void matmul_on_thread(const MatrixView& w, const float* x, int64_t x_stride, int64_t n_rows, float* y,
+                      int64_t y_stride, MatmulScratch& scratch, int thread);
+
 // Scalar reference: dequantizes each weight row and accumulates in double. Tests compare kernels with it.
 void matmul_reference(const MatrixView& w, const float* x, int64_t n_rows, float* y);
 

@@ -43,7 +43,7 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
   runs_.reserve(static_cast<size_t>(max_rows));
   if (c.moe.n_expert > 0) moe_ = MoeFfn(c, max_rows);
   if (c.mla.kv_lora_rank > 0) {
-    mla_ = MlaProjection(c, max_rows, pool.size());
+    mla_ = MlaProjection(c, max_rows);
     alloc(latent_q_, c.n_head * mla_.key_width());
     alloc(latent_k_, mla_.key_width());
     alloc(latent_att_, c.n_head * c.mla.kv_lora_rank);
@@ -207,7 +207,8 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
     }
     timed(&PhaseTimes::attention_s, [&] { attention(rows, caches, il); });
     if (!l.mla.empty())
-      timed(&PhaseTimes::matmul_s, [&] { mla_.expand(l.mla, latent_att_.data(), R, att_.data(), pool_); });
+      timed(&PhaseTimes::matmul_s,
+            [&] { mla_.expand(l.mla, latent_att_.data(), R, att_.data(), pool_, scratch_); });
     timed(&PhaseTimes::matmul_s, [&] { kernels::matmul(l.wo, att_.data(), R, xb_.data(), pool_, scratch_); });
     for_rows(R, [&](int64_t r) {
       float* out = xb_.data() + r * c.n_embd;

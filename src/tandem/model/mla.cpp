@@ -5,11 +5,88 @@
 
 #include "tandem/kernels/ops.h"
 #include "tandem/kernels/quant_layout.h"
+#include "tandem/kernels/repack.h"
+#include "tandem/tensor/fp16.h"
 #include "tandem/tensor/quant.h"
+#include "tandem/util/error.h"
 
 namespace tandem::model {
 
-MlaProjection::MlaProjection(const Config& c, int64_t max_rows, int threads)
+namespace {
+
+// Rows of one task of the per-head products: a head's rows of a call are split into runs of this many, so
+// that a prefill batch spreads over more threads than there are heads. (Results do not depend on it.)
+constexpr int64_t kRowsPerTask = kernels::kPrefillChunk;
+
+// The copies' layout (make_mla_copies): the transposed keys, then from a 64-byte boundary the values.
+struct CopyLayout {
+  DType key_type = DType::F32;
+  size_t key_bytes = 0, value_at = 0, value_bytes = 0;
+};
+
+CopyLayout copy_layout(const Config& c, const MlaWeights& w) {
+  const int64_t nope = c.head_dim - c.n_rot;
+  CopyLayout l;
+  l.key_type = w.wkv_b.type == DType::F32 ? DType::F32 : DType::F16;
+  l.key_bytes = static_cast<size_t>(c.n_head * c.mla.kv_lora_rank) * row_bytes(l.key_type, nope);
+  l.value_at = (l.key_bytes + 63) / 64 * 64;
+  if (kernels::is_quantized_weight(w.wkv_b.type))
+    l.value_bytes = static_cast<size_t>(c.n_head * c.head_dim_v) * row_bytes(DType::F16, c.mla.kv_lora_rank);
+  return l;
+}
+
+}  // namespace
+
+size_t mla_copy_bytes(const Config& c, const MlaWeights& w) {
+  const CopyLayout l = copy_layout(c, w);
+  return (l.value_at + l.value_bytes + 63) / 64 * 64;
+}
+
+void make_mla_copies(const Config& c, MlaWeights& w, uint8_t* out) {
+  const int64_t nope = c.head_dim - c.n_rot, kv_b = nope + c.head_dim_v, L = c.mla.kv_lora_rank;
+  TANDEM_CHECK(w.wkv_b.rows == c.n_head * kv_b && w.wkv_b.cols == L, "attn_kv_b has an unexpected shape");
+  const CopyLayout layout = copy_layout(c, w);
+  MatrixView& k = w.wk_t;
+  k = MatrixView{};
+  k.type = layout.key_type;
+  k.rows = c.n_head * L;
+  k.cols = nope;
+  k.row_bytes = row_bytes(k.type, nope);
+  k.data = out;
+  MatrixView& v = w.wv;
+  v = MatrixView{};
+  if (layout.value_bytes > 0) {
+    v.type = DType::F16;
+    v.rows = c.n_head * c.head_dim_v;
+    v.cols = L;
+    v.row_bytes = row_bytes(DType::F16, L);
+    v.data = out + layout.value_at;
+  }
+  // At load only: one row of attn_kv_b at a time in the file's form, dequantized.
+  std::vector<uint8_t> file_row(w.wkv_b.row_bytes);
+  std::vector<float> row(static_cast<size_t>(L));
+  for (int64_t h = 0; h < c.n_head; ++h)
+    for (int64_t i = 0; i < kv_b; ++i) {
+      if (i >= nope && v.empty()) continue;
+      kernels::file_form_row(w.wkv_b, h * kv_b + i, file_row.data());
+      dequantize_row(w.wkv_b.type, file_row.data(), row.data(), L);
+      if (i >= nope) {
+        auto* dst = reinterpret_cast<uint16_t*>(
+            out + layout.value_at + static_cast<size_t>(h * c.head_dim_v + i - nope) * v.row_bytes);
+        for (int64_t j = 0; j < L; ++j) dst[j] = f32_to_fp16(row[static_cast<size_t>(j)]);
+        continue;
+      }
+      for (int64_t j = 0; j < L; ++j) {
+        uint8_t* dst = out + static_cast<size_t>(h * L + j) * k.row_bytes;
+        if (k.type == DType::F32)
+          reinterpret_cast<float*>(dst)[i] = row[static_cast<size_t>(j)];
+        else
+          reinterpret_cast<uint16_t*>(dst)[i] = f32_to_fp16(row[static_cast<size_t>(j)]);
+      }
+    }
+}
+
+MlaProjection::MlaProjection(const Config& c, int64_t max_rows)
     : n_head_(c.n_head),
       head_dim_(c.head_dim),
       head_dim_v_(c.head_dim_v),
@@ -21,14 +98,14 @@ MlaProjection::MlaProjection(const Config& c, int64_t max_rows, int threads)
   qa_.resize(rows * static_cast<size_t>(std::max<int64_t>(q_lora_, 1)));
   kva_.resize(rows * static_cast<size_t>(kv_lora_ + n_rot_));
   qf_.resize(rows * static_cast<size_t>(n_head_ * head_dim_));
-  row_.resize(static_cast<size_t>(threads * kv_lora_));
   latent_q8_.resize(row_bytes(DType::Q8_0, kv_lora_));
 }
 
 void MlaProjection::project(const MlaWeights& w, const float* x, int64_t R, const float* cs, float* q,
                             float* k, ThreadPool& pool, kernels::MatmulScratch& scratch) {
-  const int64_t nope = head_dim_ - n_rot_, kv_a = kv_lora_ + n_rot_, kv_b = nope + head_dim_v_;
+  const int64_t nope = head_dim_ - n_rot_, kv_a = kv_lora_ + n_rot_;
   const bool round_latent = kernels::is_quantized_weight(w.wkv_b.type);
+  TANDEM_CHECK(!w.wk_t.empty(), "latent attention without its key copy (Model::from_file)");
   if (q_lora_ > 0) {
     const kernels::MatmulOut outs[] = {{&w.wq_a, qa_.data()}, {&w.wkv_a, kva_.data()}};
     kernels::matmul_group(outs, x, R, pool, scratch);
@@ -52,39 +129,44 @@ void MlaProjection::project(const MlaWeights& w, const float* x, int64_t R, cons
     for (int64_t h = 0; h < n_head_; ++h) {
       float* qh = qf_.data() + (r * n_head_ + h) * head_dim_;
       kernels::rope_apply(qh + nope, n_rot_, rc, /*neox=*/false);
-      float* qa = q + (r * n_head_ + h) * kv_a;
-      std::fill_n(qa, kv_lora_, 0.0f);
-      std::copy_n(qh + nope, n_rot_, qa + kv_lora_);
+      std::copy_n(qh + nope, n_rot_, q + (r * n_head_ + h) * kv_a + kv_lora_);
     }
   }
-  // q_latent[h] = sum_i q_nope[h][i] * W_k[h][i], over the key rows of attn_kv_b, each dequantized once per
-  // call; every row accumulates in the order of i, whatever the batch. One task per head.
-  pool.parallel_for(n_head_, 1, [&](int64_t h0, int64_t h1, int thread) {
-    float* row = row_.data() + static_cast<size_t>(thread) * static_cast<size_t>(kv_lora_);
-    for (int64_t h = h0; h < h1; ++h)
-      for (int64_t i = 0; i < nope; ++i) {
-        dequantize_row(w.wkv_b.type, w.wkv_b.row(h * kv_b + i), row, kv_lora_);
-        for (int64_t r = 0; r < R; ++r) {
-          const float qi = qf_[static_cast<size_t>((r * n_head_ + h) * head_dim_ + i)];
-          float* qa = q + (r * n_head_ + h) * kv_a;
-          for (int64_t j = 0; j < kv_lora_; ++j) qa[j] += qi * row[j];
-        }
-      }
+  // q_latent[h] = sum_i q_nope[h][i] * W_k[h][i] = W_k[h]^T q_nope[h]: the product of head h's absorbed
+  // keys by the heads' nope parts of the queries (row stride n_head * head_dim), straight into q.
+  const int64_t runs = (R + kRowsPerTask - 1) / kRowsPerTask;
+  pool.parallel_for_stealing(n_head_ * runs, 1, [&](int64_t u0, int64_t u1, int thread) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t h = u / runs, r0 = (u % runs) * kRowsPerTask, nr = std::min(kRowsPerTask, R - r0);
+      kernels::matmul_on_thread(w.wk_t.row_range(h * kv_lora_, kv_lora_),
+                                qf_.data() + r0 * n_head_ * head_dim_ + h * head_dim_, n_head_ * head_dim_,
+                                nr, q + (r0 * n_head_ + h) * kv_a, n_head_ * kv_a, scratch, thread);
+    }
   });
 }
 
-void MlaProjection::expand(const MlaWeights& w, const float* latent, int64_t R, float* out,
-                           ThreadPool& pool) {
+void MlaProjection::expand(const MlaWeights& w, const float* latent, int64_t R, float* out, ThreadPool& pool,
+                           kernels::MatmulScratch& scratch) {
   const int64_t nope = head_dim_ - n_rot_, kv_b = nope + head_dim_v_;
-  pool.parallel_for(n_head_, 1, [&](int64_t h0, int64_t h1, int thread) {
-    float* row = row_.data() + static_cast<size_t>(thread) * static_cast<size_t>(kv_lora_);
-    for (int64_t h = h0; h < h1; ++h)
-      for (int64_t j = 0; j < head_dim_v_; ++j) {
-        dequantize_row(w.wkv_b.type, w.wkv_b.row(h * kv_b + nope + j), row, kv_lora_);
-        for (int64_t r = 0; r < R; ++r)
-          out[(r * n_head_ + h) * head_dim_v_ + j] =
-              kernels::dot_f32(row, latent + (r * n_head_ + h) * kv_lora_, kv_lora_);
-      }
+  // Head h's values: rows [h * kv_b + nope, (h + 1) * kv_b) of attn_kv_b, or rows [h * head_dim_v,
+  // (h + 1) * head_dim_v) of its F16 copy; its latent outputs and its values lie at a row stride of all the
+  // heads'.
+  const bool copy = !w.wv.empty();
+  TANDEM_CHECK(copy || !kernels::is_quantized_weight(w.wkv_b.type),
+               "latent attention without its value copy (Model::from_file)");
+  const MatrixView& values = copy ? w.wv : w.wkv_b;
+  const int64_t first = copy ? 0 : nope, stride = copy ? head_dim_v_ : kv_b;
+  for (int64_t h = 0; h < n_head_; ++h)
+    TANDEM_CHECK(values.row_range_fits(h * stride + first, head_dim_v_), "value rows out of their matrix");
+  const int64_t runs = (R + kRowsPerTask - 1) / kRowsPerTask;
+  pool.parallel_for_stealing(n_head_ * runs, 1, [&](int64_t u0, int64_t u1, int thread) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t h = u / runs, r0 = (u % runs) * kRowsPerTask, nr = std::min(kRowsPerTask, R - r0);
+      kernels::matmul_on_thread(values.row_range(h * stride + first, head_dim_v_),
+                                latent + (r0 * n_head_ + h) * kv_lora_, n_head_ * kv_lora_, nr,
+                                out + (r0 * n_head_ + h) * head_dim_v_, n_head_ * head_dim_v_, scratch,
+                                thread);
+    }
   });
 }
 

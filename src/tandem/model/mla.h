@@ -6,6 +6,15 @@
 // latent space is expanded by W_v afterwards. The attention between is the standard one, with every query
 // head in the group of the single KV head.
 //
+// Both per-head products run through the matmul kernels (kernels/matmul.h), one task per head and run of
+// rows, so every row has the same bits alone, in a verify window or in a batch. The absorption multiplies a
+// copy made at load of each head's key rows transposed (MlaWeights::wk_t: F32 when attn_kv_b is F32, else
+// F16, dequantized values rounded by at most 2^-11). The expansion multiplies the head's value rows, a row
+// range of attn_kv_b where it is a float type, else of an F16 copy made at load (MlaWeights::wv): a
+// quantized attn_kv_b would meet the heads' latent outputs rounded to 8 bits, a rounding the reference does
+// not make there (it expands each cached latent, then averages), which moved more routing near-ties of the
+// V3 Q8_0 golden past the tolerance.
+//
 // A quantized attn_kv_b multiplies 8-bit activations wherever it runs as a matrix product (here and in the
 // reference): the expanded keys and values are W_k q8(c) and W_v q8(c), c rounded to Q8_0 blocks of 32. The
 // absorbed form keeps that rounding point: the cached latent is q8(c) when attn_kv_b is quantized.
@@ -24,11 +33,18 @@ namespace tandem::model {
 // the file holds; attn_kv_a_mqa, attn_kv_a_norm, attn_kv_b).
 void bind_mla_layer(const ArchReader& r, const Config& c, int64_t layer, MlaWeights& w);
 
+// The copies of a layer's attn_kv_b (in any form) that its products multiply, made at load: MlaWeights::wk_t,
+// head h's key rows (W_k[h]: head_dim - n_rot rows of kv_lora_rank) transposed as its rows
+// [h * kv_lora_rank, (h + 1) * kv_lora_rank), F32 when attn_kv_b is F32, else F16; and where attn_kv_b is
+// quantized, MlaWeights::wv, the heads' value rows in F16 (head h's from row h * head_dim_v).
+// mla_copy_bytes: their size; make_mla_copies writes them to out (64-byte aligned) and sets the views.
+size_t mla_copy_bytes(const Config& c, const MlaWeights& w);
+void make_mla_copies(const Config& c, MlaWeights& w, uint8_t* out);
+
 class MlaProjection {
  public:
   MlaProjection() = default;
-  // threads: the pool's size (per-thread scratch).
-  MlaProjection(const Config& c, int64_t max_rows, int threads);
+  MlaProjection(const Config& c, int64_t max_rows);
 
   // For R rows of normed input x [R, n_embd] at the rotary angles cs [R, n_rot] (kernels::rope_angles):
   //   q: [R, n_head * (kv_lora_rank + n_rot)] the absorbed queries; k: [R, kv_lora_rank + n_rot] each row's
@@ -37,7 +53,8 @@ class MlaProjection {
                ThreadPool& pool, kernels::MatmulScratch& scratch);
   // The heads' attention outputs in latent space, latent: [R, n_head * kv_lora_rank], expanded to
   // out: [R, n_head * head_dim_v].
-  void expand(const MlaWeights& w, const float* latent, int64_t R, float* out, ThreadPool& pool);
+  void expand(const MlaWeights& w, const float* latent, int64_t R, float* out, ThreadPool& pool,
+              kernels::MatmulScratch& scratch);
 
   // Widths of the absorbed query and the cache entry per head.
   int64_t key_width() const { return kv_lora_ + n_rot_; }
@@ -49,7 +66,6 @@ class MlaProjection {
   std::vector<float> kva_;          // [max_rows, kv_lora_rank + n_rot]
   std::vector<float> qf_;           // [max_rows, n_head * head_dim] the queries before absorption
   std::vector<uint8_t> latent_q8_;  // one latent row as Q8_0 (see project())
-  std::vector<float> row_;          // [threads, kv_lora_rank] one dequantized row of attn_kv_b per thread
 };
 
 }  // namespace tandem::model

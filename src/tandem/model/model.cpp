@@ -2,6 +2,7 @@
 
 #include "tandem/kernels/quant_layout.h"
 #include "tandem/kernels/repack.h"
+#include "tandem/model/mla.h"
 #include "tandem/util/error.h"
 
 namespace tandem::model {
@@ -27,7 +28,8 @@ void repack_layer(const gguf::File& file, LayerWeights& l) {
   for (MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.ssm_in, &l.ssm_x,
                         &l.ssm_dt, &l.ssm_out})
     repack(file, *m);
-  // attn_kv_b stays in the file's form: latent attention reads it row by row (model/mla.h).
+  // attn_kv_b stays in the file's form: latent attention multiplies copies of it, or its own float rows
+  // (model/mla.h).
   for (MatrixView* m : {&l.mla.wq, &l.mla.wq_a, &l.mla.wq_b, &l.mla.wkv_a}) repack(file, *m);
   for (MatrixView* m : {&l.moe.router, &l.moe.shared_gate, &l.moe.shared_up, &l.moe.shared_down})
     repack(file, *m);
@@ -70,6 +72,24 @@ void make_channel_minor(const Config& c, Weights& w, std::vector<float>& owner) 
   }
 }
 
+// Every latent attention layer's copies of attn_kv_b (model/mla.h; the MTP layers' too) into `owner`,
+// which must not be resized afterwards.
+void make_mla_layer_copies(const Config& c, Weights& w, std::vector<uint8_t>& owner) {
+  std::vector<MlaWeights*> layers;
+  for (LayerWeights& l : w.layers)
+    if (!l.mla.empty()) layers.push_back(&l.mla);
+  for (MtpWeights& m : w.mtp)
+    if (!m.block.mla.empty()) layers.push_back(&m.block.mla);
+  size_t total = 0;
+  for (const MlaWeights* m : layers) total += mla_copy_bytes(c, *m);
+  owner.assign(total, 0);
+  size_t at = 0;
+  for (MlaWeights* m : layers) {
+    make_mla_copies(c, *m, owner.data() + at);
+    at += mla_copy_bytes(c, *m);
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<Model> Model::load(const std::string& path, gguf::LoadMode mode) {
@@ -79,6 +99,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, gguf::LoadMode mode)
 std::unique_ptr<Model> Model::from_file(gguf::File file) {
   std::unique_ptr<Model> m(new Model(std::move(file)));
   bind_model(m->file_, m->config_, m->weights_);
+  make_mla_layer_copies(m->config_, m->weights_, m->mla_copies_);
   repack_layer_weights(m->file_, m->weights_);
   make_channel_minor(m->config_, m->weights_, m->channel_minor_);
   return m;
@@ -90,8 +111,13 @@ size_t Model::weight_bytes_per_token() const {
     total += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.w_gate.bytes() + l.w_up.bytes() +
              l.w_down.bytes() + l.ssm_in.bytes() + l.ssm_x.bytes() + l.ssm_dt.bytes() + l.ssm_out.bytes() +
              l.ssm_conv1d.bytes() + l.ssm_a.bytes();
-    total += l.mla.wq.bytes() + l.mla.wq_a.bytes() + l.mla.wq_b.bytes() + l.mla.wkv_a.bytes() +
-             l.mla.wkv_b.bytes();
+    // Latent attention reads its copies of attn_kv_b, or of its float rows the keys' copy and the values.
+    total +=
+        l.mla.wq.bytes() + l.mla.wq_a.bytes() + l.mla.wq_b.bytes() + l.mla.wkv_a.bytes() + l.mla.wk_t.bytes();
+    if (!l.mla.empty())
+      total += l.mla.wv.empty()
+                   ? static_cast<size_t>(config_.n_head * config_.head_dim_v) * l.mla.wkv_b.row_bytes
+                   : l.mla.wv.bytes();
     if (l.moe.empty()) continue;
     // The router, the shared expert and the n_expert_used routed experts a token reads.
     total += l.moe.router.bytes() + l.moe.shared_gate.bytes() + l.moe.shared_up.bytes() +
@@ -108,7 +134,8 @@ int64_t Model::quantized_macs_per_token() const {
   for (const LayerWeights& l : weights_.layers) {
     total += macs(l.wq) + macs(l.wk) + macs(l.wv) + macs(l.wo) + macs(l.w_gate) + macs(l.w_up) +
              macs(l.w_down) + macs(l.ssm_in) + macs(l.ssm_x) + macs(l.ssm_dt) + macs(l.ssm_out);
-    total += macs(l.mla.wq) + macs(l.mla.wq_a) + macs(l.mla.wq_b) + macs(l.mla.wkv_a) + macs(l.mla.wkv_b);
+    // (attn_kv_b is multiplied through float copies or as floats.)
+    total += macs(l.mla.wq) + macs(l.mla.wq_a) + macs(l.mla.wq_b) + macs(l.mla.wkv_a);
     if (l.moe.empty()) continue;
     total += macs(l.moe.router) + macs(l.moe.shared_gate) + macs(l.moe.shared_up) + macs(l.moe.shared_down);
     total += config_.moe.n_expert_used * (macs(l.moe.gate[0]) + macs(l.moe.up[0]) + macs(l.moe.down[0]));

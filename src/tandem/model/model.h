@@ -37,6 +37,7 @@ class Model {
   Config config_;
   Weights weights_;
   std::vector<float> channel_minor_;  // the recurrent layers' ssm_conv_t and ssm_a_t (weights.h)
+  std::vector<uint8_t> mla_copies_;   // the latent attention layers' wk_t and wv (weights.h)
 };
 
 // What an architecture file uses to read metadata and bind tensors with checked shapes. Metadata of the

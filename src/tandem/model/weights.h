@@ -33,6 +33,11 @@ struct MlaWeights {
   VectorView kv_a_norm;  // [kv_lora_rank]
   MatrixView wkv_b;      // [n_head * (head_dim - n_rot + head_dim_v), kv_lora_rank]: per head, key nope part
                          // then value
+  // Copies of wkv_b made at load (model/mla.h, make_mla_copies), owned by the Model; empty until
+  // Model::from_file makes them.
+  MatrixView wk_t;  // [n_head * kv_lora_rank, head_dim - n_rot]: per head, its key rows transposed (F32/F16)
+  MatrixView wv;    // [n_head * head_dim_v, kv_lora_rank]: the value rows in F16 where wkv_b is quantized;
+                    // else empty (wkv_b's own value rows are multiplied)
   bool empty() const { return wkv_a.empty(); }
 };
 

@@ -32,6 +32,18 @@ struct MatrixView {
   // Where row r starts (in row tiles: the start of its tile of 16 rows when r is a multiple of 16).
   const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
   size_t bytes() const { return static_cast<size_t>(rows) * row_bytes; }
+  // Rows [r0, r0 + n) as a matrix of their own: a view of the same bytes, in the same form (no copy). In
+  // row tiles r0 and n must be multiples of 16 (whole tiles; row_range_fits).
+  MatrixView row_range(int64_t r0, int64_t n) const {
+    MatrixView v = *this;
+    v.data = row(r0);
+    v.rows = n;
+    return v;
+  }
+  bool row_range_fits(int64_t r0, int64_t n) const {
+    return r0 >= 0 && n >= 0 && r0 + n <= rows &&
+           (form != WeightForm::kRowTiles || (r0 % 16 == 0 && n % 16 == 0));
+  }
 };
 
 // A 1-D f32 vector (norm weights, biases). Borrowed from the mapped file.
