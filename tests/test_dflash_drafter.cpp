@@ -123,6 +123,26 @@ TEST(DflashDrafter, GreedyOutputEqualsPlainGreedyAtEveryDepth) {
   EXPECT_GT(accepted, 0) << "the trained drafter never had a draft accepted";
 }
 
+// DFlash drafts chains only: asked for trees, the loop refuses with the way out.
+TEST(DflashDrafter, TreesAreRefusedWithAClearMessage) {
+  Trained& t = trained();
+  model::Session s(*t.target, *t.pool, model::SessionOptions{});
+  engine::SpecOptions o;
+  o.tree_nodes = 8;
+  const std::vector<int32_t> prompt = golden_prompts().front();
+  try {
+    engine::generate_speculative(
+        s, *t.result.source, prompt, o, [](int32_t) { return true; }, nullptr);
+    FAIL() << "a DFlash drafter was asked for trees";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the dflash drafter reads the target's hidden states and drafts chains only"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("--tree-nodes 0"), std::string::npos) << what;
+  }
+}
+
 TEST(DflashDrafter, LoadedCheckpointDraftsLikeTheTrainedOne) {
   Trained& t = trained();
   auto loaded = DflashDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool,

@@ -59,10 +59,10 @@ class Run {
         throw Error(
             "draft trees need a KV cache with value rows; a latent (MLA) cache keeps its values in its key "
             "rows, so an accepted path cannot move yet; use chains (--tree-nodes 0)");
-      if (!source_.target_layers().empty())
-        throw Error(
-            "draft trees need a drafter that does not read the target's hidden states; use chains "
-            "(--tree-nodes 0) with this drafter");
+      if (!source_.target_layers().empty() && !source_.follows_tree_rows())
+        throw Error("the " + std::string(source_.kind()) +
+                    " drafter reads the target's hidden states and drafts chains only (draft trees come from "
+                    "draft models, n-gram lookup and EAGLE drafters); use chains (--tree-nodes 0)");
       if (options.generate.grammar)
         throw Error(
             "draft trees are not verified under an output grammar yet; use chains (--tree-nodes 0) with "
@@ -276,8 +276,12 @@ class Run {
       tree_parent_.push_back(draft_.tree.parent[i] + 1);
       tree_depth_.push_back(draft_.tree.depth[i]);
     }
+    // A drafter that reads the target receives a row per window row (DraftSource::follows_tree_rows).
+    capture_pos_ = target_.length();
+    std::fill(capture_rows_.begin(), capture_rows_.end(), 0);
     const std::span<const float> logits =
-        target_.eval_tree(window_, cache::TreeMask{target_.length(), tree_parent_, tree_depth_});
+        target_.eval_tree(window_, cache::TreeMask{target_.length(), tree_parent_, tree_depth_},
+                          capture_ ? &capture_ : nullptr);
     ++stats_.target_forwards;
     const auto depth = static_cast<size_t>(std::min<int32_t>(draft_.tree.max_depth(), o_.draft_max));
     ++stats_.depth_histogram[depth];
