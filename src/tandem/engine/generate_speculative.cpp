@@ -62,7 +62,7 @@ class Run {
       if (!source_.target_layers().empty() && !source_.follows_tree_rows())
         throw Error("the " + std::string(source_.kind()) +
                     " drafter reads the target's hidden states and drafts chains only (draft trees come from "
-                    "draft models, n-gram lookup and EAGLE drafters); use chains (--tree-nodes 0)");
+                    "draft models, n-gram lookup, EAGLE and DFlash drafters); use chains (--tree-nodes 0)");
       if (options.generate.grammar)
         throw Error(
             "draft trees are not verified under an output grammar yet; use chains (--tree-nodes 0) with "
