@@ -358,35 +358,55 @@ TEST(DflashDrafter, SampledFirstTokenFollowsTheTargetDistribution) {
   params.min_p = 0.0f;
   model::Session s(*t.target, *t.pool, model::SessionOptions{});
   sampling::Sampler sampler(params);
-  std::vector<int32_t> prompt;
-  sampling::Distribution p, candidate;
-  for (const std::vector<int32_t>& g : golden_prompts()) {
-    s.truncate(0);
-    sampler.distribution(s.eval(g), g, candidate);
-    if (candidate.size() > p.size()) prompt = g, p = candidate;
-  }
-  ASSERT_GE(p.size(), 4u);
   constexpr int kRuns = 1200;
-  std::map<int32_t, int> counts;
-  engine::SpecStats total;
-  for (int seed = 0; seed < kRuns; ++seed) {
-    engine::SpecOptions o;
-    o.generate.max_tokens = 4;
-    o.generate.sampling = params;
-    o.generate.sampling.seed = 1000 + static_cast<uint64_t>(seed);
-    o.draft_max = 4;
-    o.use_gate = false;
-    int32_t first = -1;
-    s.truncate(0);
-    total.add(engine::generate_speculative(
-        s, src, prompt, o, [&](int32_t x) { return first = x, false; }, nullptr));
-    ++counts[first];
+  for (int tree_nodes : {0, 8}) {  // chains, and trees (deterministic nodes, sibling rejection sampling)
+    // The golden prompt of the widest p; for trees, among those where a child of the tree's root has a
+    // target probability in [0.02, 0.98] (the tree is the same in every run), so that rounds both accept
+    // and reject.
+    std::vector<int32_t> prompt;
+    sampling::Distribution p, candidate;
+    for (const std::vector<int32_t>& g : golden_prompts()) {
+      s.truncate(0);
+      sampler.distribution(s.eval(g), g, candidate);
+      if (candidate.size() <= p.size()) continue;
+      bool uncertain = tree_nodes == 0;
+      if (!uncertain) {
+        src.begin(g, {});
+        feed_taps(t, src, g);
+        Draft tree;
+        src.propose_tree(g, tree_nodes, 4, tree);
+        src.accept(g, 0);
+        for (size_t i = 0; i < tree.tokens.size(); ++i) {
+          const float px = candidate.prob_of(tree.tokens[i]);
+          uncertain = uncertain || (tree.tree.parent[i] < 0 && px >= 0.02f && px <= 0.98f);
+        }
+      }
+      if (uncertain) prompt = g, p = candidate;
+    }
+    ASSERT_GE(p.size(), 4u) << tree_nodes << " nodes";
+    std::map<int32_t, int> counts;
+    engine::SpecStats total;
+    for (int seed = 0; seed < kRuns; ++seed) {
+      engine::SpecOptions o;
+      o.generate.max_tokens = 4;
+      o.generate.sampling = params;
+      o.generate.sampling.seed = 1000 + static_cast<uint64_t>(seed);
+      o.draft_max = 4;
+      o.use_gate = false;
+      o.tree_nodes = tree_nodes;
+      int32_t first = -1;
+      s.truncate(0);
+      total.add(engine::generate_speculative(
+          s, src, prompt, o, [&](int32_t x) { return first = x, false; }, nullptr));
+      ++counts[first];
+    }
+    EXPECT_GT(total.accepted, 0) << tree_nodes << " nodes";
+    EXPECT_LT(total.accepted, total.drafted) << tree_nodes << " nodes";
+    EXPECT_EQ(total.tree_rounds, tree_nodes > 0 ? kRuns : 0);
+    const testing::ChiSquare c = testing::chi_square(p.ids, p.probs, counts, kRuns);
+    EXPECT_EQ(c.outside, 0) << "a token outside the target's top-p set was sampled";
+    EXPECT_LT(c.chi2, testing::chi2_critical_1e4(c.bins - 1)) << tree_nodes << " nodes";
   }
-  EXPECT_GT(total.accepted, 0);
-  EXPECT_LT(total.accepted, total.drafted);
-  const testing::ChiSquare c = testing::chi_square(p.ids, p.probs, counts, kRuns);
-  EXPECT_EQ(c.outside, 0) << "a token outside the target's top-p set was sampled";
-  EXPECT_LT(c.chi2, testing::chi2_critical_1e4(c.bins - 1));
 }
 
 TEST(DflashDrafter, TrainingRepeatsForAFixedSeed) {

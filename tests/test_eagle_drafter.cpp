@@ -292,13 +292,6 @@ TEST(EagleDrafter, AfterEveryTreeRoundTheDrafterEqualsAFreshOne) {
   EXPECT_GT(moved, 0) << "no accepted path ran through a node past the first path";
 }
 
-// Upper 1e-4 quantile of chi-square with k degrees of freedom (Wilson-Hilferty approximation).
-double chi2_critical_1e4(int k) {
-  const double z = 3.7190;
-  const double a = 2.0 / (9.0 * k);
-  return k * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
-}
-
 // Sampled generations with EAGLE trees (deterministic nodes, verified by recursive rejection sampling over
 // siblings): the first committed token follows the target sampler's p at the prompt, by a one-sample
 // chi-square over bins of expected count >= 5.
@@ -361,27 +354,10 @@ TEST(EagleDrafter, SampledTreesKeepTheFirstTokensDistribution) {
   EXPECT_EQ(total.tree_rounds, kRuns);
   EXPECT_GT(total.accepted, 0);
   EXPECT_LT(total.accepted, total.drafted);
-  double chi2 = 0, pooled_e = 0, pooled_o = 0;
-  int bins = 0;
-  for (size_t i = 0; i < p.size(); ++i) {
-    const double e = kRuns * static_cast<double>(p.probs[i]);
-    const auto it = counts.find(p.ids[i]);
-    const double o = it == counts.end() ? 0 : it->second;
-    if (it != counts.end()) counts.erase(it);
-    if (e < 5) {
-      pooled_e += e, pooled_o += o;
-      continue;
-    }
-    chi2 += (o - e) * (o - e) / e;
-    ++bins;
-  }
-  if (pooled_e > 0) {
-    chi2 += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
-    ++bins;
-  }
-  EXPECT_TRUE(counts.empty()) << "a token outside the target's top-p set was sampled";
-  ASSERT_GE(bins, 3);
-  EXPECT_LT(chi2, chi2_critical_1e4(bins - 1));
+  const testing::ChiSquare c = testing::chi_square(p.ids, p.probs, counts, kRuns);
+  EXPECT_EQ(c.outside, 0) << "a token outside the target's top-p set was sampled";
+  ASSERT_GE(c.bins, 3);
+  EXPECT_LT(c.chi2, testing::chi2_critical_1e4(c.bins - 1));
 }
 
 // Drafting runs the network training runs, at every depth of layers: the source's output hidden state of
