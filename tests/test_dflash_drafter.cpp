@@ -2,10 +2,11 @@
 // speculative decoding whose greedy output equals plain greedy decoding token for token on every public
 // golden prompt at depths 1..8; after a speculative run (rounds rolled back), the drafter's context cache
 // equals a fresh source's over the same text; sampled verification keeps the target's distribution; a drafter
-// is refused by another target and another kind;
-// training repeats bit for bit for a fixed seed.
+// is refused by another target and another kind; a drafter of a reduced draft vocabulary keeps greedy output
+// and drafts only its tokens; training repeats bit for bit for a fixed seed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -124,6 +125,48 @@ TEST(DflashDrafter, GreedyOutputEqualsPlainGreedyAtEveryDepth) {
     }
   }
   EXPECT_GT(accepted, 0) << "the trained drafter never had a draft accepted";
+}
+
+// A reduced draft vocabulary of 128 of the target's 512 tokens: the loaded drafter's head has that many rows
+// (the target's, gathered), greedy output equals plain greedy output at every depth although the target's
+// text holds tokens outside it, and every draft is a token inside it.
+TEST(DflashDrafter, ReducedVocabularyKeepsGreedyOutputAndDraftsOnlyItsTokens) {
+  Trained& t = trained();
+  DflashTrainOptions o = small_options(*t.target, 30);
+  o.draft_vocab = 128;
+  DflashTrainResult r = train_dflash(*t.target, *t.pool, o);
+  r.info.target_file_hash = file_fingerprint(target_path());
+  const std::vector<int32_t> ids = r.info.draft_vocab;
+  ASSERT_EQ(ids.size(), 128u);
+  const std::string path = ::testing::TempDir() + "dflash_reduced_test.gguf";
+  std::vector<train::Param*> params = r.source->drafter().params();
+  train::save_drafter(path, r.info, params);
+  auto source = DflashDraftSource::load(path, *t.target, file_fingerprint(target_path()), *t.pool,
+                                        model::default_context(*t.target, 0));
+  EXPECT_EQ(source->vocab().head().rows, 128);
+  EXPECT_GE(source->vocab().bytes(), 128 * t.target->weights().output.row_bytes) << "the gathered rows";
+  int64_t outside = 0, accepted = 0;
+  for (const auto& prompt : golden_prompts()) {
+    const std::vector<int32_t> plain = run(*t.target, *t.pool, nullptr, prompt, 0);
+    for (int32_t x : plain) outside += std::binary_search(ids.begin(), ids.end(), x) ? 0 : 1;
+    for (int depth : {1, 3, 8}) {
+      engine::SpecStats st;
+      EXPECT_EQ(run(*t.target, *t.pool, source.get(), prompt, depth, &st), plain)
+          << "depth " << depth << ", prompt of " << prompt.size() << " tokens";
+      accepted += st.accepted;
+    }
+    std::vector<int32_t> text = prompt;
+    text.insert(text.end(), plain.begin(), plain.end() - 1);
+    Draft d;
+    for (size_t n = prompt.size(); n <= text.size(); ++n) {
+      source->propose(std::span<const int32_t>(text).first(n), 8, d);
+      for (int32_t x : d.tokens)
+        EXPECT_TRUE(std::binary_search(ids.begin(), ids.end(), x)) << "drafted token " << x << " is outside";
+      source->accept(std::span<const int32_t>(text).first(n), 0);
+    }
+  }
+  EXPECT_GT(outside, 0) << "the target's text never left the draft vocabulary: the test proves nothing";
+  EXPECT_GT(accepted, 0) << "the reduced drafter never had a draft accepted";
 }
 
 TEST(DflashDrafter, LoadedCheckpointDraftsLikeTheTrainedOne) {

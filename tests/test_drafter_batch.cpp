@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -119,28 +120,39 @@ void propose_rounds(std::vector<std::unique_ptr<Source>>& batched,
   }
 }
 
-// An untrained two-layer EAGLE drafter (the plain layer's cache is batched too); every call gives the same
-// weights.
-std::unique_ptr<train::EagleDrafter> eagle_drafter(const model::Model& target) {
+// A reduced draft vocabulary: every fourth of the target's 512 tokens.
+std::vector<int32_t> every_fourth() {
+  std::vector<int32_t> ids;
+  for (int32_t id = 0; id < 512; id += 4) ids.push_back(id);
+  return ids;
+}
+
+// An untrained two-layer EAGLE drafter (the plain layer's cache is batched too) whose head scores
+// draft_vocab (empty: every token); every call gives the same weights.
+std::unique_ptr<train::EagleDrafter> eagle_drafter(const model::Model& target,
+                                                   const std::vector<int32_t>& draft_vocab = {}) {
   train::EagleConfig cfg =
       eagle_config_for(target, static_cast<int64_t>(default_eagle_taps(target.config().n_layer).size()));
   cfg.n_layer = 2;
+  cfg.draft_vocab = draft_vocab;
   auto d = std::make_unique<train::EagleDrafter>(cfg, 1);
   d->init(11);
   copy_target_weights(target, *d);
   return d;
 }
 
-TEST(DrafterBatch, EagleBatchProposesAsEachSequenceAlone) {
+// With the whole vocabulary and with a reduced draft vocabulary.
+void eagle_batch_proposes_as_each_sequence_alone(const std::vector<int32_t>& draft_vocab) {
   Fixture f;
   const std::vector<int32_t> taps = default_eagle_taps(f.target->config().n_layer);
-  const train::EagleConfig cfg = eagle_drafter(*f.target)->config();
+  const train::EagleConfig cfg = eagle_drafter(*f.target, draft_vocab)->config();
   EagleDraftBatch batch(cfg, f.pool, 4, kCtx, 16);
   std::vector<std::unique_ptr<EagleDraftSource>> batched, alone;
   for (size_t i = 0; i < kSequences; ++i) {
-    batched.push_back(
-        std::make_unique<EagleDraftSource>(eagle_drafter(*f.target), taps, f.pool, kCtx, &batch));
-    alone.push_back(std::make_unique<EagleDraftSource>(eagle_drafter(*f.target), taps, f.pool, kCtx));
+    batched.push_back(std::make_unique<EagleDraftSource>(eagle_drafter(*f.target, draft_vocab), taps, f.pool,
+                                                         kCtx, *f.target, &batch));
+    alone.push_back(std::make_unique<EagleDraftSource>(eagle_drafter(*f.target, draft_vocab), taps, f.pool,
+                                                       kCtx, *f.target));
     const std::vector<float> t = taps_of(i, cfg.n_taps * cfg.d);
     batched[i]->set_taps(0, t);
     alone[i]->set_taps(0, t);
@@ -167,6 +179,16 @@ TEST(DrafterBatch, EagleBatchProposesAsEachSequenceAlone) {
   batched[2]->propose(t, 5, one);
   alone[2]->propose(t, 5, other);
   expect_same_draft(one, other, "alone");
+  for (int32_t x : one.tokens)
+    EXPECT_TRUE(draft_vocab.empty() || std::binary_search(draft_vocab.begin(), draft_vocab.end(), x)) << x;
+}
+
+TEST(DrafterBatch, EagleBatchProposesAsEachSequenceAlone) {
+  eagle_batch_proposes_as_each_sequence_alone({});
+}
+
+TEST(DrafterBatch, EagleBatchProposesAsEachSequenceAloneWithAReducedVocabulary) {
+  eagle_batch_proposes_as_each_sequence_alone(every_fourth());
 }
 
 TEST(DrafterBatch, EagleBatchRefusesADrafterOfAnotherShape) {
@@ -176,7 +198,7 @@ TEST(DrafterBatch, EagleBatchRefusesADrafterOfAnotherShape) {
   EagleDraftBatch batch(cfg, f.pool, 2, kCtx);
   try {
     EagleDraftSource s(eagle_drafter(*f.target), default_eagle_taps(f.target->config().n_layer), f.pool, kCtx,
-                       &batch);
+                       *f.target, &batch);
     FAIL() << "a two-layer drafter joined a batch of one-layer drafters";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("shape differs"), std::string::npos) << e.what();
@@ -186,28 +208,30 @@ TEST(DrafterBatch, EagleBatchRefusesADrafterOfAnotherShape) {
 // An untrained DFlash drafter of two layers and blocks of 8 whose FFN is wide enough (2^14 rows of the
 // target's width) that its FFN matrices draft from Q8_0 copies: a lone block's 8 rows run as a verify
 // window, three blocks' 24 rows as a prefill, and each row keeps its bits.
-std::unique_ptr<train::DflashDrafter> dflash_drafter(const model::Model& target) {
+std::unique_ptr<train::DflashDrafter> dflash_drafter(const model::Model& target,
+                                                     const std::vector<int32_t>& draft_vocab = {}) {
   train::DflashConfig cfg = dflash_config_for(
       target, static_cast<int64_t>(default_eagle_taps(target.config().n_layer).size()), 2, 8);
   cfg.ffn = 1 << 14;
+  cfg.draft_vocab = draft_vocab;
   auto d = std::make_unique<train::DflashDrafter>(cfg, 0, cfg.block);
   d->init(13);
   copy_target_weights(target, *d);
   return d;
 }
 
-TEST(DrafterBatch, DflashBatchProposesAsEachSequenceAlone) {
+void dflash_batch_proposes_as_each_sequence_alone(const std::vector<int32_t>& draft_vocab) {
   Fixture f;
   const std::vector<int32_t> taps = default_eagle_taps(f.target->config().n_layer);
-  const train::DflashConfig cfg = dflash_drafter(*f.target)->config();
+  const train::DflashConfig cfg = dflash_drafter(*f.target, draft_vocab)->config();
   ASSERT_GE(cfg.ffn * cfg.d, int64_t{1} << 20);
   DflashDraftBatch batch(cfg, f.pool, 4, kCtx, 16);
   std::vector<std::unique_ptr<DflashDraftSource>> batched, alone;
   for (size_t i = 0; i < kSequences; ++i) {
-    batched.push_back(std::make_unique<DflashDraftSource>(dflash_drafter(*f.target), taps, f.pool, kCtx,
-                                                          *f.target, &batch));
-    alone.push_back(
-        std::make_unique<DflashDraftSource>(dflash_drafter(*f.target), taps, f.pool, kCtx, *f.target));
+    batched.push_back(std::make_unique<DflashDraftSource>(dflash_drafter(*f.target, draft_vocab), taps,
+                                                          f.pool, kCtx, *f.target, &batch));
+    alone.push_back(std::make_unique<DflashDraftSource>(dflash_drafter(*f.target, draft_vocab), taps, f.pool,
+                                                        kCtx, *f.target));
     const std::vector<float> t = taps_of(i, cfg.n_taps * cfg.d);
     batched[i]->set_taps(0, t);
     alone[i]->set_taps(0, t);
@@ -235,6 +259,17 @@ TEST(DrafterBatch, DflashBatchProposesAsEachSequenceAlone) {
   batched[2]->propose(t, 8, one);
   alone[2]->propose(t, 8, other);
   expect_same_draft(one, other, "alone");
+  for (size_t k = 0; k < one.tokens.size(); ++k)
+    for (int32_t x : one.q[k].ids)
+      EXPECT_TRUE(draft_vocab.empty() || std::binary_search(draft_vocab.begin(), draft_vocab.end(), x)) << x;
+}
+
+TEST(DrafterBatch, DflashBatchProposesAsEachSequenceAlone) {
+  dflash_batch_proposes_as_each_sequence_alone({});
+}
+
+TEST(DrafterBatch, DflashBatchProposesAsEachSequenceAloneWithAReducedVocabulary) {
+  dflash_batch_proposes_as_each_sequence_alone(every_fourth());
 }
 
 TEST(DrafterBatch, DflashBatchRefusesALongerContext) {

@@ -10,12 +10,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,10 +25,16 @@
 
 #include "tandem/engine/generate.h"
 #include "tandem/engine/generate_speculative.h"
+#include "tandem/gguf/reader.h"
+#include "tandem/kernels/matmul.h"
 #include "tandem/model/model.h"
 #include "tandem/model/session.h"
 #include "tandem/speculative/calibration.h"
+#include "tandem/speculative/drafter_data.h"
 #include "tandem/speculative/eagle_train.h"
+#include "tandem/speculative/target_vocab.h"
+#include "tandem/tensor/fp16.h"
+#include "tandem/tensor/quant.h"
 #include "tandem/tokenizer/tokenizer.h"
 #include "tandem/util/error.h"
 #include "test_util.h"
@@ -73,6 +81,29 @@ Trained& trained() {
     r->result = train_eagle(*r->target, *r->pool, small_options(*r->target, 40));
     r->result.info.target_file_hash = file_fingerprint(target_path());
     r->checkpoint = private_temp_file("eagle_drafter_test.gguf");
+    std::vector<train::Param*> params = r->result.source->drafter().params();
+    train::save_drafter(r->checkpoint, r->result.info, params);
+    return r;
+  }();
+  return *t;
+}
+
+// A drafter of the same training whose head scores a reduced draft vocabulary of kDraftVocab of the target's
+// 512 tokens: the target's text holds tokens it can never draft.
+constexpr int64_t kDraftVocab = 128;
+
+Trained& reduced() {
+  static Trained* t = [] {
+    auto* r = new Trained;
+    r->target = model::Model::load(target_path());
+    r->pool = std::make_unique<ThreadPool>(2);
+    EagleTrainOptions o = small_options(*r->target, 40);
+    o.draft_vocab = kDraftVocab;
+    std::shared_ptr<tokenizer::Tokenizer> tok = tokenizer::Tokenizer::from_gguf(r->target->file());
+    o.is_eog = [tok](int32_t id) { return tok->is_eog(id); };
+    r->result = train_eagle(*r->target, *r->pool, o);
+    r->result.info.target_file_hash = file_fingerprint(target_path());
+    r->checkpoint = private_temp_file("eagle_reduced_test.gguf");
     std::vector<train::Param*> params = r->result.source->drafter().params();
     train::save_drafter(r->checkpoint, r->result.info, params);
     return r;
@@ -397,7 +428,8 @@ TEST(EagleDrafter, DraftingRunsTheTrainedNetworkAtEveryDepthOfLayers) {
     const std::vector<float> expected(drafter->output_hidden() + (n - 2) * cfg.d,
                                       drafter->output_hidden() + (n - 1) * cfg.d);
 
-    EagleDraftSource source(std::move(drafter), default_eagle_taps(t.target->config().n_layer), *t.pool, 256);
+    EagleDraftSource source(std::move(drafter), default_eagle_taps(t.target->config().n_layer), *t.pool, 256,
+                            *t.target);
     DraftSettings settings;
     settings.sampling.temperature = 0.0f;
     source.begin(std::span<const int32_t>(tokens).first(1), settings);
@@ -569,6 +601,303 @@ TEST(EagleDrafter, InterruptedCommandResumesToTheSameFile) {
 
 // The gate plans with each drafter's own measured cost, calibrated under its kind and file (not the zero
 // cost of a lookup, nor a draft model's).
+// The draft vocabulary's tokens: end-of-generation tokens first, then the training text's generated tokens
+// by count (ties: summed target probability, then id), held-out text and prompts not counted; ascending.
+TEST(EagleDrafter, DraftVocabularyTakesTheMostFrequentGeneratedTokens) {
+  EXPECT_EQ(draft_vocab_size(-1, 512), 0);
+  EXPECT_EQ(draft_vocab_size(-1, 32000), kDraftVocabDefault);
+  EXPECT_EQ(draft_vocab_size(512, 512), 0);
+  EXPECT_EQ(draft_vocab_size(0, 32000), 0);
+  EXPECT_EQ(draft_vocab_size(100, 512), 100);
+
+  DrafterData data;
+  data.k = 10;  // full rows over a vocabulary of 10
+  const auto sequence = [&](std::vector<int32_t> tokens, int64_t prompt, bool heldout) {
+    DrafterSequence s;
+    s.tokens = std::move(tokens);
+    s.prompt = prompt;
+    s.heldout = heldout;
+    s.mask.assign(s.tokens.size(), 0);
+    s.probs.assign(s.tokens.size() * 10, f32_to_fp16(0.0f));
+    for (size_t r = static_cast<size_t>(prompt - 1); r < s.tokens.size(); ++r) {
+      s.mask[r] = 1;
+      s.probs[r * 10 + 8] = f32_to_fp16(0.75f);  // token 8: no count, but mass
+      s.probs[r * 10 + 3] = f32_to_fp16(0.25f);
+    }
+    data.sequences.push_back(s);
+  };
+  sequence({1, 9, 9, 5, 5, 5, 7, 7, 6}, 3, false);  // prompt 1 9 9; generated 5 x3, 7 x2, 6
+  sequence({1, 4, 4, 4, 4, 4}, 1, true);            // held out: 4 does not count
+  const auto is_eog = [](int32_t id) { return id == 2; };
+  EXPECT_EQ(select_draft_vocab(data, 4, 10, is_eog), (std::vector<int32_t>{2, 5, 6, 7}));
+  EXPECT_EQ(select_draft_vocab(data, 5, 10, is_eog), (std::vector<int32_t>{2, 5, 6, 7, 8}));
+  EXPECT_EQ(select_draft_vocab(data, 1, 10, is_eog), (std::vector<int32_t>{2}));
+  EXPECT_EQ(select_draft_vocab(data, 2, 10, nullptr), (std::vector<int32_t>{5, 7}));
+  EXPECT_TRUE(select_draft_vocab(data, 10, 10, is_eog).empty()) << "the whole vocabulary";
+  EXPECT_TRUE(select_draft_vocab(data, 0, 10, is_eog).empty()) << "the whole vocabulary";
+}
+
+// Targets restricted to a draft vocabulary, over draft ids, renormalised; a row with no mass inside it is
+// masked.
+TEST(EagleDrafter, TargetRowsRestrictToTheDraftVocabulary) {
+  DrafterSequence s;
+  s.tokens = {1, 2, 3};
+  s.probs.assign(3 * 4, f32_to_fp16(0.0f));
+  // Full rows over a vocabulary of 4: row 0 (0.5, 0.25, 0, 0.25), row 1 all on token 3.
+  s.probs[0] = f32_to_fp16(0.5f);
+  s.probs[1] = f32_to_fp16(0.25f);
+  s.probs[3] = f32_to_fp16(0.25f);
+  s.probs[4 + 3] = f32_to_fp16(1.0f);
+  const std::vector<int32_t> draft = {0, 1};
+  TargetRows full(2, 4, 4, draft);
+  full.set(0, s, 0);
+  full.set(1, s, 1);
+  const std::vector<uint8_t> mask = {1, 1};
+  const train::SoftTargets t = full.view(2, nullptr, mask.data());
+  EXPECT_EQ(t.top_k, 2);
+  EXPECT_EQ(t.ids, nullptr);
+  EXPECT_NEAR(t.probs[0], 2.0f / 3.0f, 1e-6f);
+  EXPECT_NEAR(t.probs[1], 1.0f / 3.0f, 1e-6f);
+  EXPECT_EQ(t.mask[0], 1);
+  EXPECT_EQ(t.mask[1], 0) << "no mass inside the draft vocabulary";
+
+  // Top-2 rows over a vocabulary of 8, draft vocabulary {3, 5, 6}: row 0 lists 3 (0.4) and 4 (0.4), 0.2 over.
+  DrafterSequence k;
+  k.tokens = {1, 2};
+  k.ids = {3, 4, 0, 1};
+  k.probs = {f32_to_fp16(0.4f), f32_to_fp16(0.4f), f32_to_fp16(0.5f), f32_to_fp16(0.5f)};
+  k.rest = {0.2f, 0.0f};
+  const std::vector<int32_t> draft8 = {3, 5, 6};
+  TargetRows top(2, 2, 8, draft8);
+  top.set(0, k, 0);
+  const train::SoftTargets u = top.view(1, nullptr, nullptr);
+  EXPECT_EQ(u.top_k, 2);
+  ASSERT_NE(u.ids, nullptr);
+  EXPECT_EQ(u.ids[0], 0) << "target id 3 is draft id 0";
+  EXPECT_EQ(u.ids[1], -1) << "target id 4 is outside: unused";
+  EXPECT_NEAR(u.probs[0], 0.4f / 0.6f, 1e-3f);
+  EXPECT_EQ(u.probs[1], 0.0f);
+  EXPECT_NEAR(u.rest[0], 0.2f / 0.6f, 1e-3f);
+  EXPECT_EQ(u.mask[0], 1);
+  EXPECT_NO_THROW(train::validate_targets(u, 3));
+}
+
+// The target's weights as the drafters read them, on quantized targets whose head the loader may repack:
+// the gathered head rows score exactly as the target's whole head does at those ids (the same kernels on
+// the same bytes), expand() puts them at their target ids with -inf elsewhere, embed() and the training
+// copies (copy_target_rows) equal the file's own rows dequantized, and bad ids are refused.
+TEST(EagleDrafter, TargetVocabGathersTheHeadRowsOfQuantizedTargets) {
+  for (const char* type : {"Q4_0", "Q8_0", "Q6_K"}) {
+    const std::string path =
+        testing::shared_path(std::string("models/synth/synth-llama-d256-") + type + ".gguf");
+    auto target = model::Model::load(path);
+    const gguf::File original = gguf::File::open(path);  // the file's own bytes, never repacked
+    const int64_t V = target->config().n_vocab, d = target->config().n_embd;
+    const std::vector<int32_t> ids = {0, 2, 3, 17, 100, 255, 256, 300, 411, 511};
+    const TargetVocab vocab(*target, ids, d);
+    ASSERT_EQ(vocab.size(), static_cast<int64_t>(ids.size()));
+    EXPECT_EQ(vocab.head().type, target->weights().output.type) << type << ": the stored block type";
+
+    ThreadPool pool(2);
+    kernels::MatmulScratch mm(pool.size(), d, 1);
+    std::vector<float> x(static_cast<size_t>(d)), all(static_cast<size_t>(V)), some(ids.size()),
+        full(static_cast<size_t>(V));
+    for (int64_t i = 0; i < d; ++i) x[static_cast<size_t>(i)] = std::sin(0.3f * static_cast<float>(i));
+    kernels::matmul(target->weights().output, x.data(), 1, all.data(), pool, mm);
+    kernels::matmul(vocab.head(), x.data(), 1, some.data(), pool, mm);
+    for (size_t i = 0; i < ids.size(); ++i)
+      EXPECT_NEAR(some[i], all[static_cast<size_t>(ids[i])],
+                  1e-4f * (1.0f + std::abs(all[static_cast<size_t>(ids[i])])))
+          << type << ", id " << ids[i];
+    vocab.expand(some.data(), full.data());
+    for (int64_t id = 0; id < V; ++id) {
+      const auto it = std::lower_bound(ids.begin(), ids.end(), static_cast<int32_t>(id));
+      if (it != ids.end() && *it == id)
+        EXPECT_EQ(full[static_cast<size_t>(id)], some[static_cast<size_t>(it - ids.begin())]);
+      else
+        EXPECT_EQ(full[static_cast<size_t>(id)], -INFINITY) << id;
+    }
+
+    // The training copies and the embedding, against the file's rows.
+    const gguf::TensorInfo* head = original.tensor("output.weight");
+    if (head == nullptr) head = original.tensor("token_embd.weight");
+    const gguf::TensorInfo* embd = original.tensor("token_embd.weight");
+    ASSERT_NE(head, nullptr);
+    ASSERT_NE(embd, nullptr);
+    train::Param rows("output.weight", static_cast<int64_t>(ids.size()), d, false, false);
+    copy_target_rows(*target, true, ids, rows);
+    std::vector<float> want(static_cast<size_t>(d)), got(static_cast<size_t>(d));
+    const size_t head_row = head->bytes / static_cast<size_t>(V),
+                 embd_row = embd->bytes / static_cast<size_t>(V);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      dequantize_row(head->type, head->data + static_cast<size_t>(ids[i]) * head_row, want.data(), d);
+      EXPECT_EQ(0, std::memcmp(want.data(), rows.value.data() + static_cast<int64_t>(i) * d, want.size() * 4))
+          << type << ": head row " << ids[i];
+      dequantize_row(embd->type, embd->data + static_cast<size_t>(ids[i]) * embd_row, want.data(), d);
+      vocab.embed(ids[i], got.data());
+      EXPECT_EQ(want, got) << type << ": embedding row " << ids[i];
+    }
+    EXPECT_THROW(vocab.embed(static_cast<int32_t>(V), got.data()), Error);
+    const std::vector<int32_t> twice = {3, 3}, outside = {3, static_cast<int32_t>(V)};
+    EXPECT_THROW(TargetVocab(*target, twice, d), Error);
+    EXPECT_THROW(TargetVocab(*target, outside, d), Error);
+  }
+}
+
+// A reduced draft vocabulary: the file lists kDraftVocab ascending ids, the end-of-text token among them;
+// the loaded drafter's head has that many rows; speculative greedy output equals plain greedy output at
+// every depth although the target's text holds tokens outside it, and every draft is a token inside it.
+TEST(EagleDrafter, ReducedVocabularyKeepsGreedyOutputAndDraftsOnlyItsTokens) {
+  Trained& t = reduced();
+  const std::vector<int32_t>& ids = t.result.info.draft_vocab;
+  ASSERT_EQ(ids.size(), static_cast<size_t>(kDraftVocab));
+  EXPECT_TRUE(std::is_sorted(ids.begin(), ids.end()));
+  const auto tok = tokenizer::Tokenizer::from_gguf(t.target->file());
+  ASSERT_GE(tok->eos_id(), 0);
+  EXPECT_TRUE(std::binary_search(ids.begin(), ids.end(), tok->eos_id())) << "the end-of-text token";
+  const std::set<int32_t> inside(ids.begin(), ids.end());
+
+  auto source = EagleDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool,
+                                       model::default_context(*t.target, 0));
+  EXPECT_EQ(source->vocab().size(), kDraftVocab);
+  EXPECT_EQ(source->vocab().head().rows, kDraftVocab);
+  EXPECT_TRUE(source->drafter().embedding().value.empty()) << "no f32 copy of the target's embedding";
+  EXPECT_TRUE(source->drafter().head().value.empty()) << "no f32 copy of the target's head";
+  int64_t outside = 0, accepted = 0, drafts = 0;
+  for (const auto& prompt : golden_prompts()) {
+    const std::vector<int32_t> plain = run(*t.target, *t.pool, nullptr, prompt, 0);
+    for (int32_t x : plain) outside += inside.count(x) == 0 ? 1 : 0;
+    for (int depth : {1, 2, 4, 8}) {
+      engine::SpecStats st;
+      EXPECT_EQ(run(*t.target, *t.pool, source.get(), prompt, depth, &st), plain)
+          << "depth " << depth << ", prompt of " << prompt.size() << " tokens";
+      accepted += st.accepted;
+    }
+    engine::SpecStats tree_stats;
+    EXPECT_EQ(run(*t.target, *t.pool, source.get(), prompt, 8, &tree_stats, 12), plain)
+        << "trees of 12 nodes";
+    EXPECT_GT(tree_stats.tree_rounds, 0);
+    // The source holds the taps of the whole text now: drafts (chains and trees) from every prefix of it.
+    std::vector<int32_t> text = prompt;
+    text.insert(text.end(), plain.begin(), plain.end() - 1);
+    Draft d;
+    for (size_t n = prompt.size(); n <= text.size(); ++n) {
+      source->propose(std::span<const int32_t>(text).first(n), 8, d);
+      for (int32_t x : d.tokens) {
+        EXPECT_EQ(inside.count(x), 1u) << "drafted token " << x << " is outside the draft vocabulary";
+        ++drafts;
+      }
+      source->accept(std::span<const int32_t>(text).first(n), 0);
+      source->propose_tree(std::span<const int32_t>(text).first(n), 12, 6, d);
+      for (int32_t x : d.tokens) {
+        EXPECT_EQ(inside.count(x), 1u) << "tree node " << x << " is outside the draft vocabulary";
+        ++drafts;
+      }
+      source->accept(std::span<const int32_t>(text).first(n), 0);
+    }
+  }
+  EXPECT_GT(outside, 0) << "the target's text never left the draft vocabulary: the test proves nothing";
+  EXPECT_GT(accepted, 0) << "the reduced drafter never had a draft accepted";
+  EXPECT_GT(drafts, 0);
+}
+
+// Sampled verification with a reduced draft vocabulary's q (zero outside it): every q lies inside the draft
+// vocabulary, and the first sampled token follows the target sampler's p (one-sample chi-square at
+// false-alarm rate 1e-4) over 1200 seeds, on the golden prompt whose p spreads over the most tokens.
+TEST(EagleDrafter, ReducedVocabularySampledFirstTokenFollowsTheTargetDistribution) {
+  Trained& t = reduced();
+  EagleDraftSource& src = *t.result.source;
+  const std::vector<int32_t>& ids = t.result.info.draft_vocab;
+  sampling::Params params;
+  params.temperature = 1.0f;
+  params.top_k = 0;
+  params.top_p = 0.95f;
+  params.min_p = 0.0f;
+  model::Session s(*t.target, *t.pool, model::SessionOptions{});
+  sampling::Sampler sampler(params);
+  std::vector<int32_t> prompt;
+  sampling::Distribution p, candidate;
+  for (const std::vector<int32_t>& g : golden_prompts()) {
+    s.truncate(0);
+    sampler.distribution(s.eval(g), g, candidate);
+    if (candidate.size() > p.size()) prompt = g, p = candidate;
+  }
+  ASSERT_GE(p.size(), 4u);
+  int64_t p_outside = 0;
+  for (int32_t x : p.ids) p_outside += std::binary_search(ids.begin(), ids.end(), x) ? 0 : 1;
+  EXPECT_GT(p_outside, 0) << "the target's p lies inside the draft vocabulary: q = 0 is never tested";
+
+  constexpr int kRuns = 1200;
+  std::map<int32_t, int> counts;
+  engine::SpecStats total;
+  for (int seed = 0; seed < kRuns; ++seed) {
+    engine::SpecOptions o;
+    o.generate.max_tokens = 4;
+    o.generate.sampling = params;
+    o.generate.sampling.seed = 1000 + static_cast<uint64_t>(seed);
+    o.draft_max = 4;
+    o.use_gate = false;
+    int32_t first = -1;
+    s.truncate(0);
+    total.add(engine::generate_speculative(
+        s, src, prompt, o, [&](int32_t x) { return first = x, false; }, nullptr));
+    ++counts[first];
+  }
+  EXPECT_GT(total.accepted, 0);
+  EXPECT_LT(total.accepted, total.drafted);
+  const testing::ChiSquare c = testing::chi_square(p.ids, p.probs, counts, kRuns);
+  EXPECT_EQ(c.outside, 0) << "a token outside the target's top-p set was sampled";
+  EXPECT_LT(c.chi2, testing::chi2_critical_1e4(c.bins - 1));
+
+  // The drafter's q of a sampled proposal: a distribution inside the draft vocabulary.
+  DraftSettings ds;
+  ds.sampling = params;
+  src.begin(prompt, ds);
+  s.truncate(0);
+  const auto layers = src.target_layers();
+  const model::CaptureFn fn = [&](int64_t layer, const float* h, int64_t rows) {
+    for (int64_t l : layers)
+      if (l == layer)
+        src.on_target_hidden(layer, {h, static_cast<size_t>(rows * t.target->config().n_embd)}, rows, 0);
+  };
+  s.eval(prompt, false, &fn);
+  std::vector<int32_t> committed = prompt;
+  committed.push_back(p.ids.front());
+  Draft d;
+  src.propose(committed, 4, d);
+  ASSERT_TRUE(d.sampled);
+  ASSERT_EQ(d.tokens.size(), 4u);
+  for (size_t i = 0; i < d.tokens.size(); ++i) {
+    double sum = 0;
+    for (size_t j = 0; j < d.q[i].size(); ++j) {
+      EXPECT_TRUE(std::binary_search(ids.begin(), ids.end(), d.q[i].ids[j])) << d.q[i].ids[j];
+      sum += d.q[i].probs[j];
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-4);
+    EXPECT_GT(d.q[i].prob_of(d.tokens[i]), 0.0f);
+  }
+  src.accept(std::span<const int32_t>(committed).first(1), 0);
+}
+
+// `tandem train-drafter --draft-vocab` writes a drafter of that many tokens, which `tandem info` shows.
+TEST(EagleDrafter, CommandWritesAndInfoShowsTheDraftVocabulary) {
+  const testing::TempDir dir("eagle_draft_vocab");
+  const std::string out = dir.file("drafter.gguf");
+  const auto [trained_out, rc] =
+      testing::run_command(std::string(TANDEM_BINARY) + " train-drafter -m '" + target_path() + "' -o '" +
+                           out + "' -t 1 --tokens 128 --steps 2 --draft-vocab 64 2>&1");
+  ASSERT_EQ(rc, 0) << trained_out;
+  EXPECT_NE(trained_out.find("draft vocabulary: 64 of 512 tokens"), std::string::npos) << trained_out;
+  const auto [info, info_rc] = testing::run_command(std::string(TANDEM_BINARY) + " info -m '" + out + "'");
+  ASSERT_EQ(info_rc, 0) << info;
+  EXPECT_NE(info.find("draft vocabulary: 64 of the target's 512 tokens"), std::string::npos) << info;
+  // The whole vocabulary, by default for a vocabulary this small.
+  const auto [whole, whole_rc] =
+      testing::run_command(std::string(TANDEM_BINARY) + " info -m '" + trained().checkpoint + "'");
+  ASSERT_EQ(whole_rc, 0) << whole;
+  EXPECT_NE(whole.find("draft vocabulary: the whole, 512 tokens"), std::string::npos) << whole;
+}
+
 TEST(EagleDrafter, CalibrationKeepsTheDrafterItsOwnCost) {
   Trained& t = trained();
   const double cost = measure_eagle_draft_cost(*t.result.source, 1e-3);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -105,6 +106,41 @@ TEST_F(BertGolden, MatchesReferenceEmbeddings) {
     const std::span<const int32_t> one[] = {ids[s]};
     embedder.embed(one, EmbedOptions{}, alone.data());
     for (int64_t d = 0; d < D; ++d) ASSERT_EQ(alone[static_cast<size_t>(d)], got[d]) << "dim " << d;
+  }
+}
+
+// The encoder's float matrix products sum in an order that depends on the width alone (float_gemm.h): a
+// sentence keeps its embedding's bits wherever its rows start in a batch (after fillers of 0 to 13 rows, so
+// they meet every offset within a tile of activation rows), with sentences after it, and under 1, 2 or 3
+// threads.
+TEST_F(BertGolden, SentenceKeepsItsBitsAtAnyRowOfABatch) {
+  std::vector<std::vector<int32_t>> ids;
+  for (const auto& g : golden_) ids.push_back(tok_->encode(g["text"].get<std::string>(), true, true));
+  ASSERT_GE(ids.size(), 2u);
+  std::vector<int32_t> filler;
+  while (filler.size() < 13) filler.insert(filler.end(), ids[1].begin(), ids[1].end());
+  std::vector<float> first;
+  for (int threads : {1, 2, 3}) {
+    tandem::ThreadPool pool(threads);
+    Embedder embedder(*model_, pool);
+    const int64_t D = embedder.dim();
+    std::vector<float> alone(static_cast<size_t>(D));
+    const std::span<const int32_t> one[] = {ids[0]};
+    embedder.embed(one, EmbedOptions{}, alone.data());
+    if (first.empty()) first = alone;
+    ASSERT_EQ(0, std::memcmp(first.data(), alone.data(), alone.size() * sizeof(float)))
+        << threads << " threads";
+    for (size_t pad = 0; pad <= 13; ++pad) {
+      std::vector<std::span<const int32_t>> batch;
+      if (pad > 0) batch.emplace_back(filler.data(), pad);
+      batch.emplace_back(ids[0]);
+      batch.emplace_back(ids[1]);
+      std::vector<float> got(batch.size() * static_cast<size_t>(D));
+      embedder.embed(batch, EmbedOptions{}, got.data());
+      const float* mine = got.data() + (pad > 0 ? D : 0);
+      ASSERT_EQ(0, std::memcmp(mine, alone.data(), alone.size() * sizeof(float)))
+          << threads << " threads, after " << pad << " rows";
+    }
   }
 }
 

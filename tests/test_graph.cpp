@@ -98,9 +98,9 @@ TEST_P(GraphModels, MixedGroupsEqualSeparateRuns) {
   using tandem::model::Group;
   using tandem::model::Phase;
   std::vector<Group> groups = {
-      {Phase::kDecode, std::span<const int32_t>(kNext).first(1), pa, nullptr},
-      {Phase::kVerify, std::span<const int32_t>(kNext).first(4), pb, nullptr},
-      {Phase::kPrompt, kPrompt, pc, nullptr},
+      {Phase::kDecode, std::span<const int32_t>(kNext).first(1), pa, nullptr, nullptr},
+      {Phase::kVerify, std::span<const int32_t>(kNext).first(4), pb, nullptr, nullptr},
+      {Phase::kPrompt, kPrompt, pc, nullptr, nullptr},
   };
   std::vector<float> mixed(6 * V);
   ASSERT_EQ(g.mixed(groups, mixed.data()), 6);

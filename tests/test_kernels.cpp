@@ -19,6 +19,7 @@
 
 #include "hwy/highway.h"
 #include "hwy/targets.h"
+#include "tandem/kernels/float_gemm.h"
 #include "tandem/kernels/float_kernels.h"
 #include "tandem/kernels/matmul.h"
 #include "tandem/kernels/peak.h"
@@ -656,6 +657,102 @@ TEST(Kernels, FloatTilesKeepEachOutputsBitsOnEveryHighwayTarget) {
           }
       });
     }
+  }
+}
+
+// The encoder GEMM (float_gemm.h) gives its scalar reference's bits on every Highway target (those without
+// fused multiply-adds run the reference), for row counts that are no whole number of tiles (6 or 12 rows),
+// ranges of outputs that are no whole number of panels (16 or 32 weight rows) or blocks (128), widths that
+// are no whole number of vectors or column blocks (128), and any range a thread may take; it writes no output
+// outside the range. Against the double-precision product it stays within its sum order's bound: a chain of
+// at most kGemmDepth multiply-adds per block and one addition per further block, each rounding within 2^-24
+// of what it sums, so |dy| <= (kGemmDepth + blocks) 2^-24 sum_k |w_k x_k| (plus a little for the double
+// product's own rounding).
+TEST(Kernels, EncoderGemmGivesItsReferencesBitsOnEveryHighwayTarget) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) {
+    for (int64_t k : {1, 7, 37, 128, 129, 300, 1031}) {
+      const int64_t n = 150, rows = 29;
+      const TestMatrix m = make_matrix(t, n, k, 41);
+      const auto xbuf = make_activations(rows, k, 43);
+      const float* x = xbuf.data() + 1;
+      std::vector<float> want(static_cast<size_t>(rows * n));
+      float_gemm_reference(t, m.view.data, m.view.row_bytes, 0, n, k, x, k, rows, want.data(), n);
+      const double blocks = static_cast<double>((k + kGemmDepth - 1) / kGemmDepth);
+      const double bound = (static_cast<double>(kGemmDepth) + blocks + 1.0) * std::ldexp(1.0, -24);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t o = 0; o < n; ++o) {
+          double exact = 0, mag = 0;
+          for (int64_t i = 0; i < k; ++i) {
+            const double p = static_cast<double>(m.dequant[static_cast<size_t>(o * k + i)]) * x[r * k + i];
+            exact += p;
+            mag += std::fabs(p);
+          }
+          ASSERT_LE(std::fabs(want[static_cast<size_t>(r * n + o)] - exact), bound * mag + 1e-30)
+              << dtype_name(t) << " k=" << k << " r=" << r << " o=" << o;
+        }
+      tandem::testing::for_each_hwy_target([&] {
+        for (const auto& [o0, o1] : std::vector<std::pair<int64_t, int64_t>>{
+                 {0, n}, {0, 16}, {0, 32}, {5, n}, {3, 4}, {17, 146}, {32, 64}, {128, n}})
+          for (int64_t nr : {1, 5, 6, 7, 12, 13, 29}) {
+            std::vector<float> y(static_cast<size_t>(nr * n), std::nanf(""));
+            float_gemm_rows(t, m.view.data, m.view.row_bytes, o0, o1, k, x, k, nr, y.data(), n);
+            for (int64_t r = 0; r < nr; ++r)
+              for (int64_t o = 0; o < n; ++o) {
+                const float got = y[static_cast<size_t>(r * n + o)];
+                if (o < o0 || o >= o1) {
+                  ASSERT_TRUE(std::isnan(got)) << "wrote output " << o << " outside " << o0 << ".." << o1;
+                } else {
+                  const float ref = want[static_cast<size_t>(r * n + o)];
+                  ASSERT_EQ(0, std::memcmp(&got, &ref, sizeof(float)))
+                      << dtype_name(t) << " k=" << k << " rows=" << nr << " r=" << r << " o=" << o << " in "
+                      << o0 << ".." << o1 << ": " << got << " vs " << ref;
+                }
+              }
+          }
+      });
+    }
+  }
+}
+
+// encoder_matmul_group: each float matrix gets the GEMM's bits, so a row has the same bits alone as at any
+// position of a batch and under any thread count, with one matrix or several in a group; quantized matrices
+// of the group get matmul_group's.
+TEST(Kernels, EncoderMatmulKeepsEachRowsBitsInAnyBatch) {
+  const int64_t k = 200, rows = 40;
+  const TestMatrix a = make_matrix(DType::F16, 70, k, 51), b = make_matrix(DType::BF16, 33, k, 52),
+                   q = make_matrix(DType::Q8_0, 64, 256, 53);
+  const auto xbuf = make_activations(rows, k, 55);
+  const float* x = xbuf.data() + 1;
+  std::vector<float> alone_a(static_cast<size_t>(rows * 70)), alone_b(static_cast<size_t>(rows * 33));
+  for (int64_t r = 0; r < rows; ++r) {
+    float_gemm_reference(DType::F16, a.view.data, a.view.row_bytes, 0, 70, k, x + r * k, k, 1,
+                         alone_a.data() + r * 70, 70);
+    float_gemm_reference(DType::BF16, b.view.data, b.view.row_bytes, 0, 33, k, x + r * k, k, 1,
+                         alone_b.data() + r * 33, 33);
+  }
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    MatmulScratch scratch(pool.size(), 256, rows);
+    for (const int64_t first : {0, 1, 5, 11})
+      for (int64_t nr : {int64_t{1}, int64_t{6}, int64_t{13}, rows - first}) {
+        if (first + nr > rows) continue;
+        std::vector<float> ya(static_cast<size_t>(nr * 70)), yb(static_cast<size_t>(nr * 33));
+        const MatmulOut outs[] = {{&a.view, ya.data()}, {&b.view, yb.data()}};
+        encoder_matmul_group(outs, x + first * k, nr, pool, scratch);
+        EXPECT_EQ(0, std::memcmp(ya.data(), alone_a.data() + first * 70, ya.size() * sizeof(float)))
+            << threads << " threads, rows " << first << ".." << first + nr;
+        EXPECT_EQ(0, std::memcmp(yb.data(), alone_b.data() + first * 33, yb.size() * sizeof(float)))
+            << threads << " threads, rows " << first << ".." << first + nr;
+        std::vector<float> one(static_cast<size_t>(nr * 70));
+        encoder_matmul(a.view, x + first * k, nr, one.data(), pool, scratch);
+        EXPECT_EQ(0, std::memcmp(one.data(), ya.data(), one.size() * sizeof(float)));
+      }
+    // A quantized matrix takes matmul_group's kernels.
+    const auto xq = make_activations(5, 256, 57);
+    std::vector<float> want(5 * 64), got(5 * 64);
+    matmul(q.view, xq.data() + 1, 5, want.data(), pool, scratch);
+    encoder_matmul(q.view, xq.data() + 1, 5, got.data(), pool, scratch);
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << threads << " threads";
   }
 }
 

@@ -1,12 +1,14 @@
 // Speculation under load in the scheduler: batched drafting proposes exactly what each drafter proposes
 // alone and rolls each sequence's drafter back on its own, greedy output with speculation on equals the
-// output with it off request by request under 8 concurrent streams, and a sequence whose gate stopped
-// drafting drafts again once its drafter's acceptance recovers (probes); a drafter that reads the target's
-// hidden states drafts from the scheduler's captures as it does alone; `tandem bench-serve` reports both
-// modes.
+// output with it off request by request under 8 concurrent streams, with chains and with draft trees (whose
+// budget follows the forward's cost, and whose compacted caches equal plain decoding's), and a sequence
+// whose gate stopped drafting drafts again once its drafter's acceptance recovers (probes); a drafter that
+// reads the target's hidden states drafts from the scheduler's captures as it does alone, and is offered no
+// trees; `tandem bench-serve` reports both modes.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -81,12 +83,15 @@ std::vector<engine::Request> workload() {
   return rs;
 }
 
-// Runs every request at once (8 running) and returns each one's tokens, in request order.
+// Runs every request at once (8 running) and returns each one's tokens, in request order; from `pool`, or
+// a pool of f16 caches of its own.
 std::vector<std::vector<int32_t>> serve_all(model::Graph& graph, const model::Config& config,
                                             const engine::SchedulerOptions& options,
                                             engine::DraftFactory drafts,
-                                            engine::SchedulerStats* stats = nullptr) {
-  engine::SlotCachePool caches(config, kCtx, cache::KvType::kF16, options.max_running);
+                                            engine::SchedulerStats* stats = nullptr,
+                                            engine::CachePool* pool = nullptr) {
+  engine::SlotCachePool own(config, kCtx, cache::KvType::kF16, options.max_running);
+  engine::CachePool& caches = pool ? *pool : own;
   Scheduler s(graph, caches, nullptr, options, std::move(drafts));
   std::vector<std::shared_ptr<engine::Stream>> streams;
   for (engine::Request& r : workload()) {
@@ -160,6 +165,183 @@ TEST(SchedulerSpec, GreedyOutputWithSpeculationEqualsPlainUnderEightStreams) {
   EXPECT_NE(metrics.find("tandem_verify_windows_total " + std::to_string(model_stats.verify_windows) + "\n"),
             std::string::npos);
   EXPECT_NE(metrics.find("tandem_tree_nodes_verified_total 0\n"), std::string::npos);
+}
+
+// Draft trees under 8 concurrent streams: every sequence proposes a token tree (the draft model's scored by
+// its path probabilities, n-gram lookup's merging earlier continuations), the forward verifies them beside
+// the other sequences' rows, and greedy output equals plain output request by request.
+TEST(SchedulerSpec, GreedyOutputWithTreesEqualsPlainUnderEightStreams) {
+  Fixture f;
+  model::Graph graph(*f.model, f.pool, model::GraphOptions{64, 16});
+  const auto plain = serve_all(graph, f.model->config(), options(0), {});
+  speculative::DraftModelBatch batch(*f.draft, f.pool, 8, 64);
+  const model::SessionOptions dso{kCtx, cache::KvType::kF16, 16};
+  engine::SchedulerOptions o = options(6);
+  o.tree_nodes = 8;
+  engine::SchedulerStats model_stats, ngram_stats;
+  const auto with_model = serve_all(
+      graph, f.model->config(), o,
+      [&] {
+        return std::make_unique<speculative::DraftModelSource>(*f.draft, *f.model, f.pool, dso, &batch);
+      },
+      &model_stats);
+  const auto with_ngram = serve_all(
+      graph, f.model->config(), o, [] { return std::make_unique<speculative::NgramSource>(); }, &ngram_stats);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(with_model[i], plain[i]) << "request " << i << " with draft model trees";
+    EXPECT_EQ(with_ngram[i], plain[i]) << "request " << i << " with n-gram trees";
+  }
+  for (const engine::SchedulerStats* st : {&model_stats, &ngram_stats}) {
+    EXPECT_GT(st->tree_nodes, 0u);
+    EXPECT_LE(st->tree_nodes, st->drafted);
+    EXPECT_GT(st->accepted, 0u);
+    EXPECT_LT(st->accepted, st->tree_nodes) << "some nodes were rejected";
+  }
+  const auto* d = drafter(model_stats, "model");
+  ASSERT_NE(d, nullptr);
+  EXPECT_GT(d->drafting, 0u);
+  EXPECT_EQ(d->drafted, model_stats.drafted);
+  const std::string metrics = server::Metrics().render(model_stats);
+  EXPECT_NE(metrics.find("tandem_tree_nodes_verified_total " + std::to_string(model_stats.tree_nodes) + "\n"),
+            std::string::npos)
+      << metrics;
+}
+
+// The tree budget prices what a tree's rows add to the forward: where every row costs more than a plain step
+// (a calibrated curve, no timings), no tree of the draft model's scored nodes pays, so every round is a plain
+// step; the output is plain either way.
+TEST(SchedulerSpec, TreeBudgetFollowsTheForwardsCost) {
+  Fixture f;
+  model::Graph graph(*f.model, f.pool, model::GraphOptions{64, 16});
+  const auto plain = serve_all(graph, f.model->config(), options(0), {});
+  speculative::DraftModelBatch batch(*f.draft, f.pool, 8, 64);
+  const model::SessionOptions dso{kCtx, cache::KvType::kF16, 16};
+  engine::SchedulerOptions o = options(6);
+  o.tree_nodes = 8;
+  o.costs = speculative::CostModel::linear(2.0, 0.0, 64);
+  o.gate.timing_samples = 1 << 30;
+  engine::SchedulerStats stats;
+  const auto out = serve_all(
+      graph, f.model->config(), o,
+      [&] {
+        return std::make_unique<speculative::DraftModelSource>(*f.draft, *f.model, f.pool, dso, &batch);
+      },
+      &stats);
+  EXPECT_EQ(out, plain);
+  EXPECT_EQ(stats.tree_nodes, 0u);
+  EXPECT_EQ(stats.drafted, 0u);
+  const auto* d = drafter(stats, "model");
+  ASSERT_NE(d, nullptr);
+  EXPECT_GT(d->off, 0u);
+  EXPECT_EQ(d->drafting, 0u);
+}
+
+// A cache pool that checks every cache the scheduler gives back: continued by three tokens, it gives the
+// logits, bit for bit, of a cache that evaluated the same tokens plainly, so a tree round's compaction left
+// exactly the accepted path's rows.
+class CheckingPool final : public engine::CachePool {
+ public:
+  CheckingPool(const model::Model& model, ThreadPool& pool, int slots)
+      : inner_(model.config(), kCtx, cache::KvType::kF16, slots),
+        config_(model.config()),
+        graph_(model, pool, model::GraphOptions{64, 16}) {}
+  int64_t capacity() const override { return inner_.capacity(); }
+  Lease acquire(std::span<const int32_t> prompt) override { return inner_.acquire(prompt); }
+  int64_t reusable(std::span<const int32_t> prompt) const override { return inner_.reusable(prompt); }
+  void release(std::unique_ptr<cache::KvCache> cache, std::span<const int32_t> tokens) override {
+    const int64_t n = cache->length();
+    const auto V = static_cast<size_t>(config_.n_vocab);
+    if (n > 0 && static_cast<int64_t>(tokens.size()) > n && n + 3 <= cache->capacity()) {
+      const std::vector<int32_t> more = {tokens[static_cast<size_t>(n)], 300, 301};
+      std::vector<float> got(more.size() * V), want(more.size() * V);
+      graph_.verify(more, *cache, got.data());
+      cache::KvCache plain(config_.kv_geometry(), kCtx, cache::KvType::kF16);
+      graph_.prompt(tokens.first(static_cast<size_t>(n)), plain, nullptr);
+      graph_.verify(more, plain, want.data());
+      ++checked;
+      if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) != 0) ++differed;
+      cache->truncate(n);
+    }
+    inner_.release(std::move(cache), tokens);
+  }
+  int checked = 0, differed = 0;
+
+ private:
+  engine::SlotCachePool inner_;
+  const model::Config& config_;
+  model::Graph graph_;
+};
+
+TEST(SchedulerSpec, CacheAfterTreeRoundsEqualsPlainDecodingOfTheAcceptedTokens) {
+  Fixture f;
+  model::Graph graph(*f.model, f.pool, model::GraphOptions{64, 16});
+  const auto plain = serve_all(graph, f.model->config(), options(0), {});
+  speculative::DraftModelBatch batch(*f.draft, f.pool, 8, 64);
+  const model::SessionOptions dso{kCtx, cache::KvType::kF16, 16};
+  engine::SchedulerOptions o = options(6);
+  o.tree_nodes = 12;
+  // Rows priced as free, so every tree is verified whole.
+  o.costs = speculative::CostModel::linear(0.0, 0.0, 64);
+  o.gate.timing_samples = 1 << 30;
+  CheckingPool pool(*f.model, f.pool, o.max_running);
+  engine::SchedulerStats stats;
+  const auto out = serve_all(
+      graph, f.model->config(), o,
+      [&] {
+        return std::make_unique<speculative::DraftModelSource>(*f.draft, *f.model, f.pool, dso, &batch);
+      },
+      &stats, &pool);
+  EXPECT_EQ(out, plain);
+  EXPECT_GT(stats.tree_nodes, 0u);
+  EXPECT_LT(stats.accepted, stats.tree_nodes);
+  EXPECT_EQ(pool.checked, static_cast<int>(plain.size()));
+  EXPECT_EQ(pool.differed, 0);
+}
+
+// N-gram lookup that claims to read the target's hidden states (a stand-in for EAGLE, DFlash and MTP
+// drafters) and counts the trees it is asked for.
+class TappingNgram final : public speculative::DraftSource {
+ public:
+  explicit TappingNgram(int& tree_calls) : tree_calls_(tree_calls) {}
+  std::string_view kind() const override { return "tapping"; }
+  void begin(std::span<const int32_t> prompt, const speculative::DraftSettings& settings) override {
+    inner_.begin(prompt, settings);
+  }
+  void propose(std::span<const int32_t> committed, int max_depth, speculative::Draft& out) override {
+    inner_.propose(committed, max_depth, out);
+  }
+  void propose_tree(std::span<const int32_t> committed, int max_nodes, int max_depth,
+                    speculative::Draft& out) override {
+    ++tree_calls_;
+    inner_.propose_tree(committed, max_nodes, max_depth, out);
+  }
+  void accept(std::span<const int32_t> committed, int n_accepted) override {
+    inner_.accept(committed, n_accepted);
+  }
+  std::span<const int64_t> target_layers() const override { return layers_; }
+
+ private:
+  speculative::NgramSource inner_;
+  int& tree_calls_;
+  const int64_t layers_[1] = {0};
+};
+
+TEST(SchedulerSpec, DraftersThatReadTheTargetAreNotOfferedTrees) {
+  Fixture f;
+  model::Graph graph(*f.model, f.pool, model::GraphOptions{64, 16});
+  const auto plain = serve_all(graph, f.model->config(), options(0), {});
+  engine::SchedulerOptions o = options(6);
+  o.tree_nodes = 8;
+  o.gate.margin = 0.0;
+  o.gate.timing_samples = 1 << 30;
+  int tree_calls = 0;
+  engine::SchedulerStats stats;
+  const auto out = serve_all(
+      graph, f.model->config(), o, [&] { return std::make_unique<TappingNgram>(tree_calls); }, &stats);
+  EXPECT_EQ(out, plain);
+  EXPECT_EQ(tree_calls, 0);
+  EXPECT_EQ(stats.tree_nodes, 0u);
+  EXPECT_GT(stats.drafted, 0u) << "the drafter verified chains";
 }
 
 // Proposes for several sequences of different lengths in one batch, and compares each proposal and the

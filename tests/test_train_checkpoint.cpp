@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -113,6 +117,7 @@ TEST(TrainCheckpoint, RoundTripResumesExactly) {
   EXPECT_EQ(got.ffn, 24);
   EXPECT_EQ(got.vocab, 20);
   EXPECT_TRUE(got.own_head);
+  EXPECT_TRUE(got.draft_vocab.empty()) << "a file without a draft vocabulary drafts over the whole";
   EXPECT_EQ(got.step, 3);
   EXPECT_EQ(got.seed, 42u);
   EXPECT_EQ(got.total_steps, 10);
@@ -182,6 +187,63 @@ TEST(TrainCheckpoint, RefusesBadInput) {
   expect_error([&] { check_target(ok, "0123456789abcdef", "0000"); }, "vocabulary hash fedcba9876543210");
   expect_error([&] { check_target(ok, "1111", "fedcba9876543210"); },
                "target file with hash 0123456789abcdef");
+}
+
+// The draft vocabulary: its token ids round-trip in order, and a file whose list names a token outside the
+// vocabulary or one token twice, or whose size key disagrees with its list, is refused saying so.
+TEST(TrainCheckpoint, DraftVocabularyRoundTripsAndBadListsAreRefused) {
+  const TempDir dir("tandem-train-ckpt");
+  EagleConfig cfg = small();
+  cfg.draft_vocab = {3, 11, 17};
+  Trained a(1);
+  EagleDrafter reduced(cfg, 2);
+  const std::vector<Param*> ps = reduced.params();
+  ASSERT_EQ(ps.back()->rows, 3) << "the head scores the draft vocabulary only";
+  DrafterInfo info = info_for(cfg);
+  info.draft_vocab = cfg.draft_vocab;
+  const std::string path = dir.file("reduced.gguf");
+  save_drafter(path, info, ps);
+  EXPECT_EQ(load_drafter(path, ps).draft_vocab, cfg.draft_vocab);
+  // A head of the whole vocabulary does not fit a file of three rows.
+  expect_error([&] { load_drafter(path, a.ps); }, "output.weight");
+
+  info.draft_vocab = {3, 20};
+  expect_error([&] { save_drafter(dir.file("x.gguf"), info, ps); }, "token id 20, outside");
+  info.draft_vocab = {3, 3};
+  expect_error([&] { save_drafter(dir.file("x.gguf"), info, ps); }, "token id 3 twice");
+
+  // The same refusals when reading a damaged file: its id list patched in place.
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const int32_t list[3] = {3, 11, 17};
+  const auto at = std::search(bytes.begin(), bytes.end(), reinterpret_cast<const char*>(list),
+                              reinterpret_cast<const char*>(list) + sizeof list);
+  ASSERT_NE(at, bytes.end()) << "the id list is stored as int32";
+  const auto damaged = [&](int32_t second, const std::string& name) {
+    std::vector<char> b = bytes;
+    std::memcpy(b.data() + (at - bytes.begin()) + 4, &second, 4);
+    const std::string file = dir.file(name);
+    std::ofstream(file, std::ios::binary).write(b.data(), static_cast<std::streamsize>(b.size()));
+    return file;
+  };
+  const std::string outside = damaged(25, "outside.gguf"), twice = damaged(17, "twice.gguf");
+  expect_error([&] { load_drafter(outside, ps); }, "token id 25, outside the target's vocabulary of 20");
+  expect_error([&] { load_drafter(twice, ps); }, "lists token id 17 twice");
+
+  // A size key that disagrees with the list.
+  const std::vector<char>::const_iterator size_key = std::search(
+      bytes.begin(), bytes.end(), std::begin("draft_vocab.size"), std::end("draft_vocab.size") - 1);
+  ASSERT_NE(size_key, bytes.end());
+  std::vector<char> b = bytes;
+  const size_t value = static_cast<size_t>(size_key - bytes.begin()) + std::strlen("draft_vocab.size") + 4;
+  uint32_t stored = 0;
+  std::memcpy(&stored, b.data() + value, 4);
+  ASSERT_EQ(stored, 3u) << "the size is a u32 after its type";
+  const uint32_t wrong = 4;
+  std::memcpy(b.data() + value, &wrong, 4);
+  std::ofstream(dir.file("size.gguf"), std::ios::binary)
+      .write(b.data(), static_cast<std::streamsize>(b.size()));
+  expect_error([&] { load_drafter(dir.file("size.gguf"), ps); }, "draft_vocab.size is 4 but");
 }
 
 }  // namespace

@@ -134,12 +134,15 @@ EagleConfig tiny() {
   return cfg;
 }
 
-// One layer, and three (the first plus two plain layers).
+// One layer, and three (the first plus two plain layers); -2: two layers whose head scores a reduced draft
+// vocabulary of 6 of the 11 tokens, with targets over draft ids that leave entries unused (id -1).
 class WholeDrafterGradient : public ::testing::TestWithParam<int64_t> {};
 
 TEST_P(WholeDrafterGradient, MatchesFiniteDifferences) {
   EagleConfig cfg;
-  cfg.n_layer = GetParam();
+  const bool reduced = GetParam() < 0;
+  cfg.n_layer = reduced ? -GetParam() : GetParam();
+  if (reduced) cfg.draft_vocab = {1, 3, 4, 7, 9, 10};
   cfg.d = 6;
   cfg.n_head = 2;
   cfg.n_kv_head = 1;
@@ -158,8 +161,14 @@ TEST_P(WholeDrafterGradient, MatchesFiniteDifferences) {
   std::vector<int32_t> ids;
   std::vector<float> probs, rest, weight;
   for (int64_t r = 0; r < task.rows(); ++r) {
-    for (int e = 0; e < 3; ++e) ids.push_back(static_cast<int32_t>((r + 4 * e) % cfg.vocab));
+    for (int e = 0; e < 3; ++e)
+      ids.push_back(reduced ? static_cast<int32_t>((r + 2 * e) % 6)
+                            : static_cast<int32_t>((r + 4 * e) % cfg.vocab));
     probs.insert(probs.end(), {0.5f, 0.2f, 0.1f});
+    if (reduced && r % 2 == 1) {
+      ids.back() = -1;
+      probs.back() = 0.0f;
+    }
     rest.push_back(0.2f);
     weight.push_back(std::pow(0.8f, static_cast<float>(r % 3)));
   }
@@ -188,7 +197,7 @@ TEST_P(WholeDrafterGradient, MatchesFiniteDifferences) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(TrainEagle, WholeDrafterGradient, ::testing::Values(1, 3));
+INSTANTIATE_TEST_SUITE_P(TrainEagle, WholeDrafterGradient, ::testing::Values(1, 3, -2));
 
 // The loss starts near ln(32) = 3.47 (chance) and must fall below 0.15, with the drafter's argmax right on
 // more than 97% of rows, within 150 steps of 128 rows.

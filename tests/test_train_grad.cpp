@@ -210,7 +210,9 @@ TEST(TrainGrad, AttentionMaskHidesKeys) {
   EXPECT_TRUE(changed) << "block 1 sees context row 2";
 }
 
-void check_head(bool listed, bool with_rest, bool head_trains) {
+// unused: listed rows leave some entries unused (id -1, probability 0), as targets restricted to a reduced
+// draft vocabulary do.
+void check_head(bool listed, bool with_rest, bool head_trains, bool unused = false) {
   Fixture fx;
   const int64_t vocab = 23, n = 6, rows = 5, k = listed ? 4 : vocab;
   Param head("head", vocab, n, head_trains, false);
@@ -228,6 +230,11 @@ void check_head(bool listed, bool with_rest, bool head_trains) {
     weight[static_cast<size_t>(r)] = std::pow(0.8f, static_cast<float>(r));
     if (listed)
       for (int64_t e = 0; e < k; ++e) ids.push_back(static_cast<int32_t>((r * 5 + e * 7) % vocab));
+    if (unused)  // entry r % k of every row, and a second one in row 3
+      for (int64_t e : {r % k, r == 3 ? (r + 2) % k : r % k}) {
+        ids[static_cast<size_t>(r * k + e)] = -1;
+        probs[static_cast<size_t>(r * k + e)] = 0.0f;
+      }
   }
   const std::vector<uint8_t> mask = {1, 1, 0, 1, 1};
   SoftTargets t{rows,
@@ -242,7 +249,8 @@ void check_head(bool listed, bool with_rest, bool head_trains) {
   const LossStats stats = head_soft_cross_entropy(head, h.data(), t, dh.data(), fx.c);
   EXPECT_EQ(stats.counted, 4);
   EXPECT_GT(stats.loss, 0.0);
-  const std::string what = std::string(listed ? "top-k" : "full") + (with_rest ? " + rest" : "");
+  const std::string what =
+      std::string(listed ? "top-k" : "full") + (with_rest ? " + rest" : "") + (unused ? " + unused" : "");
   check_grad(what + " dh", h, dh, f);
   if (head_trains) check_grad(what + " dW", head.value, head.grad, f);
   for (int64_t i = 2 * n; i < 3 * n; ++i) EXPECT_EQ(dh[static_cast<size_t>(i)], 0.0f) << "a masked row";
@@ -252,6 +260,28 @@ TEST(TrainGrad, HeadSoftCrossEntropy) {
   check_head(true, true, false);
   check_head(true, false, true);
   check_head(false, false, true);
+  check_head(true, true, true, true);
+  check_head(true, false, false, true);
+}
+
+// An unused entry (id -1, probability 0) is no outcome: the loss equals that of the row without it, and
+// the row's other tokens still make up the left-over outcome.
+TEST(TrainGrad, UnusedEntriesAreNoOutcome) {
+  Fixture fx;
+  Param head("head", 3, 1, false, false);
+  head.value = {0.0f, 1.0f, 0.0f};
+  const float h = std::log(2.0f);
+  const std::vector<int32_t> ids = {-1, 1, -1};
+  const std::vector<float> probs = {0.0f, 0.6f, 0.0f};
+  const float rest = 0.4f;
+  const SoftTargets t{.rows = 1, .top_k = 3, .ids = ids.data(), .probs = probs.data(), .rest = &rest};
+  const LossStats st = head_soft_cross_entropy(head, &h, t, nullptr, fx.c);
+  EXPECT_NEAR(st.loss, std::log(2.0), 1e-6);
+  EXPECT_EQ(st.agree, 1) << "the argmax is id 1, the row's most probable listed id";
+  const std::vector<float> weighted = {0.1f, 0.6f, 0.0f};
+  const SoftTargets bad{.rows = 1, .top_k = 3, .ids = ids.data(), .probs = weighted.data(), .rest = &rest};
+  EXPECT_THROW(head_soft_cross_entropy(head, &h, bad, nullptr, fx.c), tandem::Error)
+      << "an unused entry with a probability";
 }
 
 // The loss against a hand computation: one row, logits (0, ln 2, 0) [q = (1/4, 1/2, 1/4)], target id 1

@@ -1,5 +1,6 @@
 // Draft trees: the tree attention mask (against a scalar reference, and bit for bit against plain decoding
-// of each node's path), KV compaction (the kept path equals plain decoding of its tokens), tree settling
+// of each node's path), several sequences' trees in one forward (each as alone), KV compaction (the kept
+// path equals plain decoding of its tokens), tree settling
 // (greedy takes the target's path; sampling over siblings is lossless by chi-square), and whole generations:
 // tree == chain == plain greedy on every public prompt of stories260K, with the draft model and n-gram.
 #include <gtest/gtest.h>
@@ -19,6 +20,8 @@
 #include "tandem/cache/kv_cache.h"
 #include "tandem/engine/generate.h"
 #include "tandem/engine/generate_speculative.h"
+#include "tandem/model/forward.h"
+#include "tandem/model/graph.h"
 #include "tandem/model/model.h"
 #include "tandem/model/session.h"
 #include "tandem/sampling/rng.h"
@@ -242,6 +245,139 @@ TEST_F(TreeModel, TreeLogitsAndCompactedCacheEqualPlainDecoding) {
   const std::vector<float> got(a.begin(), a.end());
   const auto b = plain.eval(more, true);
   EXPECT_EQ(0, std::memcmp(got.data(), b.data(), got.size() * sizeof(float)));
+}
+
+// One forward verifies the trees of two sequences beside a decode row of a third (model::Group::tree): every
+// node's logits have the bits of its tree verified alone, and so of plain decoding of its path; the decode
+// row has the bits of a decode step alone; and each tree's cache compacted to a path continues exactly as
+// plain decoding's does.
+TEST_F(TreeModel, OneForwardVerifiesSeveralSequencesTreesAsEachAlone) {
+  ThreadPool pool(2);
+  const model::Config& c = stories_->config();
+  const auto V = static_cast<size_t>(c.n_vocab);
+  model::Graph graph(*stories_, pool, model::GraphOptions{64, 16});
+  const std::vector<std::vector<int32_t>> prompts = {{1, 403, 407, 261, 378, 432, 383, 286, 261, 376},
+                                                     {1, 298, 315, 421, 395, 317, 426},
+                                                     {1, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411}};
+  constexpr int kNodesA = 9, kNodesC = 6;
+  std::vector<int32_t> parent_a, depth_a, parent_c, depth_c;
+  random_tree(kNodesA, 23, parent_a, depth_a);
+  random_tree(kNodesC, 31, parent_c, depth_c);
+  std::mt19937 rng(7);
+  const auto random_tokens = [&](int n) {
+    std::vector<int32_t> t;
+    for (int i = 0; i < n; ++i) t.push_back(static_cast<int32_t>(rng() % 500) + 3);
+    return t;
+  };
+  const std::vector<int32_t> tokens_a = random_tokens(kNodesA), tokens_c = random_tokens(kNodesC);
+  const std::vector<int32_t> next_b = {300};
+  const auto prefilled = [&](size_t i) {
+    auto kv = std::make_unique<cache::KvCache>(c.kv_geometry(), 128, cache::KvType::kF16);
+    graph.prompt(prompts[i], *kv, nullptr);
+    return kv;
+  };
+
+  // Sequence A's tree, B's decode row and C's tree in one forward.
+  auto a = prefilled(0), b = prefilled(1), cc = prefilled(2);
+  const cache::TreeMask mask_a{a->length(), parent_a, depth_a}, mask_c{cc->length(), parent_c, depth_c};
+  cache::KvCache* pa[] = {a.get()};
+  cache::KvCache* pb[] = {b.get()};
+  cache::KvCache* pc[] = {cc.get()};
+  const std::vector<model::Group> groups = {
+      {model::Phase::kVerify, tokens_a, pa, nullptr, &mask_a},
+      {model::Phase::kDecode, next_b, pb, nullptr, nullptr},
+      {model::Phase::kVerify, tokens_c, pc, nullptr, &mask_c},
+  };
+  std::vector<float> mixed((kNodesA + 1 + kNodesC) * V);
+  ASSERT_EQ(graph.mixed(groups, mixed.data()), kNodesA + 1 + kNodesC);
+  const float* mixed_a = mixed.data();
+  const float* mixed_b = mixed_a + kNodesA * V;
+  const float* mixed_c = mixed_b + V;
+
+  // Each alone.
+  std::vector<float> alone_a(kNodesA * V), alone_b(V), alone_c(kNodesC * V);
+  {
+    auto a1 = prefilled(0), b1 = prefilled(1), c1 = prefilled(2);
+    cache::KvCache* qa[] = {a1.get()};
+    cache::KvCache* qc[] = {c1.get()};
+    const cache::TreeMask ma{a1->length(), parent_a, depth_a}, mc{c1->length(), parent_c, depth_c};
+    const model::Group ga[] = {{model::Phase::kVerify, tokens_a, qa, nullptr, &ma}};
+    const model::Group gc[] = {{model::Phase::kVerify, tokens_c, qc, nullptr, &mc}};
+    graph.mixed(ga, alone_a.data());
+    graph.mixed(gc, alone_c.data());
+    cache::KvCache* qb[] = {b1.get()};
+    graph.decode(next_b, qb, alone_b.data());
+  }
+  EXPECT_EQ(0, std::memcmp(mixed_a, alone_a.data(), alone_a.size() * sizeof(float))) << "sequence A's tree";
+  EXPECT_EQ(0, std::memcmp(mixed_b, alone_b.data(), V * sizeof(float))) << "sequence B's decode row";
+  EXPECT_EQ(0, std::memcmp(mixed_c, alone_c.data(), alone_c.size() * sizeof(float))) << "sequence C's tree";
+
+  // Every node against plain decoding of its path.
+  const auto check_paths = [&](size_t seq, const std::vector<int32_t>& tokens,
+                               const std::vector<int32_t>& parent, const float* logits) {
+    for (int32_t node = 0; node < static_cast<int32_t>(tokens.size()); ++node) {
+      model::Session plain(*stories_, pool, options());
+      std::vector<int32_t> text = prompts[seq];
+      for (int32_t at : path_of(parent, node)) text.push_back(tokens[static_cast<size_t>(at)]);
+      const auto want = plain.eval(text);
+      ASSERT_EQ(0, std::memcmp(want.data(), logits + static_cast<size_t>(node) * V, V * sizeof(float)))
+          << "sequence " << seq << ", node " << node;
+    }
+  };
+  check_paths(0, tokens_a, parent_a, mixed_a);
+  check_paths(2, tokens_c, parent_c, mixed_c);
+
+  // Compacted to their deepest paths, both caches continue as plain decoding of those paths does.
+  const std::vector<int32_t> more = {300, 301, 302};
+  const auto check_compacted = [&](size_t seq, cache::KvCache& kv, const std::vector<int32_t>& tokens,
+                                   const std::vector<int32_t>& parent, const std::vector<int32_t>& depth) {
+    const auto deepest = static_cast<int32_t>(std::max_element(depth.begin(), depth.end()) - depth.begin());
+    const auto path = path_of(parent, deepest);
+    kv.compact(static_cast<int64_t>(prompts[seq].size()), path);
+    std::vector<int32_t> text = prompts[seq];
+    for (int32_t at : path) text.push_back(tokens[static_cast<size_t>(at)]);
+    cache::KvCache plain(c.kv_geometry(), 128, cache::KvType::kF16);
+    graph.prompt(text, plain, nullptr);
+    ASSERT_EQ(kv.length(), plain.length());
+    std::vector<float> got(more.size() * V), want(more.size() * V);
+    graph.verify(more, kv, got.data());
+    graph.verify(more, plain, want.data());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << "sequence " << seq;
+  };
+  check_compacted(0, *a, tokens_a, parent_a, depth_a);
+  check_compacted(2, *cc, tokens_c, parent_c, depth_c);
+}
+
+// A forward carries at most one tree per sequence; a verify group's tree starts at its cache's length, and
+// only verify groups carry trees.
+TEST_F(TreeModel, RefusesBadTreeGroups) {
+  ThreadPool pool(1);
+  const model::Config& c = stories_->config();
+  model::Graph graph(*stories_, pool, model::GraphOptions{16, 16});
+  cache::KvCache kv(c.kv_geometry(), 64, cache::KvType::kF16);
+  const std::vector<int32_t> prompt = {1, 403, 407}, tokens = {300, 301};
+  graph.prompt(prompt, kv, nullptr);
+  const std::vector<int32_t> parent = {-1, 0}, depth = {0, 1};
+  std::vector<float> logits(2 * static_cast<size_t>(c.n_vocab));
+  cache::KvCache* caches[] = {&kv};
+  const cache::TreeMask stale{kv.length() - 1, parent, depth};
+  const model::Group wrong_base[] = {{model::Phase::kVerify, tokens, caches, nullptr, &stale}};
+  EXPECT_THROW(graph.mixed(wrong_base, logits.data()), Error);
+  const cache::TreeMask mask{kv.length(), parent, depth};
+  const model::Group on_prompt[] = {{model::Phase::kPrompt, tokens, caches, nullptr, &mask}};
+  EXPECT_THROW(graph.mixed(on_prompt, logits.data()), Error);
+  EXPECT_EQ(kv.length(), 3);
+
+  model::Forward forward(*stories_, pool, 8);
+  const model::Row rows[] = {{300, 3, 0, true}, {301, 4, 0, true}};
+  const model::TreeRows twice[] = {{0, mask}, {0, mask}};
+  try {
+    forward.run(rows, caches, logits.data(), nullptr, twice);
+    FAIL() << "two trees of one sequence were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("at most one per sequence"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(kv.length(), 3);
 }
 
 std::vector<int32_t> generate_tokens(const model::Model& target, ThreadPool& pool, DraftSource* source,

@@ -126,6 +126,14 @@ test('8 valid streams run; steady resident size', async () => {
   console.log(`steady resident size ${steady} kB`);
 });
 
+test('the Keep-Alive header advertises the idle timeout the server enforces', async () => {
+  // A client keeps a pooled connection for the advertised time (less a margin); advertising more than
+  // --idle-timeout lets it send a request on a connection the server is closing, and lose it.
+  const res = await fetch(`${server.url}/health`);
+  await res.text();
+  assert.match(res.headers.get('keep-alive') ?? '', new RegExp(`(^|[ ,])timeout=${IDLE_TIMEOUT_S}([ ,]|$)`));
+});
+
 test('deep JSON: 4 MB of "[" is a 400 naming the depth limit, 8 at once', async () => {
   const body = '['.repeat(4_000_000);
   const results = await Promise.all(Array.from({ length: 8 }, () => fetch(`${server.url}/v1/completions`, {

@@ -1,7 +1,7 @@
 // Speculation in the server: greedy requests give the same text with speculation on as off, request by
 // request, under 8 concurrent streams with prompts of mixed lengths, with n-gram lookup and with a draft
-// model (batched across the running sequences); /metrics counts the drafts and the gates' decisions per
-// drafter kind. (The real tiny draft model costs about as much as its target, so its gate mostly stays off;
+// model (batched across the running sequences), drafting chains or token trees (--tree-nodes); /metrics
+// counts the drafts, the tree nodes verified and the gates' decisions per drafter kind. (The real tiny draft model costs about as much as its target, so its gate mostly stays off;
 // tests/test_scheduler_spec.cpp covers its drafting with free drafts.)
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -21,6 +21,8 @@ before(async () => {
   servers.plain = await startServer(COMMON);
   servers.ngram = await startServer([...COMMON, '--draft', 'ngram']);
   servers.model = await startServer([...COMMON, '--draft-model', DRAFT]);
+  servers.ngramTree = await startServer([...COMMON, '--draft', 'ngram', '--tree-nodes', '8']);
+  servers.modelTree = await startServer([...COMMON, '--draft-model', DRAFT, '--tree-nodes', '8']);
 });
 
 after(async () => {
@@ -68,5 +70,22 @@ test('greedy text with speculation equals plain text request by request under 8 
     assert.equal(delta(`tandem_drafter_accepted_total{drafter="${kind}"}`), delta('tandem_draft_accepted_total'));
     assert.ok(delta('tandem_verify_tokens_total') >= delta('tandem_verify_windows_total') + delta('tandem_draft_accepted_total'));
     assert.equal(m1.tandem_tree_nodes_verified_total, 0);
+  }
+});
+
+test('greedy text with --tree-nodes 8 equals plain text request by request, and tree nodes are counted', async () => {
+  const plain = await completeAll(servers.plain);
+  for (const [name, kind] of [['ngramTree', 'ngram'], ['modelTree', 'model']]) {
+    const m0 = await metrics(servers[name].url);
+    const spec = await completeAll(servers[name]);
+    const m1 = await metrics(servers[name].url);
+    for (let i = 0; i < PROMPTS.length; ++i) assert.equal(spec[i], plain[i], `request ${i} with ${kind} trees`);
+    const delta = (k) => (m1[k] ?? 0) - (m0[k] ?? 0);
+    const nodes = delta('tandem_tree_nodes_verified_total');
+    // Tree nodes are drafts too; n-gram trees carry no scores, so every one proposed is verified (the repeated
+    // prompts give lookup continuations), while the draft model's are cut to what pays on this machine.
+    assert.ok(nodes <= delta('tandem_draft_tokens_total'), `${kind}: ${nodes} tree nodes`);
+    assert.equal(delta(`tandem_drafter_tokens_total{drafter="${kind}"}`), delta('tandem_draft_tokens_total'));
+    if (kind === 'ngram') assert.ok(nodes > 0, 'n-gram trees: no tree node verified');
   }
 });

@@ -32,6 +32,16 @@ void print_drafter(const gguf::File& f) {
   std::printf("taps: target layers");
   for (int32_t l : info.tap_layers) std::printf(" %d", l);
   std::printf("\n");
+  if (info.draft_vocab.empty()) {
+    std::printf("draft vocabulary: the whole, %lld tokens\n", static_cast<long long>(info.vocab));
+  } else {
+    std::printf("draft vocabulary: %zu of the target's %lld tokens (the head scores these only), ids",
+                info.draft_vocab.size(), static_cast<long long>(info.vocab));
+    constexpr size_t kShown = 16;
+    for (size_t i = 0; i < info.draft_vocab.size() && i < kShown; ++i)
+      std::printf(" %d", info.draft_vocab[i]);
+    std::printf("%s\n", info.draft_vocab.size() > kShown ? " ..." : "");
+  }
   int64_t params = 0, optimizer_values = 0;
   size_t bytes = 0;
   for (const auto& t : f.tensors()) {
@@ -43,7 +53,9 @@ void print_drafter(const gguf::File& f) {
     params += n;
     bytes += t.bytes;
   }
-  const int64_t shared = info.vocab * info.d * (info.own_head ? 1 : 2);
+  const int64_t head_rows =
+      info.draft_vocab.empty() ? info.vocab : static_cast<int64_t>(info.draft_vocab.size());
+  const int64_t shared = info.vocab * info.d + (info.own_head ? 0 : head_rows * info.d);
   std::printf(
       "size: %lld trained parameters (%.1f KiB), plus the target's %s (%lld parameters, not stored)\n",
       static_cast<long long>(params), static_cast<double>(bytes) / 1024.0,

@@ -31,6 +31,7 @@
 #include "tandem/speculative/eagle_draft.h"
 #include "tandem/speculative/mtp_draft.h"
 #include "tandem/speculative/ngram.h"
+#include "tandem/speculative/tree_budget.h"
 #include "tandem/tokenizer/tokenizer.h"
 #include "tandem/util/error.h"
 #include "tandem/util/thread_pool.h"
@@ -47,6 +48,7 @@ struct ServeOptions {
   int queue = 64;
   int64_t rows = 64;
   int max_draft = 0;
+  int tree_nodes = 0;
   speculative::GateSettings gate;
   std::string api_key, alias, replica_name;
   std::string chat_template;  // --chat-template FILE: overrides the model file's
@@ -194,6 +196,10 @@ class SourceLender {
     void propose(std::span<const int32_t> committed, int max_depth, speculative::Draft& out) override {
       s_->propose(committed, max_depth, out);
     }
+    void propose_tree(std::span<const int32_t> committed, int max_nodes, int max_depth,
+                      speculative::Draft& out) override {
+      s_->propose_tree(committed, max_nodes, max_depth, out);
+    }
     void accept(std::span<const int32_t> committed, int n_accepted) override {
       s_->accept(committed, n_accepted);
     }
@@ -284,6 +290,17 @@ void serve(const ServeOptions& o) {
                 "' is an encoder (" + config.arch + ") that makes embeddings only; drop them");
   so.max_draft = speculate ? (o.max_draft > 0 ? o.max_draft : 6) : 0;
   so.gate = o.gate;
+  if (o.tree_nodes > 0) {
+    if (!speculate)
+      throw Error("--tree-nodes drafts token trees: pass --draft-model FILE or --draft ngram with it");
+    if (!o.drafter.empty() || o.draft == "mtp")
+      std::fprintf(stderr,
+                   "note: drafters that read the target's hidden states verify chains in serve; --tree-nodes "
+                   "applies to --draft-model and --draft ngram\n");
+    else
+      speculative::check_tree_target(config.kv_geometry(), o.model.resolved_kv_type());
+    so.tree_nodes = o.tree_nodes;
+  }
   std::unique_ptr<model::Model> draft;
   std::unique_ptr<speculative::DraftModelBatch> draft_batch;
   std::unique_ptr<speculative::EagleDraftBatch> eagle_batch;
@@ -528,6 +545,12 @@ void add_serve_command(CLI::App& app) {
       ->excludes(dr);
   cmd->add_option("--max-draft", o->max_draft, "Deepest drafted window per sequence (default 6 with a draft)")
       ->check(CLI::Range(0, 15));
+  cmd->add_option("--tree-nodes", o->tree_nodes,
+                  "Draft a token tree of at most N nodes per sequence and round (--draft-model and --draft "
+                  "ngram branch where they are unsure), verified with the rest of the batch in one forward; "
+                  "--max-draft bounds its depth; each round verifies the draft model's best nodes that pay "
+                  "for the rows they add (default 0: chains)")
+      ->check(CLI::Range(0, 255));
   add_gate_options(*cmd, o->gate);
   cmd->add_option("--embed-rows", o->embed_rows,
                   "/v1/embeddings: tokens of queued requests embedded together in one batch (default 2048)")

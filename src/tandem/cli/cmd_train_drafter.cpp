@@ -66,6 +66,14 @@ void print_progress(const speculative::DrafterTrainProgress& p) {
   if (p.done == p.total) std::fprintf(stderr, "\n");
 }
 
+void print_draft_vocab(const train::DrafterInfo& info) {
+  if (info.draft_vocab.empty())
+    std::printf("; draft vocabulary: all %lld tokens", static_cast<long long>(info.vocab));
+  else
+    std::printf("; draft vocabulary: %zu of %lld tokens", info.draft_vocab.size(),
+                static_cast<long long>(info.vocab));
+}
+
 // Trains a DFlash drafter on the prompts `texts` with the options it shares with EAGLE-3, `shared`, writes it
 // to `out` and prints what it measured.
 void train_dflash_drafter(const model::Model& target, const std::string& target_path,
@@ -78,6 +86,7 @@ void train_dflash_drafter(const model::Model& target, const std::string& target_
   d.data.seed = d.seed = shared.seed;
   d.data.is_eog = [&tok](int32_t id) { return tok.is_eog(id); };
   d.steps = shared.steps;
+  d.draft_vocab = shared.draft_vocab;
   d.lr = shared.lr;
   d.on_progress = print_progress;
   speculative::DflashTrainResult r = speculative::train_dflash(target, pool, d);
@@ -94,6 +103,7 @@ void train_dflash_drafter(const model::Model& target, const std::string& target_
   for (float a : r.info.acceptance) std::printf(" %.3f", a);
   std::printf("\nwrote %s (block %lld, taps", out.c_str(), static_cast<long long>(d.block));
   for (int32_t l : r.info.tap_layers) std::printf(" %d", l);
+  print_draft_vocab(r.info);
   std::printf(")\n");
 }
 
@@ -131,6 +141,10 @@ void add_train_drafter_command(CLI::App& app) {
   cmd->add_option("--ffn", o->train.ffn, "The drafter's feed-forward width (default: the target's)");
   CLI::Option* layers =
       cmd->add_option("--layers", o->train.layers, "The drafter's decoder layers (default 1)");
+  cmd->add_option("--draft-vocab", o->train.draft_vocab,
+                  "Tokens the drafter's head scores: the N the target generated most often in the training "
+                  "text, plus its end-of-generation tokens (0 or at least the target's vocabulary: all; "
+                  "default: all up to 16384 tokens, else 8192)");
   cmd->add_option("--eval-every", o->train.eval_every,
                   "Training steps between held-out evaluations on the progress line (default: a tenth of "
                   "--steps)");
@@ -191,6 +205,7 @@ void add_train_drafter_command(CLI::App& app) {
     for (float a : r.info.acceptance) std::printf(" %.3f", a);
     std::printf("\nwrote %s (taps", o->out.c_str());
     for (int32_t l : r.info.tap_layers) std::printf(" %d", l);
+    print_draft_vocab(r.info);
     std::printf(")\n");
   });
 }

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <numeric>
 #include <optional>
 
 #include "tandem/speculative/settle.h"
+#include "tandem/speculative/tree_budget.h"
 #include "tandem/speculative/verify.h"
 #include "tandem/util/error.h"
 
@@ -46,19 +46,7 @@ class Run {
       throw Error("--draft-min must be between 1 and --draft-max (" + std::to_string(o_.draft_max) + ")");
     if (o_.tree_nodes < 0) throw Error("--tree-nodes must be 0 (chains) or a positive node budget");
     if (o_.tree_nodes > 0) {
-      if (!target_.model().config().layer_recurrent.empty())
-        throw Error(
-            "draft trees need a target without recurrent (mamba) layers: their state follows one "
-            "sequence, not a tree; use chains (--tree-nodes 0)");
-      if (target_.cache().store().key_anchor() != nullptr)
-        throw Error(std::string("draft trees need an f16 or f32 KV cache (the ") +
-                    std::string(cache::kv_type_name(target_.cache().type())) +
-                    " cache stores keys against their block's anchor, so an accepted path cannot move); use "
-                    "--kv-type f16 or chains (--tree-nodes 0)");
-      if (!target_.cache().store().has_values())
-        throw Error(
-            "draft trees need a KV cache with value rows; a latent (MLA) cache keeps its values in its key "
-            "rows, so an accepted path cannot move yet; use chains (--tree-nodes 0)");
+      speculative::check_tree_target(target_.cache().store().geometry(), target_.cache().type());
       if (!source_.target_layers().empty() && !source_.follows_tree_rows())
         throw Error("the " + std::string(source_.kind()) +
                     " drafter reads the target's hidden states and drafts chains only (draft trees come from "
@@ -157,11 +145,14 @@ class Run {
       const int nodes = node_limit();
       if (limit > 0 && nodes > 0) {
         source_.propose_tree(history_, nodes, limit, draft_);
-        if (!draft_.tree.empty() && tree_costs_ && !draft_.sampled &&
-            draft_.score.size() == draft_.tokens.size()) {
-          const size_t keep = tree_budget();
+        if (tree_costs_ && speculative::TreeBudget::scored(draft_)) {
+          // Verifying n nodes costs a forward of n + 1 rows.
+          tree_cost_.assign(draft_.tokens.size() + 1, 1.0);
+          for (size_t n = 1; n < tree_cost_.size(); ++n)
+            tree_cost_[n] = tree_costs_->verify_cost(static_cast<int>(n) + 1);
+          const size_t keep = tree_budget_.choose(draft_, tree_cost_);
           if (keep == 0) return chain_round(0);
-          prune_tree(keep);
+          tree_budget_.prune(draft_, keep);
         }
         if (!draft_.tree.empty()) return tree_round();
       } else {
@@ -215,55 +206,6 @@ class Run {
     if (drafted > 0) stats_.record_round(drafted, drafted, outcome.accepted);
   }
 
-  // How many of draft_'s best-scored nodes this round verifies: the n that maximises the expected tokens per
-  // unit of forward cost, (1 + the n best acceptance estimates) / cost(n + 1) (EAGLE-2's reranking with
-  // Sequoia's budget from the cost curve). A node's estimate is its score times the ratio of drafts accepted
-  // to the scores of the nodes verified so far, since a draft model's probabilities need not match how often
-  // the target agrees with it. 0: a plain step (one token at cost 1) is worth more than any of the trees.
-  size_t tree_budget() {
-    const size_t d = draft_.tokens.size();
-    rank_.resize(d);
-    std::iota(rank_.begin(), rank_.end(), 0);
-    // Best score first; a child never scores above its parent and comes after it, so every prefix of rank_
-    // is a subtree.
-    std::sort(rank_.begin(), rank_.end(), [&](int32_t a, int32_t b) {
-      const float sa = draft_.score[static_cast<size_t>(a)], sb = draft_.score[static_cast<size_t>(b)];
-      return sa != sb ? sa > sb : a < b;
-    });
-    const double ratio = tree_accepted_ / tree_scored_;
-    double sum = 0.0, best = 1.0;
-    size_t keep = 0;
-    for (size_t n = 1; n <= d; ++n) {
-      sum += std::min(1.0, ratio * draft_.score[static_cast<size_t>(rank_[n - 1])]);
-      const double value = (1.0 + sum) / tree_costs_->verify_cost(static_cast<int>(n) + 1);
-      if (value > best) best = value, keep = n;
-    }
-    return keep;
-  }
-
-  // Keeps the first `keep` nodes of rank_ (a subtree), in their order in draft_.
-  void prune_tree(size_t keep) {
-    const size_t d = draft_.tokens.size();
-    if (keep >= d) return;
-    std::sort(rank_.begin(), rank_.begin() + static_cast<std::ptrdiff_t>(keep));
-    renumber_.assign(d, -1);
-    speculative::TokenTree& tree = draft_.tree;
-    for (size_t k = 0; k < keep; ++k) {
-      const auto i = static_cast<size_t>(rank_[k]);
-      const int32_t parent = tree.parent[i] < 0 ? -1 : renumber_[static_cast<size_t>(tree.parent[i])];
-      TANDEM_CHECK(tree.parent[i] < 0 || parent >= 0, "a kept tree node without its parent");
-      renumber_[i] = static_cast<int32_t>(k);
-      draft_.tokens[k] = draft_.tokens[i];
-      draft_.score[k] = draft_.score[i];
-      tree.parent[k] = parent;
-      tree.depth[k] = tree.depth[i];
-    }
-    draft_.tokens.resize(keep);
-    draft_.score.resize(keep);
-    tree.parent.resize(keep);
-    tree.depth.resize(keep);
-  }
-
   // Verifies draft_'s tree in one target forward: the pending token is node 0 of the window's tree, draft
   // node i its node i + 1.
   void tree_round() {
@@ -298,12 +240,7 @@ class Run {
           commit(token, nullptr);
           return !done_;
         });
-    if (draft_.score.size() == d) {
-      double scored = 0.0;
-      for (float x : draft_.score) scored += x;
-      tree_accepted_ = kTreeRatioDecay * tree_accepted_ + outcome.accepted;
-      tree_scored_ = kTreeRatioDecay * tree_scored_ + scored;
-    }
+    tree_budget_.record(draft_, outcome.accepted);
     ++stats_.tree_rounds;
     stats_.record_round(static_cast<int64_t>(d), static_cast<int>(depth), outcome.accepted);
   }
@@ -374,10 +311,8 @@ class Run {
   std::optional<sampling::GrammarMatcher> grammar_;  // at the committed text's state
   std::optional<Gate> gate_;
   std::optional<CostModel> tree_costs_;  // trees with the gate on: the costs their budget is chosen from
-  // Drafts accepted and the scores of the nodes verified, over the tree rounds so far, each round's weight
-  // decaying by kTreeRatioDecay per later round; both start at 1 (scores taken at their word).
-  static constexpr double kTreeRatioDecay = 0.9;
-  double tree_accepted_ = 1.0, tree_scored_ = 1.0;
+  speculative::TreeBudget tree_budget_;
+  std::vector<double> tree_cost_;  // [nodes + 1]: the cost of verifying n nodes
   model::CaptureFn capture_;
   int64_t capture_pos_ = 0;            // the position of the first row of the current eval
   std::vector<int64_t> capture_rows_;  // [tapped layer]: rows captured so far in the current eval
@@ -386,7 +321,6 @@ class Run {
   std::vector<int32_t> window_;                    // this round's forward: pending token, drafts
   std::vector<int32_t> tree_parent_, tree_depth_;  // a tree round's cache::TreeMask over window_
   speculative::Draft draft_;
-  std::vector<int32_t> rank_, renumber_;  // tree_budget, prune_tree: nodes by score; old node -> kept node
   speculative::Settler settler_;
   Probe probe_;
   SpecStats stats_;

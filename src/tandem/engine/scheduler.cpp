@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "tandem/speculative/settle.h"
+#include "tandem/speculative/tree_budget.h"
 #include "tandem/util/error.h"
 
 namespace tandem::engine {
@@ -38,8 +39,16 @@ struct Scheduler::Sequence {
   speculative::Probe probe;
   speculative::Settler settler;
   uint64_t drafted = 0, accepted = 0;
-  int want = 0;          // this iteration's proposal depth (0: none)
+  int want = 0;          // this iteration's proposal depth (0: none); a tree's node limit
   bool probing = false;  // the proposal is a probe, not a window
+  // Draft trees (SchedulerOptions::tree_nodes): whether this sequence proposes them, this iteration's depth
+  // limit, whether its window is a tree, that window's cache::TreeMask and the budget that cuts its trees.
+  bool trees = false;
+  int want_depth = 0;
+  bool tree_window = false;
+  std::vector<int32_t> tree_parent, tree_depth;
+  cache::TreeMask tree_mask;
+  speculative::TreeBudget tree_budget;
   // The gate's decisions not yet counted in the stats.
   uint64_t drafting = 0, probes = 0, off = 0;
   // Drafters that read the target: the capture of this sequence's groups, and the position of their first
@@ -65,6 +74,7 @@ Scheduler::Scheduler(model::Graph& graph, CachePool& caches, std::function<bool(
                 ") must hold one decode row per running sequence (" + std::to_string(options_.max_running) +
                 ")");
   options_.max_draft = std::clamp(options_.max_draft, 0, 15);
+  if (options_.tree_nodes < 0) throw Error("--tree-nodes must be 0 (chains) or a positive node budget");
   logits_.resize(static_cast<size_t>(options_.max_rows * graph_.n_vocab()));
   const auto n = static_cast<size_t>(options_.max_running);
   plan_.decode_tokens.reserve(n);
@@ -76,6 +86,7 @@ Scheduler::Scheduler(model::Graph& graph, CachePool& caches, std::function<bool(
   plan_.groups.reserve(n + 1);
   ended_.reserve(n);
   round_cost_.reserve(static_cast<size_t>(options_.max_draft) + 1);
+  tree_cost_.reserve(static_cast<size_t>(std::min<int64_t>(options_.tree_nodes, options_.max_rows)) + 1);
   draft_requests_.reserve(n);
   if (const model::ExpertResidency* r = graph_.expert_residency()) stats_.experts = r->stats();
   thread_ = std::thread([this] { loop(); });
@@ -270,6 +281,12 @@ void Scheduler::propose_all() {
       rs[i].source->propose(rs[i].committed, rs[i].max_depth, *rs[i].out);
     i = j;
   }
+  // Trees, one sequence at a time (no source drafts trees in batches).
+  for (auto& sp : running_) {
+    Sequence& s = *sp;
+    if (s.state == Sequence::State::kDecode && s.trees && s.want > 0)
+      s.draft->propose_tree(s.tokens, s.want, s.want_depth, s.proposal);
+  }
 }
 
 void Scheduler::plan() {
@@ -296,7 +313,15 @@ void Scheduler::plan() {
     --reserved;
     s.want = 0;
     s.probing = false;
-    if (s.gate) {
+    if (s.trees) {
+      // The tree's nodes sit at positions tokens.size() ... + nodes, inside the context, and take rows the
+      // budget holds; its paths end where max_tokens does.
+      const int64_t room = caches_.capacity() - static_cast<int64_t>(s.tokens.size());
+      const int64_t nodes = std::min<int64_t>({options_.tree_nodes, budget - reserved - 1, room});
+      const int64_t depth = std::min<int64_t>({options_.max_draft, s.req.max_tokens - s.generated - 1, room});
+      s.want_depth = static_cast<int>(std::max<int64_t>(depth, 0));
+      s.want = nodes > 0 && depth > 0 ? static_cast<int>(nodes) : 0;
+    } else if (s.gate) {
       // Priced against the forward as planned so far: earlier windows, this row, a row per later decoder.
       const speculative::Gate::Decision decision =
           choose_depth(s, budget - reserved, planned + 1 + reserved, static_cast<int>(n_decoding));
@@ -314,17 +339,29 @@ void Scheduler::plan() {
     const int64_t rows = 1 + (s.probing ? 0 : s.want);
     planned += rows;
     budget -= rows;
-    if (s.want > 0)
+    if (s.want > 0 && !s.trees)
       draft_requests_.push_back(
           {s.draft.get(), s.tokens, s.want, s.probing ? &s.probe.draft() : &s.proposal});
   }
-  if (!draft_requests_.empty()) propose_all();
+  propose_all();
 
   budget = options_.max_rows;
+  int64_t placed = 0;          // rows of the decoding sequences placed so far
+  int64_t later = n_decoding;  // decoding sequences not yet placed
   for (auto& sp : running_) {
     Sequence& s = *sp;
     if (s.state != Sequence::State::kDecode) continue;
-    if (s.probing) {
+    --later;
+    s.tree_window = false;
+    if (s.trees) {
+      if (s.want > 0) {
+        // Priced against the forward as placed so far: earlier windows, this row, a row per later decoder.
+        budget_tree(s, placed + 1 + later, static_cast<int>(n_decoding));
+        ++(s.proposal.tokens.empty() ? s.off : s.drafting);
+      } else {
+        ++s.off;
+      }
+    } else if (s.probing) {
       s.draft->accept(s.tokens, 0);
       s.probe.start();
     } else if (s.want > 0) {
@@ -348,13 +385,26 @@ void Scheduler::plan() {
       // A window, or a plain step that must be captured: a group of its own.
       s.window.assign(1, s.tokens.back());
       s.window.insert(s.window.end(), s.proposal.tokens.begin(), s.proposal.tokens.end());
+      if (!s.proposal.tree.empty()) {
+        // The pending token is the window tree's node 0, draft node i its node i + 1.
+        s.tree_window = true;
+        s.tree_parent.assign(1, -1);
+        s.tree_depth.assign(1, 0);
+        for (size_t i = 0; i < s.proposal.tokens.size(); ++i) {
+          s.tree_parent.push_back(s.proposal.tree.parent[i] + 1);
+          s.tree_depth.push_back(s.proposal.tree.depth[i]);
+        }
+        s.tree_mask = {s.cache->length(), s.tree_parent, s.tree_depth};
+      }
       p.verifiers.push_back(&s);
       budget -= static_cast<int64_t>(s.window.size());
+      placed += static_cast<int64_t>(s.window.size());
     } else {
       p.decode_tokens.push_back(s.tokens.back());
       p.decode_caches.push_back(s.cache.get());
       p.decoders.push_back(&s);
       budget -= 1;
+      placed += 1;
     }
   }
   // Then prompt chunks, oldest first, in what the budget leaves.
@@ -371,7 +421,7 @@ void Scheduler::plan() {
   int64_t logit_rows = 0;
   p.rows = 0;
   if (!p.decoders.empty()) {
-    p.groups.push_back({model::Phase::kDecode, p.decode_tokens, p.decode_caches, nullptr});
+    p.groups.push_back({model::Phase::kDecode, p.decode_tokens, p.decode_caches, nullptr, nullptr});
     for (size_t i = 0; i < p.decoders.size(); ++i) p.decoders[i]->logit_row = static_cast<int64_t>(i);
     logit_rows = p.rows = static_cast<int64_t>(p.decoders.size());
   }
@@ -380,7 +430,8 @@ void Scheduler::plan() {
     p.group_caches.push_back(s.cache.get());
     s.capture_pos = s.cache->length();
     p.groups.push_back({phase, s.window, std::span<cache::KvCache* const>(&p.group_caches.back(), 1),
-                        s.capture ? &s.capture : nullptr});
+                        s.capture ? &s.capture : nullptr,
+                        phase == model::Phase::kVerify && s.tree_window ? &s.tree_mask : nullptr});
     s.logit_row = logit_rows;
     p.rows += static_cast<int64_t>(s.window.size());
   };
@@ -394,6 +445,26 @@ void Scheduler::plan() {
     single(*s, last ? model::Phase::kPrompt : model::Phase::kAppendKnown);
     logit_rows += last ? 1 : 0;
   }
+}
+
+void Scheduler::budget_tree(Sequence& s, int64_t base_rows, int sharing) {
+  speculative::Draft& d = s.proposal;
+  if (d.tree.empty()) {
+    // A chain (a source without trees, or an empty proposal): verified as one, to the tree's depth.
+    d.tokens.resize(std::min(d.tokens.size(), static_cast<size_t>(std::min(s.want, s.want_depth))));
+    return;
+  }
+  if (!speculative::TreeBudget::scored(d)) return;
+  // Verifying n nodes adds n rows to the forward; the drafting is spent either way.
+  tree_cost_.assign(d.tokens.size() + 1, 1.0);
+  const auto base = static_cast<int>(base_rows);
+  for (size_t n = 1; n < tree_cost_.size(); ++n)
+    tree_cost_[n] = costs_.rows_cost(static_cast<int>(n), base, sharing);
+  const size_t keep = s.tree_budget.choose(d, tree_cost_);
+  if (keep == 0)
+    d.clear();
+  else
+    s.tree_budget.prune(d, keep);
 }
 
 bool Scheduler::forward() {
@@ -421,7 +492,9 @@ void Scheduler::settle() {
   for (Sequence* s : plan_.decoders)
     if (!settle(*s, {}, true)) ended_.push_back(s);
   for (Sequence* s : plan_.verifiers)
-    if (!settle(*s, std::span<const int32_t>(s->window).subspan(1), true)) ended_.push_back(s);
+    if (!(s->tree_window ? settle_tree(*s)
+                         : settle(*s, std::span<const int32_t>(s->window).subspan(1), true)))
+      ended_.push_back(s);
   for (Sequence* s : plan_.prefills) {
     s->evaluated += static_cast<int64_t>(s->window.size());
     delta.evaluated_prompt_tokens += s->window.size();
@@ -466,34 +539,65 @@ bool Scheduler::settle(Sequence& s, std::span<const int32_t> drafts, bool specul
             s.probe.observe(token, drafts.empty() ? &s.settler.target_distribution(0) : nullptr, *gate);
           return commit(s, token, window.logits.data() + static_cast<size_t>(row) * V);
         });
-    s.drafted += static_cast<uint64_t>(out.drafted);
-    s.accepted += static_cast<uint64_t>(out.accepted);
-    {
-      // Counted before the sequence's final event goes out, so a client that reads the metrics after its
-      // last token sees its own rounds (the chat page computes a reply's acceptance that way).
-      std::lock_guard lock(mutex_);
-      ++stats_.steps;
-      if (out.drafted > 0) {
-        stats_.drafted += static_cast<uint64_t>(out.drafted);
-        stats_.accepted += static_cast<uint64_t>(out.accepted);
-        ++stats_.verify_windows;
-        stats_.verify_tokens += static_cast<uint64_t>(out.committed);
-      }
-      if (s.draft && speculating) {
-        SchedulerStats::Drafter& d = drafter_stats(s.draft->kind());
-        d.drafted += static_cast<uint64_t>(out.drafted);
-        d.accepted += static_cast<uint64_t>(out.accepted);
-        d.drafting += std::exchange(s.drafting, 0);
-        d.probing += std::exchange(s.probes, 0);
-        d.off += std::exchange(s.off, 0);
-      }
-    }
+    count_round(s, out, speculating, 0);
     if (!out.stopped) return true;
     finish(s, s.ending);
   } catch (const std::exception& e) {
     finish(s, Finish::kError, e.what());
   }
   return false;
+}
+
+bool Scheduler::settle_tree(Sequence& s) {
+  const auto V = static_cast<size_t>(graph_.n_vocab());
+  const speculative::Draft& d = s.proposal;
+  const size_t nodes = d.tokens.size();
+  speculative::TreeWindow window;
+  window.logits =
+      std::span<const float>(logits_).subspan(static_cast<size_t>(s.logit_row) * V, (nodes + 1) * V);
+  window.drafts = d.tokens;
+  window.parent = d.tree.parent;
+  if (d.sampled) window.q = std::span<const sampling::Distribution>(d.q.data(), nodes);
+  try {
+    // No gate learns from trees, and tree sequences have no grammar.
+    const speculative::SettleOutcome out = s.settler.settle_tree(
+        window, {s.tokens, s.sampler, s.req.sequence_id, *s.cache, nullptr, s.draft.get(), nullptr},
+        [&](int32_t token, int row) {
+          return commit(s, token, window.logits.data() + static_cast<size_t>(row) * V);
+        });
+    s.tree_budget.record(d, out.accepted);
+    count_round(s, out, true, nodes);
+    if (!out.stopped) return true;
+    finish(s, s.ending);
+  } catch (const std::exception& e) {
+    finish(s, Finish::kError, e.what());
+  }
+  return false;
+}
+
+void Scheduler::count_round(Sequence& s, const speculative::SettleOutcome& out, bool speculating,
+                            size_t tree_nodes) {
+  s.drafted += static_cast<uint64_t>(out.drafted);
+  s.accepted += static_cast<uint64_t>(out.accepted);
+  // Counted before the sequence's final event goes out, so a client that reads the metrics after its last
+  // token sees its own rounds (the chat page computes a reply's acceptance that way).
+  std::lock_guard lock(mutex_);
+  ++stats_.steps;
+  if (out.drafted > 0) {
+    stats_.drafted += static_cast<uint64_t>(out.drafted);
+    stats_.accepted += static_cast<uint64_t>(out.accepted);
+    ++stats_.verify_windows;
+    stats_.verify_tokens += static_cast<uint64_t>(out.committed);
+    stats_.tree_nodes += tree_nodes;
+  }
+  if (s.draft && speculating) {
+    SchedulerStats::Drafter& d = drafter_stats(s.draft->kind());
+    d.drafted += static_cast<uint64_t>(out.drafted);
+    d.accepted += static_cast<uint64_t>(out.accepted);
+    d.drafting += std::exchange(s.drafting, 0);
+    d.probing += std::exchange(s.probes, 0);
+    d.off += std::exchange(s.off, 0);
+  }
 }
 
 SchedulerStats::Drafter& Scheduler::drafter_stats(std::string_view kind) {
@@ -509,8 +613,14 @@ void Scheduler::start_drafting(Sequence& s) {
   if (!s.draft) return;
   s.draft->begin(s.req.prompt,
                  {s.req.sampling, s.req.sequence_id, s.req.grammar ? &*s.req.grammar : nullptr});
-  s.gate.emplace(options_.gate, options_.costs, options_.max_draft);
   const std::span<const int64_t> layers = s.draft->target_layers();
+  // Drafters that read the target's hidden states verify chains here; trees are not verified under a
+  // grammar.
+  s.trees = options_.tree_nodes > 0 && layers.empty() && !s.req.grammar;
+  if (s.trees)
+    speculative::check_tree_target(s.cache->store().geometry(), s.cache->type());
+  else
+    s.gate.emplace(options_.gate, options_.costs, options_.max_draft);
   if (layers.empty()) return;
   const auto width = static_cast<size_t>(graph_.model().config().n_embd);
   s.capture = [&s, layers, width](int64_t layer, const float* hidden, int64_t n_rows) {

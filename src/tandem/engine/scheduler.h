@@ -24,6 +24,14 @@
 // sequences' rows captured: prompt chunks and decode rows run as single-sequence groups with a capture, and
 // such a sequence starts from an empty cache (reused positions were never captured).
 //
+// Draft trees (SchedulerOptions::tree_nodes). A sequence whose drafter reads no hidden states and whose
+// request has no grammar proposes a token tree each iteration instead of asking a gate for a depth
+// (DraftSource::propose_tree, one sequence at a time); a tree whose nodes carry scores is cut to the subtree
+// that promises the most tokens per unit of what its rows add to the forward (speculative::TreeBudget, priced
+// by the same BatchCosts as chains, the drafting already spent), none meaning a plain step. The forward
+// verifies every sequence's tree beside the other groups (model::Group::tree), and Settler::settle_tree
+// commits the accepted path and moves its cache rows into place.
+//
 // Rows are batch-invariant and randomness is keyed by (seed, sequence id, position), so a request's tokens do
 // not depend on what else was running: N concurrent greedy requests produce exactly what each produces alone.
 #pragma once
@@ -49,6 +57,7 @@
 #include "tandem/sampling/token_mask.h"
 #include "tandem/speculative/draft_source.h"
 #include "tandem/speculative/gate.h"
+#include "tandem/speculative/settle.h"
 
 namespace tandem::engine {
 
@@ -64,6 +73,10 @@ struct SchedulerOptions {
   // count is priced as free until timed (speculative::BatchCosts), so the scheduler measures what it has no
   // curve for instead of guessing.
   speculative::CostModel costs;
+  // > 0: sequences that can (see "Draft trees" above) propose token trees of at most this many drafts,
+  // max_draft deep at most, instead of chains; 0: chains only. A tree sequence's cache must be able to move
+  // an accepted path (speculative::check_tree_target: its request fails with that error otherwise).
+  int tree_nodes = 0;
 };
 
 struct Request {
@@ -98,7 +111,7 @@ struct SchedulerStats {
   // Verify windows (sequence rounds with drafts) and the tokens they committed (accepted drafts plus the
   // target's own); their ratio is the tokens per verify forward of a sequence.
   uint64_t verify_windows = 0, verify_tokens = 0;
-  uint64_t tree_nodes = 0;  // draft-tree nodes verified (chains only so far)
+  uint64_t tree_nodes = 0;  // draft-tree nodes verified (SchedulerOptions::tree_nodes), also in `drafted`
   // Sequence steps: a sequence's rows in one forward that give it tokens (a decode row, a verify window or
   // the last prompt chunk); generated_tokens / steps is the tokens per target forward of a sequence.
   uint64_t steps = 0;
@@ -169,6 +182,10 @@ class Scheduler {
   // speculative::Settler; with `speculating`, its gate and drafter learn the round. Returns false when s
   // finished (its final event pushed).
   bool settle(Sequence& s, std::span<const int32_t> drafts, bool speculating);
+  // Settles s's tree window (its proposal's tree) through Settler::settle_tree; as settle() otherwise.
+  bool settle_tree(Sequence& s);
+  // Counts a settled round of s in the stats (`tree_nodes`: the nodes of a tree round, 0 otherwise).
+  void count_round(Sequence& s, const speculative::SettleOutcome& out, bool speculating, size_t tree_nodes);
   void finish(Sequence& s, Finish why, const std::string& error = {});
   void emit_token(Sequence& s, int32_t token, const float* logits);
   // Counts and emits `token`, which the settle step has just appended to s.tokens; returns false when s ends
@@ -179,8 +196,12 @@ class Scheduler {
   // The gate's decision for s: depth (0: a plain step) and whether to probe. base_rows: the rows the forward
   // carries with s's own row; sharing: the decoding sequences waiting for it.
   speculative::Gate::Decision choose_depth(Sequence& s, int64_t budget_left, int64_t base_rows, int sharing);
-  // Proposes for every request in draft_requests_, batching sources of one batch group.
+  // Proposes for every request in draft_requests_, batching sources of one batch group, and a tree for every
+  // tree sequence that wants one.
   void propose_all();
+  // Cuts s's proposed tree to the nodes worth verifying when the forward already carries base_rows rows
+  // (s's own included) that `sharing` decoding sequences wait for (TreeBudget); a chain to s's depth.
+  void budget_tree(Sequence& s, int64_t base_rows, int sharing);
   // The per-kind counters of `kind` in stats_ (mutex_ held).
   SchedulerStats::Drafter& drafter_stats(std::string_view kind);
 
@@ -216,6 +237,7 @@ class Scheduler {
   std::vector<Sequence*> ended_;  // sequences finished while settling
   speculative::BatchCosts costs_;
   std::vector<double> round_cost_;                         // [max_draft + 1]
+  std::vector<double> tree_cost_;                          // [tree_nodes + 1]
   std::vector<speculative::DraftRequest> draft_requests_;  // [max_running]
   std::vector<double> logprob_scratch_;
   std::vector<int32_t> order_scratch_;

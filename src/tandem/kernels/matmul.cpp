@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "tandem/kernels/float_gemm.h"
 #include "tandem/kernels/float_kernels.h"
 #include "tandem/kernels/ops.h"
 #include "tandem/kernels/repack.h"
@@ -13,6 +14,9 @@ namespace {
 
 // Output features per scheduling unit: threads take equal contiguous runs of whole units.
 constexpr int64_t kOutputGrain = 16;
+// The same for the encoder GEMM: a whole number of its panels on every target (16 or 32 weight rows), as each
+// range a thread takes is one more pass over the activations.
+constexpr int64_t kGemmGrain = 32;
 
 }  // namespace
 
@@ -204,6 +208,56 @@ void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t n_row
       first += n;
     }
   });
+}
+
+namespace {
+
+// Float matrices of one input through the encoder GEMM in one parallel region: their output rows end to end
+// in units of kGemmGrain rows of one matrix, shared out as matmul_group shares its units.
+void gemm_group(std::span<const MatmulOut> outs, const float* x, int64_t n_rows, ThreadPool& pool) {
+  int64_t units = 0;
+  for (const MatmulOut& o : outs) {
+    const DType t = o.w->type;
+    TANDEM_CHECK(t == DType::F32 || t == DType::F16 || t == DType::BF16,
+                 "matmul: unsupported weight type " + std::string(dtype_name(t)));
+    units += (o.w->rows + kGemmGrain - 1) / kGemmGrain;
+  }
+  pool.parallel_for_stealing(units, 1, [&](int64_t u0, int64_t u1, int) {
+    int64_t first = 0;  // first unit of the current matrix
+    for (const MatmulOut& o : outs) {
+      const MatrixView& w = *o.w;
+      const int64_t n = (w.rows + kGemmGrain - 1) / kGemmGrain;
+      const int64_t b = std::max(u0, first), e = std::min(u1, first + n);
+      if (b < e)
+        float_gemm_rows(w.type, w.data, w.row_bytes, (b - first) * kGemmGrain,
+                        std::min(w.rows, (e - first) * kGemmGrain), w.cols, x, w.cols, n_rows, o.y, w.rows);
+      first += n;
+    }
+  });
+}
+
+}  // namespace
+
+void encoder_matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t n_rows, ThreadPool& pool,
+                          MatmulScratch& scratch) {
+  if (n_rows <= 0) return;
+  // Runs of adjacent float matrices through the GEMM, runs of quantized ones through matmul_group.
+  for (size_t i = 0, j; i < outs.size(); i = j) {
+    const bool quantized = is_quantized_weight(outs[i].w->type);
+    j = i + 1;
+    while (j < outs.size() && is_quantized_weight(outs[j].w->type) == quantized) ++j;
+    if (quantized)
+      matmul_group(outs.subspan(i, j - i), x, n_rows, pool, scratch);
+    else
+      gemm_group(outs.subspan(i, j - i), x, n_rows, pool);
+  }
+}
+
+void encoder_matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y, ThreadPool& pool,
+                    MatmulScratch& scratch) {
+  if (w.rows <= 0) return;
+  const MatmulOut out{&w, y};
+  encoder_matmul_group(std::span<const MatmulOut>(&out, 1), x, n_rows, pool, scratch);
 }
 
 void matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y, ThreadPool& pool,

@@ -108,6 +108,17 @@ struct MatmulOut {
 void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t n_rows, ThreadPool& pool,
                   MatmulScratch& scratch);
 
+// The products of an encoder's forward (model/encoder.cpp): matmul_group's, with float weights (F32, F16,
+// BF16) through the encoder GEMM (float_gemm.h) instead of the row classes' kernels, and quantized weights as
+// matmul_group multiplies them. The GEMM's sum order differs from the row classes' but depends on nothing but
+// the width, so a row gets the same bits in any batch, at any position; since it differs from decode's, only
+// rows that never meet another row class may take it (an encoder runs whole sequences; decoders never call
+// these).
+void encoder_matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t n_rows, ThreadPool& pool,
+                          MatmulScratch& scratch);
+void encoder_matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y, ThreadPool& pool,
+                    MatmulScratch& scratch);
+
 // Scalar reference: dequantizes each weight row and accumulates in double. Tests compare kernels with it.
 void matmul_reference(const MatrixView& w, const float* x, int64_t n_rows, float* y);
 

@@ -114,7 +114,7 @@ void Encoder::run(std::span<const std::span<const int32_t>> seqs, float* hidden)
   for (int64_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& l = w.layers[static_cast<size_t>(il)];
     const kernels::MatmulOut qkv[] = {{&l.wq, q_.data()}, {&l.wk, k_.data()}, {&l.wv, v_.data()}};
-    kernels::matmul_group(qkv, x_.data(), R, pool_, scratch_);
+    kernels::encoder_matmul_group(qkv, x_.data(), R, pool_, scratch_);
     if (!l.bq.empty())
       for_rows(R, [&](int64_t r) {
         kernels::add_in_place(q_.data() + r * c.q_dim(), l.bq.data, c.q_dim());
@@ -123,7 +123,7 @@ void Encoder::run(std::span<const std::span<const int32_t>> seqs, float* hidden)
       });
     if (rotary) rotate(seqs);
     attention(seqs);
-    kernels::matmul(l.wo, att_.data(), R, xb_.data(), pool_, scratch_);
+    kernels::encoder_matmul(l.wo, att_.data(), R, xb_.data(), pool_, scratch_);
     // Post-norm: x = LayerNorm(x + attention(x)).
     for_rows(R, [&](int64_t r) {
       float* x = x_.data() + r * E;
@@ -137,20 +137,20 @@ void Encoder::run(std::span<const std::span<const int32_t>> seqs, float* hidden)
     if (!l.w_gate.empty()) {
       // SwiGLU: silu(x W_gate) * x W_up.
       const kernels::MatmulOut gate_up[] = {{&l.w_gate, ffn_.data()}, {&l.w_up, ffn_up_.data()}};
-      kernels::matmul_group(gate_up, x_.data(), R, pool_, scratch_);
+      kernels::encoder_matmul_group(gate_up, x_.data(), R, pool_, scratch_);
       for_rows(R, [&](int64_t r) {
         float* f = ffn_.data() + r * c.n_ff;
         kernels::silu_mul(f, ffn_up_.data() + r * c.n_ff, f, c.n_ff);
       });
     } else {
-      kernels::matmul(l.w_up, x_.data(), R, ffn_.data(), pool_, scratch_);
+      kernels::encoder_matmul(l.w_up, x_.data(), R, ffn_.data(), pool_, scratch_);
       for_rows(R, [&](int64_t r) {
         float* f = ffn_.data() + r * c.n_ff;
         if (!l.b_up.empty()) kernels::add_in_place(f, l.b_up.data, c.n_ff);
         kernels::gelu(f, c.n_ff);
       });
     }
-    kernels::matmul(l.w_down, ffn_.data(), R, xb_.data(), pool_, scratch_);
+    kernels::encoder_matmul(l.w_down, ffn_.data(), R, xb_.data(), pool_, scratch_);
     // x = LayerNorm(x + ffn(x)).
     for_rows(R, [&](int64_t r) {
       float* x = x_.data() + r * E;

@@ -1,7 +1,9 @@
 // Pooled embeddings. Encoder is the forward of an encoder-only model (bert): many sequences in one batch,
 // their rows packed into the same matrix products, each attending to all of its own rows and to no others.
-// Embedder turns token sequences into pooled, optionally L2-normalised vectors from either kind of model: an
-// encoder's final hidden states, or a decoder's post-final-norm hidden states (embedding models built on
+// Its float matrix products take the encoder GEMM (kernels::encoder_matmul_group), whose sums depend on no
+// row but a row's own, so a sequence's embedding has the same bits alone or anywhere in a batch. Embedder
+// turns token sequences into pooled, optionally L2-normalised vectors from either kind of model: an encoder's
+// final hidden states, or a decoder's post-final-norm hidden states (embedding models built on
 // llama/qwen2/qwen3 bodies).
 #pragma once
 

@@ -52,8 +52,8 @@ Forward::Forward(const Model& model, ThreadPool& pool, int64_t max_rows)
 }
 
 void Forward::run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
-                  const CaptureFn* capture, const TreeRows* tree) {
-  run_timed(rows, caches, logits, capture, tree, nullptr, nullptr);
+                  const CaptureFn* capture, std::span<const TreeRows> trees) {
+  run_timed(rows, caches, logits, capture, trees, nullptr, nullptr);
 }
 
 void Forward::run_mtp(int64_t k, std::span<const Row> rows, const float* hidden,
@@ -63,11 +63,11 @@ void Forward::run_mtp(int64_t k, std::span<const Row> rows, const float* hidden,
     throw Error("model '" + c.arch + "' has " + std::to_string(c.n_mtp) +
                 " next-token-prediction (MTP) layers; layer " + std::to_string(k) + " does not exist");
   TANDEM_CHECK(hidden != nullptr, "an MTP step needs the previous hidden states");
-  run_timed(rows, caches, logits, capture, nullptr, &model_.weights().mtp[static_cast<size_t>(k)], hidden);
+  run_timed(rows, caches, logits, capture, {}, &model_.weights().mtp[static_cast<size_t>(k)], hidden);
 }
 
 void Forward::run_timed(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
-                        const CaptureFn* capture, const TreeRows* tree, const MtpWeights* mtp,
+                        const CaptureFn* capture, std::span<const TreeRows> trees, const MtpWeights* mtp,
                         const float* mtp_hidden) {
   // A forward of one or two rows (a decode step, a short verify window) takes the kernels' prefetch reach
   // from the tuner of its width and reports its time back (kernels/prefetch_tuner.h).
@@ -75,7 +75,7 @@ void Forward::run_timed(std::span<const Row> rows, std::span<cache::KvCache* con
   kernels::PrefetchTuner* tuner = width >= 1 && width <= kTunedWidths ? &reach_tuners_[width - 1] : nullptr;
   scratch_.set_prefetch_reach(tuner != nullptr ? tuner->begin() : kernels::PrefetchReach::kNear);
   const auto t0 = std::chrono::steady_clock::now();
-  run_untimed(rows, caches, logits, capture, tree, mtp, mtp_hidden);
+  run_untimed(rows, caches, logits, capture, trees, mtp, mtp_hidden);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (tuner != nullptr) tuner->end(seconds);
   if (times_ != nullptr) {
@@ -103,7 +103,7 @@ void Forward::mtp_input(const MtpWeights& m, std::span<const Row> rows, const fl
 }
 
 void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
-                          const CaptureFn* capture, const TreeRows* tree, const MtpWeights* mtp,
+                          const CaptureFn* capture, std::span<const TreeRows> trees, const MtpWeights* mtp,
                           const float* mtp_hidden) {
   const Config& c = model_.config();
   const Weights& w = model_.weights();
@@ -136,27 +136,7 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
     len = row.pos + 1;
     max_pos = std::max(max_pos, row.pos);
   }
-  if (tree) {
-    if (ssm_)
-      throw Error("model '" + c.arch +
-                  "' has recurrent (mamba) layers, whose state follows one sequence, not a token tree; use a "
-                  "chain of drafts (--tree-nodes 0)");
-    const cache::TreeMask& m = tree->mask;
-    if (m.parent.size() != m.depth.size() || m.base < 0)
-      throw Error("a token tree needs one parent and one depth per node");
-    for (size_t i = 0; i < m.parent.size(); ++i) {
-      const int32_t p = m.parent[i];
-      if (p < -1 || p >= static_cast<int32_t>(i) ||
-          m.depth[i] != (p < 0 ? 0 : m.depth[static_cast<size_t>(p)] + 1) ||
-          m.depth[i] >= cache::kMaxTreeDepth)
-        throw Error("token tree node " + std::to_string(i) + " has parent " + std::to_string(p) +
-                    " and depth " + std::to_string(m.depth[i]) +
-                    ": parents must come first and depths follow them");
-    }
-    for (const Row& row : rows)
-      if (tree_node(row, tree) >= static_cast<int64_t>(m.parent.size()))
-        throw Error("row position " + std::to_string(row.pos) + " is past the token tree's last node");
-  }
+  index_trees(rows, caches, trees);
   if (ssm_) ssm_->check_rows(rows, caches);
   // Each touched cache makes [its lowest row position, its new length) writable.
   firsts_.assign(caches.size(), INT64_MAX);
@@ -188,10 +168,8 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
 
   // Rotary angles once per row (every layer and head uses them).
   for (int64_t r = 0; r < R; ++r) {
-    const Row& row = rows[static_cast<size_t>(r)];
-    const int64_t node = tree_node(row, tree);
-    const int64_t pos = node < 0 ? row.pos : tree->mask.base + tree->mask.depth[static_cast<size_t>(node)];
-    kernels::rope_angles(c.n_rot, inv_freq_.data(), pos, rope_cs_.data() + r * c.n_rot);
+    kernels::rope_angles(c.n_rot, inv_freq_.data(), path_pos(rows[static_cast<size_t>(r)]),
+                         rope_cs_.data() + r * c.n_rot);
   }
 
   // An MTP layer is one block, layer 0 of its own cache.
@@ -227,7 +205,7 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
     } else {
       project_qkv(l, rows, caches, il);
     }
-    timed(&PhaseTimes::attention_s, [&] { attention(rows, caches, il, tree); });
+    timed(&PhaseTimes::attention_s, [&] { attention(rows, caches, il); });
     if (!l.mla.empty())
       timed(&PhaseTimes::matmul_s, [&] { mla_.expand(l.mla, latent_att_.data(), R, att_.data(), pool_); });
     timed(&PhaseTimes::matmul_s, [&] { kernels::matmul(l.wo, att_.data(), R, xb_.data(), pool_, scratch_); });
@@ -265,6 +243,46 @@ void Forward::run_untimed(std::span<const Row> rows, std::span<cache::KvCache* c
   if (n_out > 0) {
     TANDEM_CHECK(logits != nullptr, "rows want logits but no output buffer was given");
     head_with(mtp && !mtp->head.empty() ? mtp->head : w.output, xb_.data(), n_out, logits);
+  }
+}
+
+void Forward::index_trees(std::span<const Row> rows, std::span<cache::KvCache* const> caches,
+                          std::span<const TreeRows> trees) {
+  trees_ = trees;
+  tree_of_.assign(caches.size(), -1);
+  if (trees.empty()) return;
+  const Config& c = model_.config();
+  if (ssm_)
+    throw Error("model '" + c.arch +
+                "' has recurrent (mamba) layers, whose state follows one sequence, not a token tree; use a "
+                "chain of drafts (--tree-nodes 0)");
+  for (size_t t = 0; t < trees.size(); ++t) {
+    const TreeRows& tree = trees[t];
+    if (tree.seq < 0 || static_cast<size_t>(tree.seq) >= caches.size() ||
+        caches[static_cast<size_t>(tree.seq)] == nullptr)
+      throw Error("a token tree refers to sequence " + std::to_string(tree.seq) + ", which has no cache");
+    int32_t& slot = tree_of_[static_cast<size_t>(tree.seq)];
+    if (slot >= 0)
+      throw Error("sequence " + std::to_string(tree.seq) +
+                  " has two token trees in one forward; a forward carries at most one per sequence");
+    slot = static_cast<int32_t>(t);
+    const cache::TreeMask& m = tree.mask;
+    if (m.parent.size() != m.depth.size() || m.base < 0)
+      throw Error("a token tree needs one parent and one depth per node");
+    for (size_t i = 0; i < m.parent.size(); ++i) {
+      const int32_t p = m.parent[i];
+      if (p < -1 || p >= static_cast<int32_t>(i) ||
+          m.depth[i] != (p < 0 ? 0 : m.depth[static_cast<size_t>(p)] + 1) ||
+          m.depth[i] >= cache::kMaxTreeDepth)
+        throw Error("token tree node " + std::to_string(i) + " has parent " + std::to_string(p) +
+                    " and depth " + std::to_string(m.depth[i]) +
+                    ": parents must come first and depths follow them");
+    }
+  }
+  for (const Row& row : rows) {
+    const TreeRows* tree = tree_of(row);
+    if (tree && row.pos - tree->mask.base >= static_cast<int64_t>(tree->mask.parent.size()))
+      throw Error("row position " + std::to_string(row.pos) + " is past the token tree's last node");
   }
 }
 
@@ -339,8 +357,7 @@ void Forward::head_with(const MatrixView& output, const float* hidden, int64_t n
   if (c.final_softcap > 0) kernels::soft_cap(logits, n * c.n_vocab, c.final_softcap);
 }
 
-void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* const> caches, int64_t layer,
-                        const TreeRows* tree) {
+void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* const> caches, int64_t layer) {
   const Config& c = model_.config();
   const int64_t R = static_cast<int64_t>(rows.size());
   // The cache's heads (kv_geometry()): latent attention attends its absorbed queries to one latent head.
@@ -355,9 +372,7 @@ void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* con
   const bool sliding = c.sliding(layer);
   // A tree node's window starts from its path position, not its storage position.
   const auto first_of = [&](const Row& row) {
-    const int64_t node = tree_node(row, tree);
-    const int64_t pos = node < 0 ? row.pos : tree->mask.base + tree->mask.depth[static_cast<size_t>(node)];
-    return sliding ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
+    return sliding ? std::max<int64_t>(0, path_pos(row) - c.sliding_window + 1) : 0;
   };
   // Runs of rows at consecutive positions of one sequence from one first position (a verify window, a
   // prompt chunk), as many as the scores scratch holds: their queries share each pass over the cache rows
@@ -366,17 +381,17 @@ void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* con
   runs_.clear();
   for (int64_t r = 0; r < R; ++r) {
     const Row& row = rows[static_cast<size_t>(r)];
-    const bool in_tree = tree_node(row, tree) >= 0;
+    const TreeRows* tree = tree_of(row);
     if (!runs_.empty()) {
       const Run& run = runs_.back();
       const Row& prev = rows[static_cast<size_t>(run.row + run.n - 1)];
-      if (run.n < max_run && prev.seq == row.seq && prev.pos + 1 == row.pos && run.tree == in_tree &&
+      if (run.n < max_run && prev.seq == row.seq && prev.pos + 1 == row.pos && run.tree == tree &&
           first_of(prev) == first_of(row)) {
         ++runs_.back().n;
         continue;
       }
     }
-    runs_.push_back({r, 1, in_tree});
+    runs_.push_back({r, 1, tree});
   }
   // One task per run and KV head.
   const auto n_runs = static_cast<int64_t>(runs_.size());
@@ -391,7 +406,7 @@ void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* con
       const float* q = queries + run.row * c.n_head * key_dim + h0 * key_dim;
       float* dst = out + run.row * c.n_head * value_dim + h0 * value_dim;
       if (run.tree) {
-        cache::attend_tree(kv, layer, kvh, q, run.n, group, layout, tree->mask, tree_node(row, tree),
+        cache::attend_tree(kv, layer, kvh, q, run.n, group, layout, run.tree->mask, tree_node(row),
                            first_of(row), params, scores, scores_stride_, dst);
       } else {
         cache::attend_rows(kv, layer, kvh, q, run.n, group, layout, first_of(row), row.pos, params, scores,

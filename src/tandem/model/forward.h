@@ -32,7 +32,9 @@ struct Row {
 // A token tree among a forward's rows (tree drafting and tree verification): the rows of sequence `seq` at
 // positions >= mask.base are the tree's nodes pos - mask.base, rotated at mask.base + depth and attending
 // only to the committed positions and their ancestors (cache::TreeMask). Their positions must still continue
-// the cache, so a forward may carry the nodes of a tree whose earlier nodes an earlier forward stored.
+// the cache, so a forward may carry the nodes of a tree whose earlier nodes an earlier forward stored. A
+// forward may carry the trees of several sequences, one per sequence (a batch verifying each sequence's
+// drafted tree); every other row is an ordinary row.
 struct TreeRows {
   int32_t seq = 0;
   cache::TreeMask mask;
@@ -70,10 +72,10 @@ class Forward {
   // positions). Each row attends to positions [0, pos] of its own cache (sliding layers: the last `window`).
   // Afterwards each touched cache's length is one past its last row's position.
   // logits: [number of rows with logits=true, n_vocab], in row order. Throws tandem::Error for bad rows.
-  // With `tree`, its rows are tree nodes (TreeRows); a model with recurrent layers refuses trees
-  // (tandem::Error).
+  // With `trees` (at most one per sequence), the rows each names are tree nodes of that sequence (TreeRows);
+  // a model with recurrent layers refuses trees (tandem::Error).
   void run(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
-           const CaptureFn* capture = nullptr, const TreeRows* tree = nullptr);
+           const CaptureFn* capture = nullptr, std::span<const TreeRows> trees = {});
 
   // The checkpoint's MTP layer k (k < Config::n_mtp; model/weights.h, MtpWeights) over rows whose tokens are
   // each the token after its position and whose previous hidden states are hidden [R, n_embd] (the main
@@ -101,18 +103,35 @@ class Forward {
  private:
   // The main layers (mtp null) or an MTP layer whose input rows come from mtp_hidden (run_mtp).
   void run_timed(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
-                 const CaptureFn* capture, const TreeRows* tree, const MtpWeights* mtp,
+                 const CaptureFn* capture, std::span<const TreeRows> trees, const MtpWeights* mtp,
                  const float* mtp_hidden);
   void run_untimed(std::span<const Row> rows, std::span<cache::KvCache* const> caches, float* logits,
-                   const CaptureFn* capture, const TreeRows* tree, const MtpWeights* mtp,
+                   const CaptureFn* capture, std::span<const TreeRows> trees, const MtpWeights* mtp,
                    const float* mtp_hidden);
+  // Checks this run's trees against its rows and caches and indexes them by sequence (tree_of_).
+  void index_trees(std::span<const Row> rows, std::span<cache::KvCache* const> caches,
+                   std::span<const TreeRows> trees);
   // x_ = eh_proj [enorm(embedding of each row's token); hnorm(hidden row)], the MTP layer's input.
   void mtp_input(const MtpWeights& m, std::span<const Row> rows, const float* hidden);
   // head() through the given output matrix (an MTP layer's own head, or the model's).
   void head_with(const MatrixView& output, const float* hidden, int64_t n, float* logits);
-  // The tree node of a row, or -1 for a row outside the tree.
-  static int64_t tree_node(const Row& row, const TreeRows* tree) {
-    return tree && row.seq == tree->seq && row.pos >= tree->mask.base ? row.pos - tree->mask.base : -1;
+  // The tree a row is a node of in this run, or null.
+  const TreeRows* tree_of(const Row& row) const {
+    const int32_t t = tree_of_[static_cast<size_t>(row.seq)];
+    if (t < 0) return nullptr;
+    const TreeRows& tree = trees_[static_cast<size_t>(t)];
+    return row.pos >= tree.mask.base ? &tree : nullptr;
+  }
+  // The tree node of a row, or -1 for a row outside its sequence's tree.
+  int64_t tree_node(const Row& row) const {
+    const TreeRows* tree = tree_of(row);
+    return tree ? row.pos - tree->mask.base : -1;
+  }
+  // The position a row is rotated at and its window counted from: a tree node's path position.
+  int64_t path_pos(const Row& row) const {
+    const TreeRows* tree = tree_of(row);
+    return tree ? tree->mask.base + tree->mask.depth[static_cast<size_t>(row.pos - tree->mask.base)]
+                : row.pos;
   }
 
   // fn(), its time added to times_->*part when timing.
@@ -124,8 +143,7 @@ class Forward {
     times_->*part += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  void attention(std::span<const Row> rows, std::span<cache::KvCache* const> caches, int64_t layer,
-                 const TreeRows* tree);
+  void attention(std::span<const Row> rows, std::span<cache::KvCache* const> caches, int64_t layer);
   // q_ = rope(xb_ Wq), and each row's k and v (from xb_) stored in its cache at layer il.
   void project_qkv(const LayerWeights& l, std::span<const Row> rows, std::span<cache::KvCache* const> caches,
                    int64_t il);
@@ -176,15 +194,18 @@ class Forward {
   int64_t window_queries_ = 1;
   static constexpr int64_t kScoresBudget = int64_t{1} << 20;
   // Rows of one attention pass: `n` rows from `row`, consecutive positions of one sequence (attention()),
-  // all of them nodes of the forward's tree or none.
+  // all of them nodes of `tree` or, when it is null, none of a tree.
   struct Run {
     int64_t row, n;
-    bool tree;
+    const TreeRows* tree;
   };
   std::vector<Run> runs_;         // [max_rows] capacity
   std::vector<int64_t> lengths_;  // per sequence, while validating a batch
   std::vector<int64_t> firsts_;   // per sequence, its lowest row position in a batch
-  PhaseTimes* times_ = nullptr;   // borrowed; null: untimed
+  // This run's trees (borrowed for the run) and, per sequence, the index of its tree there (-1: none).
+  std::span<const TreeRows> trees_;
+  std::vector<int32_t> tree_of_;
+  PhaseTimes* times_ = nullptr;  // borrowed; null: untimed
 
   // The recurrent layers' mixer; null when the model has none.
   std::unique_ptr<SsmMixer> ssm_;

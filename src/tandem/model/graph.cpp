@@ -73,6 +73,7 @@ int64_t Graph::mixed(std::span<const Group> groups, float* logits) {
   rows_.clear();
   caches_.clear();
   spans_.clear();
+  trees_.clear();
   auto& spans = spans_;
   for (const Group& g : groups) {
     const int64_t first = static_cast<int64_t>(rows_.size());
@@ -87,6 +88,14 @@ int64_t Graph::mixed(std::span<const Group> groups, float* logits) {
       caches_.push_back(g.caches[0]);
       const auto seq = static_cast<int32_t>(caches_.size() - 1);
       const int64_t pos0 = g.caches[0]->length();
+      if (g.tree) {
+        if (g.phase != Phase::kVerify) throw Error("only a verify group may carry a token tree");
+        if (g.tree->base != pos0 || g.tokens.size() > g.tree->parent.size())
+          throw Error("a verify group's token tree must start at its cache's length (" +
+                      std::to_string(pos0) + ", not " + std::to_string(g.tree->base) +
+                      ") and hold a node per row");
+        trees_.push_back({seq, *g.tree});
+      }
       for (size_t i = 0; i < g.tokens.size(); ++i) {
         const bool want =
             g.phase == Phase::kVerify || (g.phase == Phase::kPrompt && i + 1 == g.tokens.size());
@@ -105,7 +114,7 @@ int64_t Graph::mixed(std::span<const Group> groups, float* logits) {
     for (const GroupSpan& s : spans)
       if (s.capture) (*s.capture)(layer, hidden + s.first * n_embd, s.count);
   };
-  forward_.run(rows_, caches_, logits, any_capture ? &split : nullptr);
+  forward_.run(rows_, caches_, logits, any_capture ? &split : nullptr, trees_);
   int64_t n_logits = 0;
   for (const Row& r : rows_) n_logits += r.logits ? 1 : 0;
   return n_logits;

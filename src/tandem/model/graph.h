@@ -5,7 +5,8 @@
 // Phases of a group (the kernels pick their row class from each forward's shape, kernels/matmul.h):
 //   prompt       chunks of one sequence's prompt, by position range; logits for the last row only
 //   decode       one new position per sequence (1 row each); logits for every row
-//   verify       a window of k+1 positions of one sequence (at most max_verify); logits for every row
+//   verify       a window of k+1 positions of one sequence (at most max_verify); logits for every row; or the
+//                nodes of a token tree (Group::tree), one forward verifying the trees of several sequences
 //   append_known committed known tokens; no logits
 // mixed() runs several groups (decode rows, a prompt window, verify windows), each over its own cache, in one
 // forward with the row-wise layers packed together; prompt(), decode(), verify() and append_known() run one
@@ -37,6 +38,9 @@ struct Group {
       tokens;  // [rows] (decode: one token per sequence, i.e. caches.size() == tokens.size())
   std::span<cache::KvCache* const> caches;  // decode: one per token; other phases: exactly one
   const CaptureFn* capture = nullptr;       // prompt and verify groups only
+  // A verify group's token tree (null: a chain): row i is node i, so tree->base must be the cache's length
+  // and the tokens at most the tree's nodes. Borrowed for the call.
+  const cache::TreeMask* tree = nullptr;
 };
 
 // Keeps copies of the layers a drafter taps, from a capture. layers: decoder layer indices, or n_layer for
@@ -104,6 +108,7 @@ class Graph {
     const CaptureFn* capture;
   };
   std::vector<GroupSpan> spans_;
+  std::vector<TreeRows> trees_;  // mixed(): the verify groups' trees
 };
 
 }  // namespace tandem::model

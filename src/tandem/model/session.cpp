@@ -66,7 +66,8 @@ std::span<const float> Session::append(std::span<const int32_t> tokens, bool all
     for (int64_t i = b; i < e; ++i)
       rows_.push_back({tokens[static_cast<size_t>(i)], length() + (i - b), 0, all_logits || i == n - 1});
     float* out = logits_.data() + (all_logits ? b * V : 0);
-    forward_.run(rows_, caches, out, capture, tree);
+    forward_.run(rows_, caches, out, capture,
+                 tree ? std::span<const TreeRows>(tree, 1) : std::span<const TreeRows>());
   }
   return {logits_.data(), need};
 }

@@ -371,6 +371,9 @@ LimitedServer::LimitedServer(const ConnectionLimits& limits) : limits_(limits), 
   set_write_timeout(write_s.count() / 1000000, write_s.count() % 1000000);
   set_payload_max_length(limits_.max_body_bytes);
   set_keep_alive_max_count(kKeepAliveRequests);
+  // The Keep-Alive header tells clients how long an idle connection stays open; advertising more than
+  // idle_timeout lets a client reuse a connection the server is closing, and lose that request.
+  set_keep_alive_timeout(std::chrono::duration_cast<std::chrono::seconds>(limits_.idle_timeout).count());
   set_idle_interval(1);  // on_idle: ended threads are joined while no connection arrives
 }
 

@@ -72,8 +72,8 @@ std::string Metrics::render(const engine::SchedulerStats& s, const engine::Embed
     << (s.verify_windows > 0 ? static_cast<double>(s.verify_tokens) / static_cast<double>(s.verify_windows)
                              : 0.0)
     << '\n';
-  counter("tandem_tree_nodes_verified_total", "Draft-tree nodes verified (0 while drafts are chains).",
-          s.tree_nodes);
+  counter("tandem_tree_nodes_verified_total",
+          "Draft-tree nodes verified (--tree-nodes; 0 while drafts are chains).", s.tree_nodes);
   family("tandem_gate_decisions_total", "counter",
          "The adaptive gate's round decisions per speculating sequence, by drafter kind and decision "
          "(drafting: a verify window; probing: an unverified proposal while idle; off: a plain step).");

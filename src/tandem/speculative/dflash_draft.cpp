@@ -48,8 +48,8 @@ void set_dflash_shape(train::DrafterInfo& info, const train::DflashConfig& e) {
 }
 
 void copy_target_weights(const model::Model& target, train::DflashDrafter& drafter) {
-  copy_target_matrix(target, "token_embd.weight", drafter.embedding());
-  copy_target_matrix(target, "output.weight", drafter.head());
+  copy_target_rows(target, false, {}, drafter.embedding());
+  copy_target_rows(target, true, drafter.config().draft_vocab, drafter.head());
 }
 
 DflashDraftSource::Matrix DflashDraftSource::make_matrix(const train::Param& p) {
@@ -95,7 +95,7 @@ DflashDraftSource::Rows::Rows(const train::DflashConfig& cfg, int threads, int64
   for (auto* b : {&gate, &up, &act}) *b = sized(block_rows, cfg.ffn);
   inv = sized(most, 1);
   scores = sized(n_threads, n_ctx + cfg.block);
-  logits = sized(block_rows, cfg.vocab);
+  logits = sized(block_rows, cfg.head_rows());
   mm = kernels::MatmulScratch(n_threads, std::max({cfg.n_taps * d, qw, cfg.ffn, d}), most);
 }
 
@@ -117,8 +117,7 @@ DflashDraftSource::DflashDraftSource(std::unique_ptr<train::DflashDrafter> draft
                                      DflashDraftBatch* batch)
     : drafter_(std::move(drafter)),
       cfg_(drafter_->config()),
-      embedding_(target.weights().tok_embd),
-      head_(target.weights().output),
+      vocab_(target, cfg_.draft_vocab, cfg_.d),
       compute_(pool),
       n_ctx_(n_ctx),
       kv_width_(cfg_.n_kv_head * cfg_.head_dim),
@@ -127,7 +126,8 @@ DflashDraftSource::DflashDraftSource(std::unique_ptr<train::DflashDrafter> draft
     const train::DflashConfig& b = batch->config();
     if (b.d != cfg_.d || b.n_head != cfg_.n_head || b.n_kv_head != cfg_.n_kv_head ||
         b.head_dim != cfg_.head_dim || b.ffn != cfg_.ffn || b.vocab != cfg_.vocab ||
-        b.n_taps != cfg_.n_taps || b.n_layers != cfg_.n_layers || b.block != cfg_.block)
+        b.n_taps != cfg_.n_taps || b.n_layers != cfg_.n_layers || b.block != cfg_.block ||
+        b.draft_vocab != cfg_.draft_vocab)
       throw Error(
           "the DFlash drafter's shape differs from its batch's: make the batch from the drafter's config");
     if (batch->rows_.n_ctx < n_ctx_)
@@ -140,16 +140,13 @@ DflashDraftSource::DflashDraftSource(std::unique_ptr<train::DflashDrafter> draft
           "the sources' pool");
   }
   batch_ = batch;
-  const int64_t d = cfg_.d, B = cfg_.block;
-  for (const auto& [what, m] : {std::pair{"token embedding", &embedding_}, std::pair{"output head", &head_}})
-    if (m->rows != cfg_.vocab || m->cols != d)
-      throw Error(std::string("the target's ") + what + " is [" + std::to_string(m->rows) + ", " +
-                  std::to_string(m->cols) + "], the DFlash drafter needs [" + std::to_string(cfg_.vocab) +
-                  ", " + std::to_string(d) + "]");
-  // The embedding is read a row at a time, so it must be in the file's row layout (the model repacks
-  // only matrices that the matmul kernels read).
-  TANDEM_CHECK(embedding_.form == WeightForm::kFile, "the target's token embedding is in its file form");
+  const int64_t B = cfg_.block;
+  if (cfg_.vocab != vocab_.vocab())
+    throw Error("the DFlash drafter's vocabulary of " + std::to_string(cfg_.vocab) +
+                " tokens differs from the target's " + std::to_string(vocab_.vocab()) +
+                ": train one for this target");
   drafter_->release_target_weights();
+  full_.assign(static_cast<size_t>(cfg_.vocab), 0.0f);
   const auto sized = [](int64_t rows, int64_t width) {
     return std::vector<float>(static_cast<size_t>(rows * width), 0.0f);
   };
@@ -192,7 +189,7 @@ std::unique_ptr<DflashDraftSource> DflashDraftSource::load(const std::string& pa
 size_t DflashDraftSource::weight_bytes() const {
   size_t bytes = 0;
   for (const train::Param* p : drafter_->params()) bytes += p->value.size() * sizeof(float);
-  bytes += fc_.q8.size();
+  bytes += fc_.q8.size() + vocab_.bytes();
   for (const Matrix& m : layer_mats_) bytes += m.q8.size();
   return bytes;
 }
@@ -262,14 +259,11 @@ void DflashDraftSource::run_blocks(std::span<const Block> blocks, Rows& w) {
   for (int64_t b = 0; b < nb; ++b) {
     const Block& blk = blocks[static_cast<size_t>(b)];
     TANDEM_CHECK(blk.source->n_ctx_ <= w.n_ctx, "a DFlash source's context is longer than its scratch's");
-    if (blk.anchor < 0 || blk.anchor >= cfg_.vocab)
-      throw Error("token id " + std::to_string(blk.anchor) + " is outside the drafter's vocabulary of " +
-                  std::to_string(cfg_.vocab));
     for (int64_t i = 0; i < B; ++i) {
       w.pos[static_cast<size_t>(b * B + i)] = static_cast<int32_t>(blk.first_pos + i);
       float* x = w.x.data() + (b * B + i) * d;
       if (i == 0)
-        dequantize_row(embedding_.type, embedding_.row(blk.anchor), x, d);
+        vocab_.embed(blk.anchor, x);
       else
         std::memcpy(x, m.mask_embedding().value.data(), bytes(d));
     }
@@ -340,7 +334,7 @@ void DflashDraftSource::run_blocks(std::span<const Block> blocks, Rows& w) {
   }
   if (wanted == 0) return;
   train::rmsnorm_forward(m.output_norm(), eps, w.h.data(), wanted, w.f.data(), w.inv.data(), c);
-  matmul(head_, w.f.data(), wanted, w.logits.data(), w);
+  matmul(vocab_.head(), w.f.data(), wanted, w.logits.data(), w);
 }
 
 void DflashDraftSource::draw(std::span<const int32_t> committed, const float* logits, int64_t depth,
@@ -349,8 +343,8 @@ void DflashDraftSource::draw(std::span<const int32_t> committed, const float* lo
   history_.assign(committed.begin(), committed.end());
   for (int64_t i = 0; i < depth; ++i) {
     sampling::Distribution& q = out.q_slot(static_cast<size_t>(i));
-    const std::span<const float> row(logits + i * cfg_.vocab, static_cast<size_t>(cfg_.vocab));
-    sampler_.distribution(row, history_, q);
+    vocab_.expand(logits + i * vocab_.size(), full_.data());
+    sampler_.distribution(full_, history_, q);
     const int32_t x = sampler_.draw(q, sequence_, static_cast<uint64_t>(n + i), kDrawDraft);
     out.tokens.push_back(x);
     history_.push_back(x);
@@ -395,8 +389,8 @@ void DflashDraftSource::propose_tree(std::span<const int32_t> committed, int max
   for (int64_t i = 0; i < depth; ++i) {
     tree_.path_text(chain, committed, history_);
     const auto first = static_cast<int32_t>(tree_.size());
-    const std::span<const float> row(w.logits.data() + i * cfg_.vocab, static_cast<size_t>(cfg_.vocab));
-    tree_.add_children(chain, row, history_, tree_cover);
+    vocab_.expand(w.logits.data() + i * vocab_.size(), full_.data());
+    tree_.add_children(chain, full_, history_, tree_cover);
     chain = first;  // the row's most probable token continues the chain
   }
   tree_.propose(max_nodes, out);
@@ -446,7 +440,7 @@ void DflashDraftSource::propose_batch(std::span<const DraftRequest> requests) {
   run_blocks(b.blocks_, w);
   int64_t at = 0;
   for (const DflashDraftBatch::Member& m : members) {
-    m.source->draw(m.committed, w.logits.data() + at * cfg_.vocab, m.depth, *m.out);
+    m.source->draw(m.committed, w.logits.data() + at * vocab_.size(), m.depth, *m.out);
     at += m.depth;
   }
 }

@@ -22,6 +22,7 @@
 #include "tandem/speculative/draft_source.h"
 #include "tandem/speculative/dynamic_tree.h"
 #include "tandem/speculative/tap_store.h"
+#include "tandem/speculative/target_vocab.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/dflash.h"
 #include "tandem/util/thread_pool.h"
@@ -38,8 +39,8 @@ train::DflashConfig dflash_config_for(const model::Model& target, int64_t n_taps
 train::DflashConfig dflash_config_of(const train::DrafterInfo& info);
 // Records config's shape in info.
 void set_dflash_shape(train::DrafterInfo& info, const train::DflashConfig& config);
-// Copies the target's token embedding and output head into the drafter's frozen parameters (f32), which
-// training reads; drafting reads the target's own (DflashDraftSource).
+// Copies the target's token embedding and output head (its rows of the draft vocabulary) into the drafter's
+// frozen parameters (f32), which training reads; drafting reads the target's own (DflashDraftSource).
 void copy_target_weights(const model::Model& target, train::DflashDrafter& drafter);
 
 class DflashDraftBatch;
@@ -47,8 +48,9 @@ class DflashDraftBatch;
 class DflashDraftSource final : public DraftSource {
  public:
   // drafter: trained or loaded; taps: the target layers it reads, in training order. n_ctx: the longest
-  // sequence (positions) the source will see. The target's token embedding and output head are read where
-  // the target keeps them, in their stored block type (borrowed: the target must outlive the source); the
+  // sequence (positions) the source will see. The target's token embedding and output head (its rows of the
+  // draft vocabulary, gathered here) are read in their stored block type (TargetVocab; the target must
+  // outlive the source); the
   // drafter's f32 copies of them, if it holds any, are freed here, so that the source adds only the
   // drafter's own weights. The drafter's large matrices (a million entries or more, rows a multiple of 32
   // wide) draft from a Q8_0 copy made here, so that a block costs about the bytes of its weights, a fraction
@@ -96,11 +98,12 @@ class DflashDraftSource final : public DraftSource {
   // side in order), as on_target_hidden would from a target forward.
   void set_taps(int64_t first_pos, std::span<const float> rows);
   train::DflashDrafter& drafter() { return *drafter_; }
+  const TargetVocab& vocab() const { return vocab_; }
   std::span<const int32_t> taps() const { return taps_.layers(); }
   // The captured taps (rows past the committed text are forgotten when a round settles).
   const TapStore& tap_store() const { return taps_; }
-  // Bytes of weights the source holds beyond the target's: the drafter's parameter values and the Q8_0
-  // copies made for drafting.
+  // Bytes of weights the source holds beyond the target's: the drafter's parameter values, the Q8_0 copies
+  // made for drafting and the gathered head rows of a reduced draft vocabulary.
   size_t weight_bytes() const;
 
   // Context rows cached (positions 0 .. context_length() - 1), and the rows in each layer's key cache now:
@@ -134,7 +137,7 @@ class DflashDraftSource final : public DraftSource {
     std::vector<float> gate, up, act;    // [block_rows, ffn]
     std::vector<float> inv;              // [max(ctx_rows, block_rows)]
     std::vector<float> scores;           // [threads, n_ctx + block]
-    std::vector<float> logits;           // [block_rows, vocab]
+    std::vector<float> logits;           // [block_rows, head rows] over the draft vocabulary
     kernels::MatmulScratch mm;
   };
   // n context rows of `source` from ctx_len_ on.
@@ -159,7 +162,7 @@ class DflashDraftSource final : public DraftSource {
   void run_blocks(std::span<const Block> blocks, Rows& w);
   // This source's own scratch (made on its first proposal alone when it has a batch).
   Rows& own_rows();
-  // Draws `depth` drafts continuing `committed` from logits [depth, vocab] into out.
+  // Draws `depth` drafts continuing `committed` from logits [depth, head rows] into out.
   void draw(std::span<const int32_t> committed, const float* logits, int64_t depth, Draft& out);
 
   // A weight matrix as the drafting kernels read it: a view of the drafter's f32 values, or of a Q8_0 copy.
@@ -174,7 +177,7 @@ class DflashDraftSource final : public DraftSource {
   train::DflashConfig cfg_;
   Matrix fc_;
   std::vector<Matrix> layer_mats_;  // per layer: wq, wk, wv, wo, w_gate, w_up, w_down
-  MatrixView embedding_, head_;     // the target's, in their stored block type
+  TargetVocab vocab_;               // the target's embedding and head, in their stored block type
   train::Compute compute_;
   int64_t n_ctx_;
   int64_t kv_width_;
@@ -188,7 +191,8 @@ class DflashDraftSource final : public DraftSource {
   DflashDraftBatch* batch_ = nullptr;
   Rows rows_;
   std::vector<int32_t> history_;
-  DynamicTree tree_;  // propose_tree: the tree being drafted
+  std::vector<float> full_;  // [vocab] one draft's logits by target id (-inf outside the draft vocabulary)
+  DynamicTree tree_;         // propose_tree: the tree being drafted
 };
 
 // The DFlash drafter's batched forward, shared by the sources of a driver with several sequences

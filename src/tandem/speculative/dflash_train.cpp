@@ -26,8 +26,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 class BlockBatch {
  public:
   BlockBatch(int64_t max_n, int64_t max_anchors, int64_t block, int64_t width, int64_t k, int64_t vocab,
-             double gamma)
-      : block_(block), targets_(max_anchors * block, k, vocab) {
+             std::span<const int32_t> draft_vocab, double gamma)
+      : block_(block), targets_(max_anchors * block, k, vocab, draft_vocab) {
     const auto R = static_cast<size_t>(max_anchors * block);
     taps_.resize(static_cast<size_t>(max_n * width));
     ctx_pos_.resize(static_cast<size_t>(max_n));
@@ -106,8 +106,8 @@ DflashTrainResult train_dflash(const model::Model& target, ThreadPool& pool, con
   res.heldout_tokens = data.heldout_tokens;
   const std::vector<const DrafterSequence*> train_set = data.training();
 
-  const train::DflashConfig cfg =
-      dflash_config_for(target, static_cast<int64_t>(taps.size()), o.layers, o.block);
+  train::DflashConfig cfg = dflash_config_for(target, static_cast<int64_t>(taps.size()), o.layers, o.block);
+  cfg.draft_vocab = select_draft_vocab(data, draft_vocab_size(o.draft_vocab, V), V, o.data.is_eog);
   const int64_t max_anchors = std::min(o.anchors, data.max_n - 1);
   auto drafter = std::make_unique<train::DflashDrafter>(cfg, data.max_n, max_anchors * o.block);
   drafter->init(o.seed);
@@ -122,7 +122,7 @@ DflashTrainResult train_dflash(const model::Model& target, ThreadPool& pool, con
   lr.warmup = std::min<int64_t>(50, std::max<int64_t>(1, o.steps / 25));
   lr.total = std::max<int64_t>(1, o.steps);
   train::Compute c(pool);
-  BlockBatch batch(data.max_n, max_anchors, o.block, cfg.n_taps * cfg.d, data.k, V, o.gamma);
+  BlockBatch batch(data.max_n, max_anchors, o.block, cfg.n_taps * cfg.d, data.k, V, cfg.draft_vocab, o.gamma);
   uint64_t rng = o.seed ^ 0xdf1a5bull;
   double recent = 0;
   int64_t trained_rows = 0;

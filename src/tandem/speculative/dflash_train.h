@@ -23,8 +23,9 @@ struct DflashTrainOptions {
   uint64_t seed = 1;  // the initial weights and the anchors (data.seed keys the sampled text)
   int64_t block = 8;  // rows per block: the draft depth
   int64_t layers = 1;
-  int64_t anchors = 32;  // blocks per step at most (fewer when the sequence is shorter)
-  double gamma = 4.0;    // the decay of the loss weight along the block
+  int64_t draft_vocab = -1;  // the draft vocabulary's size, as EagleTrainOptions::draft_vocab
+  int64_t anchors = 32;      // blocks per step at most (fewer when the sequence is shorter)
+  double gamma = 4.0;        // the decay of the loss weight along the block
   double lr = 3e-3;
   double clip = 1.0;
   DrafterProgressFn on_progress;

@@ -213,7 +213,7 @@ void DraftModelSource::propose_batch(std::span<const DraftRequest> requests) {
       const auto text = m.committed.subspan(static_cast<size_t>(have), static_cast<size_t>(chunk));
       b.group_caches_.push_back(&m.source->session_.cache());
       b.groups_.push_back({model::Phase::kAppendKnown, text,
-                           std::span<cache::KvCache* const>(&b.group_caches_.back(), 1), nullptr});
+                           std::span<cache::KvCache* const>(&b.group_caches_.back(), 1), nullptr, nullptr});
       m.source->cached_.insert(m.source->cached_.end(), text.begin(), text.end());
       rows += chunk;
     }

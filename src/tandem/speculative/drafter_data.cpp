@@ -104,32 +104,117 @@ void capture(model::Session& s, std::span<const int32_t> taps, int64_t k, Drafte
 
 }  // namespace
 
-TargetRows::TargetRows(int64_t max_rows, int64_t k, int64_t vocab) : k_(k), vocab_(vocab) {
-  probs_.resize(static_cast<size_t>(max_rows * k));
+int64_t draft_vocab_size(int64_t requested, int64_t vocab) {
+  if (requested < 0) return vocab <= kDraftVocabWholeUpTo ? 0 : kDraftVocabDefault;
+  return requested >= vocab ? 0 : requested;
+}
+
+std::vector<int32_t> select_draft_vocab(const DrafterData& data, int64_t size, int64_t vocab,
+                                        const std::function<bool(int32_t)>& is_eog) {
+  if (size <= 0 || size >= vocab) return {};
+  const auto V = static_cast<size_t>(vocab);
+  std::vector<int64_t> count(V, 0);
+  std::vector<double> mass(V, 0.0);
+  const int64_t k = data.k;
+  for (const DrafterSequence& s : data.sequences) {
+    if (s.heldout) continue;
+    for (int64_t i = std::max<int64_t>(1, s.prompt); i < s.n(); ++i)
+      ++count[static_cast<size_t>(s.tokens[static_cast<size_t>(i)])];
+    for (int64_t r = 0; r < s.n(); ++r) {
+      if (s.mask[static_cast<size_t>(r)] == 0) continue;
+      for (int64_t e = 0; e < k; ++e) {
+        const auto id = static_cast<size_t>(s.ids.empty() ? e : s.ids[static_cast<size_t>(r * k + e)]);
+        mass[id] += fp16_to_f32(s.probs[static_cast<size_t>(r * k + e)]);
+      }
+    }
+  }
+  std::vector<int32_t> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  // End-of-generation tokens first, then by count, summed probability and id.
+  const auto eog = [&](int32_t id) { return is_eog && is_eog(id); };
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    const auto ia = static_cast<size_t>(a), ib = static_cast<size_t>(b);
+    if (eog(a) != eog(b)) return eog(a);
+    if (count[ia] != count[ib]) return count[ia] > count[ib];
+    if (mass[ia] != mass[ib]) return mass[ia] > mass[ib];
+    return a < b;
+  });
+  int64_t n = size;
+  while (n < vocab && eog(order[static_cast<size_t>(n)])) ++n;  // every end-of-generation token
+  if (n >= vocab) return {};
+  order.resize(static_cast<size_t>(n));
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+TargetRows::TargetRows(int64_t max_rows, int64_t k, int64_t vocab, std::span<const int32_t> draft_vocab)
+    : k_(k), vocab_(vocab), width_(k), draft_vocab_(draft_vocab.begin(), draft_vocab.end()) {
+  if (!draft_vocab_.empty()) {
+    draft_of_.assign(static_cast<size_t>(vocab), -1);
+    for (size_t i = 0; i < draft_vocab_.size(); ++i) {
+      const int32_t id = draft_vocab_[i];
+      if (id < 0 || id >= vocab || draft_of_[static_cast<size_t>(id)] >= 0)
+        throw Error("a draft vocabulary lists token id " + std::to_string(id) +
+                    " outside the vocabulary or twice");
+      draft_of_[static_cast<size_t>(id)] = static_cast<int32_t>(i);
+    }
+    if (k == vocab) width_ = static_cast<int64_t>(draft_vocab_.size());
+  }
+  probs_.resize(static_cast<size_t>(max_rows * width_));
   rest_.resize(static_cast<size_t>(max_rows));
   if (k < vocab) ids_.resize(static_cast<size_t>(max_rows * k));
+  teaches_.assign(static_cast<size_t>(max_rows), 1);
+  mask_.assign(static_cast<size_t>(max_rows), 1);
 }
 
 void TargetRows::set(int64_t r, const DrafterSequence& s, int64_t pos) {
   const uint16_t* p = s.probs.data() + pos * k_;
-  float* dst = probs_.data() + r * k_;
-  for (int64_t i = 0; i < k_; ++i) dst[i] = fp16_to_f32(p[i]);
-  if (k_ < vocab_) {
-    std::memcpy(ids_.data() + r * k_, s.ids.data() + pos * k_, static_cast<size_t>(k_) * sizeof(int32_t));
-    rest_[static_cast<size_t>(r)] = s.rest[static_cast<size_t>(pos)];
+  float* dst = probs_.data() + r * width_;
+  float& rest = rest_[static_cast<size_t>(r)];
+  rest = k_ < vocab_ ? s.rest[static_cast<size_t>(pos)] : 0.0f;
+  if (draft_of_.empty()) {
+    for (int64_t i = 0; i < k_; ++i) dst[i] = fp16_to_f32(p[i]);
+    if (k_ < vocab_)
+      std::memcpy(ids_.data() + r * k_, s.ids.data() + pos * k_, static_cast<size_t>(k_) * sizeof(int32_t));
+    return;
   }
+  // Restricted to the draft vocabulary, over draft ids, and renormalised (see the class comment).
+  double kept = rest;
+  if (k_ == vocab_) {
+    for (int64_t i = 0; i < width_; ++i)
+      kept += dst[i] = fp16_to_f32(p[draft_vocab_[static_cast<size_t>(i)]]);
+  } else {
+    int32_t* ids = ids_.data() + r * k_;
+    for (int64_t e = 0; e < k_; ++e) {
+      const int32_t draft = draft_of_[static_cast<size_t>(s.ids[static_cast<size_t>(pos * k_ + e)])];
+      ids[e] = draft;
+      dst[e] = draft >= 0 ? fp16_to_f32(p[e]) : 0.0f;
+      kept += dst[e];
+    }
+  }
+  teaches_[static_cast<size_t>(r)] = kept > 0 ? 1 : 0;
+  if (!(kept > 0)) return;
+  const auto scale = static_cast<float>(1.0 / kept);
+  for (int64_t i = 0; i < width_; ++i) dst[i] *= scale;
+  rest *= scale;
 }
 
-train::SoftTargets TargetRows::view(int64_t rows, const float* weight, const uint8_t* mask) const {
+train::SoftTargets TargetRows::view(int64_t rows, const float* weight, const uint8_t* mask) {
   train::SoftTargets t;
   t.rows = rows;
-  t.top_k = k_;
+  t.top_k = width_;
   t.probs = probs_.data();
   t.weight = weight;
   t.mask = mask;
   if (k_ < vocab_) {
     t.ids = ids_.data();
     t.rest = rest_.data();
+  }
+  if (!draft_of_.empty()) {
+    for (int64_t r = 0; r < rows; ++r)
+      mask_[static_cast<size_t>(r)] =
+          (mask == nullptr || mask[r] != 0) && teaches_[static_cast<size_t>(r)] != 0 ? 1 : 0;
+    t.mask = mask_.data();
   }
   return t;
 }

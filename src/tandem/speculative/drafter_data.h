@@ -23,6 +23,10 @@ namespace tandem::speculative {
 
 inline constexpr int64_t kDrafterFullVocab = 4096;
 inline constexpr int64_t kDrafterTopK = 32;
+// The default draft vocabulary (train-drafter --draft-vocab): the whole vocabulary up to
+// kDraftVocabWholeUpTo tokens, else the kDraftVocabDefault most frequent.
+inline constexpr int64_t kDraftVocabWholeUpTo = 16384;
+inline constexpr int64_t kDraftVocabDefault = 8192;
 
 // Progress of a drafter's training, by phase.
 struct DrafterTrainProgress {
@@ -83,20 +87,49 @@ struct DrafterData {
 DrafterData make_drafter_data(model::Session& session, std::span<const int32_t> taps,
                               const DrafterDataOptions& o, const DrafterProgressFn& on_progress);
 
+// The size of the draft vocabulary that `requested` (train-drafter --draft-vocab; < 0: the default) asks for
+// a target of `vocab` tokens: 0 for the whole vocabulary (0 or at least `vocab` asked, or the default for a
+// vocabulary of at most kDraftVocabWholeUpTo tokens), else the size.
+int64_t draft_vocab_size(int64_t requested, int64_t vocab);
+
+// The reduced draft vocabulary of `size` tokens (0 or at least the vocabulary: empty, the whole) for the
+// training text of `data`: every token is_eog names (a drafter must be able to draft the end of the text),
+// then the tokens the target generated most often in the training sequences (ties: the larger summed target
+// probability over the rows that teach, then the lower id). Ascending ids.
+std::vector<int32_t> select_draft_vocab(const DrafterData& data, int64_t size, int64_t vocab,
+                                        const std::function<bool(int32_t)>& is_eog);
+
 // The target distributions of one training batch, widened to f32: each row a sequence's distribution at one
 // position. Buffers are sized once, for max_rows rows of k entries (DrafterData::k).
+//
+// With a reduced draft vocabulary (draft_vocab, ascending target ids), each row is the target's
+// distribution restricted to it, over draft ids, and renormalised: the listed probabilities of the tokens
+// inside it (full rows: all N of them, in draft id order; top-k rows: the k entries, those outside marked
+// unused, id -1) and the left-over mass, divided by their sum. Why renormalise rather than give the mass
+// outside one more "other" outcome: the drafter's q is a distribution over the draft vocabulary (drafting
+// never draws "other"), and the acceptance sum_x min(p(x), q(x)) over the tokens it can draft is largest,
+// p(S) for the draft vocabulary S, for any q >= p on S, which p / p(S) is: the restricted, renormalised
+// target is the q to learn. An "other" outcome would spend probability on a token never drafted and would
+// have to be dropped (and q renormalised) at drafting anyway. The top-k rows' left-over mass is kept as
+// mass over the draft vocabulary's unlisted tokens (how much of it lies outside is not recorded). A row
+// with no mass inside the draft vocabulary teaches nothing and is masked.
 class TargetRows {
  public:
-  TargetRows(int64_t max_rows, int64_t k, int64_t vocab);
+  TargetRows(int64_t max_rows, int64_t k, int64_t vocab, std::span<const int32_t> draft_vocab = {});
   // Row r: the distribution of s at position pos.
   void set(int64_t r, const DrafterSequence& s, int64_t pos);
-  // Rows [0, rows) as the loss reads them, with per-row weights and mask (borrowed, [rows] each).
-  train::SoftTargets view(int64_t rows, const float* weight, const uint8_t* mask) const;
+  // Rows [0, rows) as the loss reads them, with per-row weights and mask (borrowed, [rows] each; the mask
+  // also drops rows with no mass in the draft vocabulary).
+  train::SoftTargets view(int64_t rows, const float* weight, const uint8_t* mask);
 
  private:
   int64_t k_, vocab_;
-  std::vector<float> probs_, rest_;  // [max_rows, k], [max_rows]
-  std::vector<int32_t> ids_;         // [max_rows, k] when k < vocab
+  int64_t width_;                        // entries per row: k, or the draft vocabulary's size for full rows
+  std::vector<int32_t> draft_of_;        // [vocab] target id -> draft id, -1 outside; empty: whole vocabulary
+  std::vector<int32_t> draft_vocab_;     // draft id -> target id
+  std::vector<float> probs_, rest_;      // [max_rows, width], [max_rows]
+  std::vector<int32_t> ids_;             // [max_rows, k] when k < vocab
+  std::vector<uint8_t> teaches_, mask_;  // [max_rows]: whether the row has mass in the draft vocabulary
 };
 
 // splitmix64 (train/random.h) for the trainers' choices of sequences and anchors.

@@ -21,6 +21,7 @@ void shape_from_target(const model::Model& target, int64_t n_taps, Config& e) {
   e.head_dim = c.head_dim;
   e.ffn = c.n_ff;
   e.vocab = c.n_vocab;
+  e.draft_vocab.clear();
   e.n_taps = n_taps;
   e.rope_theta = c.rope_base;
   e.norm_eps = c.norm_eps;
@@ -34,6 +35,7 @@ void shape_from_info(const train::DrafterInfo& info, Config& e) {
   e.head_dim = info.head_dim;
   e.ffn = info.ffn;
   e.vocab = info.vocab;
+  e.draft_vocab = info.draft_vocab;
   e.n_taps = static_cast<int64_t>(info.tap_layers.size());
   e.rope_theta = info.rope_theta;
   e.rope_layout = info.rope_layout == "halves" ? train::RopeLayout::kHalves : train::RopeLayout::kInterleaved;
@@ -48,6 +50,7 @@ void shape_to_info(const Config& e, train::DrafterInfo& info) {
   info.head_dim = e.head_dim;
   info.ffn = e.ffn;
   info.vocab = e.vocab;
+  info.draft_vocab = e.draft_vocab;
   info.rope_theta = e.rope_theta;
   info.rope_layout = e.rope_layout == train::RopeLayout::kHalves ? "halves" : "interleaved";
   info.norm_eps = e.norm_eps;

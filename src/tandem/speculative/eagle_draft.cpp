@@ -7,8 +7,6 @@
 
 #include "tandem/speculative/calibration.h"
 #include "tandem/speculative/drafter_shape.h"
-
-#include "tandem/tensor/quant.h"
 #include "tandem/train/layers.h"
 #include "tandem/util/error.h"
 
@@ -30,18 +28,6 @@ std::string join(std::span<const int32_t> v) {
 }
 
 }  // namespace
-
-void copy_target_matrix(const model::Model& target, const char* name, train::Param& dst) {
-  const gguf::TensorInfo* t = target.file().tensor(name);
-  if (t == nullptr) t = target.file().tensor("token_embd.weight");  // a tied head
-  if (t == nullptr || t->ne[0] != dst.cols || t->ne[1] != dst.rows)
-    throw Error(std::string("the target has no ") + name + " of shape [" + std::to_string(dst.rows) + ", " +
-                std::to_string(dst.cols) + "] for the drafter to share");
-  const size_t row_bytes = t->bytes / static_cast<size_t>(t->ne[1]);
-  for (int64_t r = 0; r < dst.rows; ++r)
-    dequantize_row(t->type, t->data + static_cast<size_t>(r) * row_bytes, dst.value.data() + r * dst.cols,
-                   dst.cols);
-}
 
 std::string vocabulary_hash(const gguf::File& file) {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -87,8 +73,9 @@ void set_eagle_shape(train::DrafterInfo& info, const train::EagleConfig& e) {
 }
 
 void copy_target_weights(const model::Model& target, train::EagleDrafter& drafter) {
-  copy_target_matrix(target, "token_embd.weight", drafter.embedding());
-  if (!drafter.config().train_head) copy_target_matrix(target, "output.weight", drafter.head());
+  copy_target_rows(target, false, {}, drafter.embedding());
+  if (!drafter.config().train_head)
+    copy_target_rows(target, true, drafter.config().draft_vocab, drafter.head());
 }
 
 void check_eagle_target(const train::DrafterInfo& info, const model::Model& target,
@@ -132,14 +119,16 @@ EagleDraftSource::Rows::Rows(const train::EagleConfig& cfg, int threads, int64_t
   v = sized(kvw);
   for (auto* b : {&gate, &up, &act}) *b = sized(cfg.ffn);
   inv = sized(1);
-  logits.assign(static_cast<size_t>(n_logits * cfg.vocab), 0.0f);
+  logits.assign(static_cast<size_t>(n_logits * cfg.head_rows()), 0.0f);
+  mm = kernels::MatmulScratch(threads, d, std::max<int64_t>(n_logits, 1));
 }
 
 namespace {
 
 bool same_shape(const train::EagleConfig& a, const train::EagleConfig& b) {
   return a.d == b.d && a.n_head == b.n_head && a.n_kv_head == b.n_kv_head && a.head_dim == b.head_dim &&
-         a.ffn == b.ffn && a.vocab == b.vocab && a.n_taps == b.n_taps && a.n_layer == b.n_layer;
+         a.ffn == b.ffn && a.vocab == b.vocab && a.n_taps == b.n_taps && a.n_layer == b.n_layer &&
+         a.draft_vocab == b.draft_vocab;
 }
 
 }  // namespace
@@ -157,13 +146,19 @@ EagleDraftBatch::EagleDraftBatch(const train::EagleConfig& config, ThreadPool& p
 }
 
 EagleDraftSource::EagleDraftSource(std::unique_ptr<train::EagleDrafter> drafter, std::vector<int32_t> taps,
-                                   ThreadPool& pool, int64_t n_ctx, EagleDraftBatch* batch)
+                                   ThreadPool& pool, int64_t n_ctx, const model::Model& target,
+                                   EagleDraftBatch* batch)
     : drafter_(std::move(drafter)),
       cfg_(drafter_->config()),
       compute_(pool),
       n_ctx_(n_ctx),
       kv_width_(cfg_.n_kv_head * cfg_.head_dim),
+      vocab_(target, cfg_.draft_vocab, cfg_.d, !cfg_.train_head),
       taps_(std::move(taps), cfg_.n_taps, cfg_.d, n_ctx, "EAGLE") {
+  if (cfg_.vocab != vocab_.vocab())
+    throw Error("the EAGLE drafter's vocabulary of " + std::to_string(cfg_.vocab) +
+                " tokens differs from the target's " + std::to_string(vocab_.vocab()) +
+                ": train one for this target");
   if (batch != nullptr) {
     if (!same_shape(batch->config(), cfg_))
       throw Error(
@@ -180,7 +175,6 @@ EagleDraftSource::EagleDraftSource(std::unique_ptr<train::EagleDrafter> drafter,
   batch_ = batch;
   const std::vector<train::Param*> params = drafter_->params();
   fc_ = find(params, "fc.weight");
-  emb_ = find(params, "token_embd.weight");
   emb_norm_ = find(params, "blk.0.emb_norm.weight");
   hidden_norm_ = find(params, "blk.0.hidden_norm.weight");
   wq_ = find(params, "blk.0.attn_q.weight");
@@ -192,7 +186,18 @@ EagleDraftSource::EagleDraftSource(std::unique_ptr<train::EagleDrafter> drafter,
   w_up_ = find(params, "blk.0.ffn_up.weight");
   w_down_ = find(params, "blk.0.ffn_down.weight");
   out_norm_ = find(params, "output_norm.weight");
-  head_ = find(params, "output.weight");
+  if (cfg_.train_head) {
+    const train::Param& own = *find(params, "output.weight");
+    TANDEM_CHECK(own.size() == cfg_.head_rows() * cfg_.d && !own.value.empty(),
+                 "the EAGLE drafter's own head holds its values");
+    head_.type = DType::F32;
+    head_.rows = own.rows;
+    head_.cols = own.cols;
+    head_.row_bytes = static_cast<size_t>(own.cols) * sizeof(float);
+    head_.data = reinterpret_cast<const uint8_t*>(own.value.data());
+  } else {
+    head_ = vocab_.head();
+  }
   for (int64_t l = 1; l < cfg_.n_layer; ++l) {
     const std::string blk = "blk." + std::to_string(l) + ".";
     const auto weight = [&](const char* what) { return find(params, (blk + what + ".weight").c_str()); };
@@ -221,11 +226,11 @@ std::unique_ptr<EagleDraftSource> EagleDraftSource::load(const std::string& path
   train::DrafterInfo info = train::load_drafter(path, {});
   const train::EagleConfig cfg = eagle_config_of(info);
   check_eagle_target(info, target, target_file_hash);
-  auto drafter = std::make_unique<train::EagleDrafter>(cfg, 1);
+  // No f32 copies of the target's embedding and head: the source reads the target's own.
+  auto drafter = std::make_unique<train::EagleDrafter>(cfg, 1, /*target_weights=*/false);
   std::vector<train::Param*> params = drafter->params();
   info = train::load_drafter(path, params);
-  copy_target_weights(target, *drafter);
-  return std::make_unique<EagleDraftSource>(std::move(drafter), info.tap_layers, pool, n_ctx, batch);
+  return std::make_unique<EagleDraftSource>(std::move(drafter), info.tap_layers, pool, n_ctx, target, batch);
 }
 
 void EagleDraftSource::begin(std::span<const int32_t> /*prompt*/, const DraftSettings& settings) {
@@ -310,7 +315,7 @@ void EagleDraftSource::run(std::span<const Segment> segments, Rows& w) {
       r += s.n;
     }
   }
-  train::embedding_forward(*emb_, w.ids.data(), n, w.e.data());
+  for (int64_t r = 0; r < n; ++r) vocab_.embed(w.ids[static_cast<size_t>(r)], w.e.data() + r * d);
   train::rmsnorm_forward(*emb_norm_, eps, w.e.data(), n, w.ne.data(), w.inv.data(), c);
   train::rmsnorm_forward(*hidden_norm_, eps, w.g.data(), n, w.ng.data(), w.inv.data(), c);
   for (int64_t r = 0; r < n; ++r) {
@@ -383,11 +388,12 @@ void EagleDraftSource::run(std::span<const Segment> segments, Rows& w) {
   }
   if (n_logits == 0) return;
   train::rmsnorm_forward(*out_norm_, eps, w.e.data(), n_logits, w.f.data(), w.inv.data(), c);
-  train::linear_forward(*head_, nullptr, w.f.data(), n_logits, w.logits.data(), c);
+  kernels::matmul(head_, w.f.data(), n_logits, w.logits.data(), c.pool, w.mm);
   j = 0;
+  const int64_t N = head_.rows;
   for (const Segment& s : segments)
     if (s.tree == nullptr && s.want_logits)
-      std::memcpy(s.source->logits_.data(), w.logits.data() + j++ * cfg_.vocab, bytes(cfg_.vocab));
+      vocab_.expand(w.logits.data() + j++ * N, s.source->logits_.data());
 }
 
 void EagleDraftSource::attend(std::span<const Segment> segments, int64_t layer, int64_t n, Rows& w) {
@@ -515,11 +521,11 @@ void EagleDraftSource::propose_tree(std::span<const int32_t> committed, int max_
                       .want_logits = true,
                       .tree = &mask};
     run(std::span<const Segment>(&seg, 1), rows_);
-    const auto V = static_cast<size_t>(cfg_.vocab);
+    const int64_t N = head_.rows;  // the draft vocabulary
     for (size_t r = 0; r < picked.size(); ++r) {
+      vocab_.expand(rows_.logits.data() + static_cast<int64_t>(r) * N, logits_.data());
       tree_.path_text(picked[r], committed, history_);
-      tree_.add_children(picked[r], std::span<const float>(rows_.logits).subspan(r * V, V), history_,
-                         tree_cover);
+      tree_.add_children(picked[r], logits_, history_, tree_cover);
     }
   }
   tree_.propose(max_nodes, out);

@@ -18,10 +18,12 @@
 
 #include "tandem/cache/attention.h"
 #include "tandem/gguf/reader.h"
+#include "tandem/kernels/matmul.h"
 #include "tandem/model/model.h"
 #include "tandem/speculative/draft_source.h"
 #include "tandem/speculative/dynamic_tree.h"
 #include "tandem/speculative/tap_store.h"
+#include "tandem/speculative/target_vocab.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/eagle.h"
 #include "tandem/util/thread_pool.h"
@@ -45,12 +47,9 @@ train::EagleConfig eagle_config_of(const train::DrafterInfo& info);
 // Records config's shape in info.
 void set_eagle_shape(train::DrafterInfo& info, const train::EagleConfig& config);
 
-// Copies the target's tensor `name` ([dst.rows, dst.cols]; output.weight falls back to the tied
-// token_embd.weight) into dst, dequantized to f32. Throws tandem::Error when the target has no such tensor.
-void copy_target_matrix(const model::Model& target, const char* name, train::Param& dst);
-
-// Copies the target's token embedding (and, unless the drafter trains its own, its output head) into the
-// drafter's frozen parameters, dequantized to f32.
+// Copies the target's token embedding (and, unless the drafter trains its own, its output head's rows of the
+// draft vocabulary) into the drafter's frozen parameters, dequantized to f32, which training reads; drafting
+// reads the target's own (EagleDraftSource).
 void copy_target_weights(const model::Model& target, train::EagleDrafter& drafter);
 
 // Throws tandem::Error unless the drafter was made for this target, saying which of the file hash, the
@@ -74,12 +73,14 @@ double measure_eagle_draft_cost(EagleDraftSource& source, double decode_seconds,
 
 class EagleDraftSource final : public DraftSource {
  public:
-  // drafter: trained or loaded, its frozen weights set; taps: the target layers it reads, in training order.
-  // n_ctx: the longest sequence (positions) the source will see.
-  // batch (when not null: the source proposes in batches with the others made with it, see EagleDraftBatch)
-  // must outlive the source.
+  // drafter: trained or loaded; taps: the target layers it reads, in training order. n_ctx: the longest
+  // sequence (positions) the source will see. The target's token embedding and output head (its rows of the
+  // draft vocabulary, gathered here) are read in their stored block type (TargetVocab; the target must
+  // outlive the source), not from the drafter's f32 copies, which it need not hold; a head the drafter
+  // trained is its own. batch (when not null: the source proposes in batches with the others made with it,
+  // see EagleDraftBatch) must outlive the source.
   EagleDraftSource(std::unique_ptr<train::EagleDrafter> drafter, std::vector<int32_t> taps, ThreadPool& pool,
-                   int64_t n_ctx, EagleDraftBatch* batch = nullptr);
+                   int64_t n_ctx, const model::Model& target, EagleDraftBatch* batch = nullptr);
 
   // Loads a checkpoint written by `tandem train-drafter`, refusing one made for another target.
   static std::unique_ptr<EagleDraftSource> load(const std::string& path, const model::Model& target,
@@ -119,6 +120,7 @@ class EagleDraftSource final : public DraftSource {
   // side in order), as on_target_hidden would from a target forward.
   void set_taps(int64_t first_pos, std::span<const float> rows);
   train::EagleDrafter& drafter() { return *drafter_; }
+  const TargetVocab& vocab() const { return vocab_; }
   std::span<const int32_t> taps() const { return taps_.layers(); }
   // The captured taps (rows past the committed text are forgotten when a round settles).
   const TapStore& tap_store() const { return taps_; }
@@ -153,7 +155,8 @@ class EagleDraftSource final : public DraftSource {
     std::vector<float> k, v;                         // [rows, n_kv_head * head_dim]
     std::vector<float> gate, up, act;                // [rows, ffn]
     std::vector<float> inv;                          // [rows]
-    std::vector<float> logits;                       // [logit_rows, vocab]
+    std::vector<float> logits;                       // [logit_rows, head rows] over the draft vocabulary
+    kernels::MatmulScratch mm;                       // the head's
   };
   // One sequence's rows in a forward: n rows of `source` at positions source->len_ .. len_ + n - 1, each
   // reading the source's taps there (given_g null) or given_g [n, d], with the tokens that follow them.
@@ -166,7 +169,8 @@ class EagleDraftSource final : public DraftSource {
     // Null, or the tree (cache::TreeMask over the source's cache) whose nodes len_ - tree->base .. are these
     // rows: each is rotated at tree->base + its depth and attends to the rows before tree->base and its
     // ancestors' rows; every row's output hidden state goes to source->tree_hidden_ at its node, and its
-    // logits (want_logits ignored) to w.logits in row order. A tree segment runs alone.
+    // logits over the draft vocabulary (want_logits ignored) to w.logits in row order. A tree segment runs
+    // alone.
     const cache::TreeMask* tree;
   };
 
@@ -202,9 +206,11 @@ class EagleDraftSource final : public DraftSource {
   sampling::Sampler sampler_{sampling::Params{}};
   uint64_t sequence_ = 0;
 
-  // Weights, borrowed from drafter_.
-  const train::Param *fc_, *emb_, *emb_norm_, *hidden_norm_, *wq_, *wk_, *wv_, *wo_, *ffn_norm_, *w_gate_,
-      *w_up_, *w_down_, *out_norm_, *head_;
+  // Weights, borrowed from drafter_, and the target's embedding and head (or the drafter's own head).
+  const train::Param *fc_, *emb_norm_, *hidden_norm_, *wq_, *wk_, *wv_, *wo_, *ffn_norm_, *w_gate_, *w_up_,
+      *w_down_, *out_norm_;
+  TargetVocab vocab_;
+  MatrixView head_;  // [head rows, d]
 
   TapStore taps_;             // [n_ctx, n_taps * d] the target's captured taps by position
   std::vector<float> k_, v_;  // [n_ctx, n_kv_head * head_dim] the first layer's cache, roped keys
@@ -214,7 +220,8 @@ class EagleDraftSource final : public DraftSource {
   EagleDraftBatch* batch_ = nullptr;
   Rows rows_;                  // this source's own scratch (made on its first proposal alone in a batch)
   std::vector<float> g_last_;  // [d]
-  std::vector<float> logits_;  // [vocab]
+  std::vector<float> logits_;  // [vocab] the latest draft's logits by target id (-inf outside the draft
+                               // vocabulary)
   std::vector<int32_t> history_;
   DynamicTree tree_;                // propose_tree: the tree being drafted
   std::vector<float> tree_hidden_;  // [n_ctx, d] propose_tree: each evaluated node's output hidden state

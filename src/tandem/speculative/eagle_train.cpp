@@ -53,8 +53,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // step j sees. The sequence's f16 taps and distributions are widened to f32 here, once per step.
 class UnrolledBatch {
  public:
-  UnrolledBatch(int unroll, int64_t max_n, int64_t d, int64_t width, int64_t k, int64_t vocab)
-      : unroll_(unroll), d_(d), width_(width), targets_(unroll * max_n, k, vocab) {
+  UnrolledBatch(int unroll, int64_t max_n, int64_t d, int64_t width, int64_t k, int64_t vocab,
+                std::span<const int32_t> draft_vocab)
+      : unroll_(unroll), d_(d), width_(width), targets_(unroll * max_n, k, vocab, draft_vocab) {
     const auto R = static_cast<size_t>(unroll * max_n);
     next_ids_.resize(R);
     pos_.resize(R);
@@ -185,11 +186,12 @@ EagleTrainResult train_eagle(const model::Model& target, ThreadPool& pool, const
   train::EagleConfig cfg = eagle_config_for(target, static_cast<int64_t>(taps.size()));
   if (o.ffn > 0) cfg.ffn = o.ffn;
   cfg.n_layer = o.layers;
+  cfg.draft_vocab = select_draft_vocab(data, draft_vocab_size(o.draft_vocab, V), V, o.is_eog);
   auto owned = std::make_unique<train::EagleDrafter>(cfg, o.unroll * max_n);
   train::EagleDrafter& drafter = *owned;
   drafter.init(o.seed);
   copy_target_weights(target, drafter);
-  res.source = std::make_unique<EagleDraftSource>(std::move(owned), taps, pool, session.n_ctx());
+  res.source = std::make_unique<EagleDraftSource>(std::move(owned), taps, pool, session.n_ctx(), target);
   std::vector<train::Param*> params = drafter.params();
   train::AdamWConfig ac;
   ac.weight_decay = 0.01;
@@ -200,7 +202,7 @@ EagleTrainResult train_eagle(const model::Model& target, ThreadPool& pool, const
   lr.warmup = std::min<int64_t>(50, std::max<int64_t>(1, o.steps / 10));
   lr.total = std::max<int64_t>(1, o.steps);
   train::Compute c(pool);
-  UnrolledBatch batch(o.unroll, max_n, cfg.d, width, k, V);
+  UnrolledBatch batch(o.unroll, max_n, cfg.d, width, k, V, cfg.draft_vocab);
 
   res.info.target_file_hash = o.target_file_hash;
   res.info.target_vocab_hash = vocabulary_hash(target.file());
@@ -226,6 +228,10 @@ EagleTrainResult train_eagle(const model::Model& target, ThreadPool& pool, const
     if (saved.layer_count != cfg.n_layer || saved.ffn != cfg.ffn)
       refuse("it was started with --layers " + std::to_string(saved.layer_count) + " and --ffn " +
              std::to_string(saved.ffn) + "; resume with the options it was started with");
+    if (saved.draft_vocab != cfg.draft_vocab)
+      refuse("its draft vocabulary (" + std::to_string(saved.draft_vocab.size()) +
+             " tokens, 0: the whole) is not this run's (" + std::to_string(cfg.draft_vocab.size()) +
+             "); resume with the --draft-vocab and --tokens it was started with");
     train::load_drafter(o.checkpoint, params, &opt);
     first_step = saved.step;
     rng = saved.data_position;

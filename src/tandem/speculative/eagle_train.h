@@ -39,6 +39,9 @@ struct EagleTrainOptions {
   int unroll = 4;      // training-time test steps (>= 1)
   int64_t ffn = 0;     // the drafter's SwiGLU width (0: the target's)
   int64_t layers = 1;  // the drafter's decoder layers
+  // The draft vocabulary's size (draft_vocab_size: < 0 the default, 0 or at least the target's vocabulary
+  // the whole; the tokens: select_draft_vocab).
+  int64_t draft_vocab = -1;
   double lr = 3e-3;
   double clip = 1.0;
   int eval_depth = 8;

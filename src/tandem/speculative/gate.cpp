@@ -242,11 +242,16 @@ double BatchCosts::ratio(int rows, int base) const {
 
 double BatchCosts::round_cost(int depth, int base_rows, int sharing) const {
   base_rows = std::max(1, base_rows);
+  const double drafting = depth * calibrated_.draft_per_token / ratio(base_rows, 1);
+  return rows_cost(depth, base_rows, sharing) + std::max(1, sharing) * drafting;
+}
+
+double BatchCosts::rows_cost(int rows, int base_rows, int sharing) const {
+  base_rows = std::max(1, base_rows);
   sharing = std::max(1, sharing);
   // More rows never make a forward faster: a noisy mean that says so counts as no slowdown.
-  const double slowdown = std::max(0.0, ratio(base_rows + depth, base_rows) - 1.0);
-  const double drafting = depth * calibrated_.draft_per_token / ratio(base_rows, 1);
-  return 1.0 + sharing * (slowdown + drafting);
+  const double slowdown = std::max(0.0, ratio(base_rows + rows, base_rows) - 1.0);
+  return 1.0 + sharing * slowdown;
 }
 
 }  // namespace tandem::speculative

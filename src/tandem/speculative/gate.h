@@ -187,6 +187,9 @@ class BatchCosts {
   // waiting sequence: 1 + sharing * (ratio(base + depth, base) - 1 + depth * draft_per_token / ratio(base,
   // 1)).
   double round_cost(int depth, int base_rows, int sharing) const;
+  // round_cost() without the drafting: what `rows` more rows cost (a draft tree's nodes, drafted already),
+  // 1 + sharing * (ratio(base + rows, base) - 1).
+  double rows_cost(int rows, int base_rows, int sharing) const;
   const CostModel& calibrated() const { return calibrated_; }
 
  private:

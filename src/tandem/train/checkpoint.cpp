@@ -1,5 +1,6 @@
 #include "tandem/train/checkpoint.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -33,6 +34,20 @@ void validate(const DrafterInfo& info, const std::string& path) {
   if (info.n_head % info.n_kv_head != 0) bad("the head count must be a multiple of the KV head count");
   if (info.rope_layout != "interleaved" && info.rope_layout != "halves")
     bad(key("rope.layout") + " must be \"interleaved\" or \"halves\" (got \"" + info.rope_layout + "\")");
+  if (!info.draft_vocab.empty()) {
+    std::vector<bool> seen(static_cast<size_t>(std::max<int64_t>(info.vocab, 0)), false);
+    for (size_t i = 0; i < info.draft_vocab.size(); ++i) {
+      const int32_t id = info.draft_vocab[i];
+      if (id < 0 || id >= info.vocab)
+        bad(key("draft_vocab.ids") + " entry " + std::to_string(i) + " is token id " + std::to_string(id) +
+            ", outside the target's vocabulary of " + std::to_string(info.vocab) +
+            ": the file is damaged; train the drafter again");
+      if (seen[static_cast<size_t>(id)])
+        bad(key("draft_vocab.ids") + " lists token id " + std::to_string(id) +
+            " twice: the file is damaged; train the drafter again");
+      seen[static_cast<size_t>(id)] = true;
+    }
+  }
   float prev = 1.0f;
   for (float a : info.acceptance) {
     if (!(a >= 0.0f && a <= prev)) bad(key("acceptance") + " must be non-increasing values in [0, 1]");
@@ -89,6 +104,10 @@ void save_drafter(const std::string& path, const DrafterInfo& info, std::span<Pa
   w.add_f32(key("rope.freq_base"), info.rope_theta);
   w.add_string(key("rope.layout"), info.rope_layout);
   w.add_bool(key("own_head"), info.own_head);
+  if (!info.draft_vocab.empty()) {
+    w.add_u32(key("draft_vocab.size"), static_cast<uint32_t>(info.draft_vocab.size()));
+    w.add_array(key("draft_vocab.ids"), std::span<const int32_t>(info.draft_vocab));
+  }
   w.add_u64(key("train.step"), static_cast<uint64_t>(info.step));
   w.add_u64(key("train.seed"), info.seed);
   w.add_u64(key("train.total_steps"), static_cast<uint64_t>(info.total_steps));
@@ -148,6 +167,18 @@ DrafterInfo load_drafter(const std::string& path, std::span<Param* const> params
   info.rope_theta = real("rope.freq_base");
   info.rope_layout = str("rope.layout");
   info.own_head = f.get_bool(key("own_head")).value_or(false);
+  if (const auto size = f.get_int(key("draft_vocab.size"))) {
+    if (f.find(key("draft_vocab.ids")) == nullptr)
+      throw Error(need("draft_vocab.ids") + " (the token ids of its draft vocabulary of " +
+                  std::to_string(*size) + ")");
+    info.draft_vocab = f.get_i32_array(key("draft_vocab.ids"));
+    if (*size < 1 || static_cast<int64_t>(info.draft_vocab.size()) != *size)
+      throw Error(where + ": " + key("draft_vocab.size") + " is " + std::to_string(*size) + " but " +
+                  key("draft_vocab.ids") + " holds " + std::to_string(info.draft_vocab.size()) +
+                  " ids: the file is damaged; train the drafter again");
+  } else if (f.find(key("draft_vocab.ids")) != nullptr) {
+    throw Error(need("draft_vocab.size") + " beside its " + key("draft_vocab.ids"));
+  }
   info.step = integer("train.step");
   info.seed = static_cast<uint64_t>(integer("train.seed"));
   info.total_steps = f.get_int(key("train.total_steps")).value_or(0);

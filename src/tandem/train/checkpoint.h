@@ -38,6 +38,9 @@ struct DrafterInfo {
   std::string rope_layout = "interleaved";  // or "halves"
   float norm_eps = 1e-5f;
   bool own_head = false;  // the head is the drafter's (stored) rather than the target's
+  // The reduced draft vocabulary: the target ids the head scores, draft id i being draft_vocab[i] (distinct,
+  // each below vocab; written ascending). Empty: the whole vocabulary (files from before it load so).
+  std::vector<int32_t> draft_vocab;
 
   // Training provenance.
   int64_t step = 0;
@@ -46,6 +49,9 @@ struct DrafterInfo {
   uint64_t data_position = 0;  // where the run's walk through its training data stands after `step`
 };
 
+// The draft vocabulary is stored as tandem.drafter.draft_vocab.size (u32) and tandem.drafter.draft_vocab.ids
+// (an int32 array of that many target ids), both absent for the whole vocabulary.
+//
 // Writes the trainable parameters (by name, f32, [rows, cols] as GGUF ne {cols, rows}, vectors 1-D), the
 // metadata and, with opt, its moments ("adam.m.NAME", "adam.v.NAME") and step count; atomically (the
 // writer's temporary file and rename). Throws tandem::Error when the metadata is incomplete or invalid.

@@ -19,16 +19,6 @@ void copy_rows(float* dst, const float* src, int64_t n) {
   std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
 }
 
-// A frozen [rows, cols] parameter of the target's, with its values (zeros) only when `held`.
-Param target_weight(const char* name, int64_t rows, int64_t cols, bool held) {
-  if (held) return Param(name, rows, cols, false, false);
-  Param p;
-  p.name = name;
-  p.rows = rows;
-  p.cols = cols;
-  return p;
-}
-
 }  // namespace
 
 DflashDrafter::DflashDrafter(const DflashConfig& config, int64_t max_context, int64_t max_rows,
@@ -44,10 +34,10 @@ DflashDrafter::DflashDrafter(const DflashConfig& config, int64_t max_context, in
       mask_emb_("mask_embd.weight", 1, config.d, true, false),
       emb_(target_weight("token_embd.weight", config.vocab, config.d, target_weights)),
       out_norm_("output_norm.weight", config.d, 1, true, false),
-      head_(target_weight("output.weight", config.vocab, config.d, target_weights)) {
+      head_(target_weight("output.weight", config.head_rows(), config.d, target_weights)) {
   if (cfg_.d <= 0 || cfg_.n_head <= 0 || cfg_.n_kv_head <= 0 || cfg_.n_head % cfg_.n_kv_head != 0 ||
       cfg_.head_dim <= 0 || cfg_.head_dim % 2 != 0 || cfg_.ffn <= 0 || cfg_.vocab <= 0 || cfg_.n_taps <= 0 ||
-      cfg_.n_layers <= 0 || cfg_.block <= 0)
+      cfg_.n_layers <= 0 || cfg_.block <= 0 || cfg_.head_rows() > cfg_.vocab)
     throw Error(
         "DFlash drafter shape: widths, layer count and block size must be positive, the head size even and "
         "n_head a multiple of n_kv_head");

@@ -12,6 +12,9 @@
 //
 // forward_backward runs one batch: the context rows of one sequence and any number of blocks over it, under
 // a context+block mask (attention.h), with activations in buffers sized once for max_context and max_rows.
+//
+// With a reduced draft vocabulary (DflashConfig::draft_vocab) the head holds the target head's rows of those
+// tokens only, and the targets are given over draft ids (drafter_data.h restricts them).
 #pragma once
 
 #include <cstdint>
@@ -30,13 +33,19 @@ struct DflashConfig {
   int64_t n_kv_head = 4;
   int64_t head_dim = 8;
   int64_t ffn = 172;
-  int64_t vocab = 512;
+  int64_t vocab = 512;  // the target's vocabulary (the embedding's rows)
+  // The reduced draft vocabulary: draft id i is target id draft_vocab[i]; the head scores these tokens
+  // only. Empty: the whole vocabulary.
+  std::vector<int32_t> draft_vocab;
   int64_t n_taps = 3;    // tapped target layers
   int64_t n_layers = 1;  // drafter decoder layers
   int64_t block = 8;     // rows per block: the draft depth
   float rope_theta = 10000.0f;
   RopeLayout rope_layout = RopeLayout::kInterleaved;
   float norm_eps = 1e-5f;
+
+  // Rows of the head: the draft vocabulary's size.
+  int64_t head_rows() const { return draft_vocab.empty() ? vocab : static_cast<int64_t>(draft_vocab.size()); }
 };
 
 // One batch. The context rows are positions 0 .. context_rows - 1 of one sequence; the block rows come in
@@ -66,7 +75,7 @@ class DflashDrafter {
 
   const DflashConfig& config() const { return cfg_; }
   Param& embedding() { return emb_; }  // [vocab, d], set from the target; no values without target_weights
-  Param& head() { return head_; }      // [vocab, d], set from the target; no values without target_weights
+  Param& head() { return head_; }  // [head_rows, d], set from the target; no values without target_weights
   // Frees the f32 copies of the target's embedding and head (forward_backward needs them again).
   void release_target_weights();
   // Every parameter in checkpoint order, frozen ones included.
@@ -117,7 +126,7 @@ class DflashDrafter {
   Param emb_;       // [vocab, d] frozen
   std::vector<Layer> layers_;
   Param out_norm_;  // [d]
-  Param head_;      // [vocab, d] frozen
+  Param head_;      // [head_rows, d] frozen: the target head's rows of the draft vocabulary
 
   std::vector<float> g_, ctx_, inv_ctx_;  // [max_context, d] fc(taps), its norm; [max_context]
   std::vector<Saved> saved_;              // per layer

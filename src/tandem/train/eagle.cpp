@@ -24,14 +24,14 @@ void copy_columns(const float* src, int64_t src_stride, float* dst, int64_t dst_
 
 }  // namespace
 
-EagleDrafter::EagleDrafter(const EagleConfig& config, int64_t max_rows)
+EagleDrafter::EagleDrafter(const EagleConfig& config, int64_t max_rows, bool target_weights)
     : cfg_(config),
       max_rows_(max_rows),
       att_{config.n_head, config.n_kv_head, config.head_dim,
            1.0f / std::sqrt(static_cast<float>(config.head_dim))},
       rope_{config.head_dim, config.rope_theta, config.rope_layout},
       fc_("fc.weight", config.d, config.n_taps * config.d, true, true),
-      emb_("token_embd.weight", config.vocab, config.d, false, false),
+      emb_(target_weight("token_embd.weight", config.vocab, config.d, target_weights)),
       emb_norm_("blk.0.emb_norm.weight", config.d, 1, true, false),
       hidden_norm_("blk.0.hidden_norm.weight", config.d, 1, true, false),
       wq_("blk.0.attn_q.weight", config.n_head * config.head_dim, 2 * config.d, true, true),
@@ -43,10 +43,12 @@ EagleDrafter::EagleDrafter(const EagleConfig& config, int64_t max_rows)
       w_up_("blk.0.ffn_up.weight", config.ffn, config.d, true, true),
       w_down_("blk.0.ffn_down.weight", config.d, config.ffn, true, true),
       out_norm_("output_norm.weight", config.d, 1, true, false),
-      head_("output.weight", config.vocab, config.d, config.train_head, true) {
+      head_(config.train_head
+                ? Param("output.weight", config.head_rows(), config.d, true, true)
+                : target_weight("output.weight", config.head_rows(), config.d, target_weights)) {
   if (cfg_.d <= 0 || cfg_.n_head <= 0 || cfg_.n_kv_head <= 0 || cfg_.n_head % cfg_.n_kv_head != 0 ||
       cfg_.head_dim <= 0 || cfg_.head_dim % 2 != 0 || cfg_.ffn <= 0 || cfg_.vocab <= 0 || cfg_.n_taps <= 0 ||
-      cfg_.n_layer < 1)
+      cfg_.n_layer < 1 || cfg_.head_rows() > cfg_.vocab)
     throw Error(
         "EAGLE drafter shape: widths must be positive, the head size even and n_head a multiple of "
         "n_kv_head");
@@ -163,6 +165,10 @@ LossStats EagleDrafter::forward_backward(const EagleBatch& b, Compute& c, bool b
                 " attention mask");
   if (b.targets.rows != R)
     throw Error("an EAGLE batch needs targets for each of its " + std::to_string(R) + " rows");
+  if (emb_.value.empty() || head_.value.empty())
+    throw Error(
+        "this EAGLE drafter holds no copies of the target's embedding and head: it drafts but cannot train; "
+        "build it with target_weights and copy them in (copy_target_weights)");
   const int64_t T = b.tap_rows < 0 ? R : b.tap_rows;
   if (T > R || (T < R && b.given_g == nullptr))
     throw Error("an EAGLE batch's rows past tap_rows (" + std::to_string(T) + " of " + std::to_string(R) +

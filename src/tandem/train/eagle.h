@@ -3,7 +3,9 @@
 // RMSNorm(embedding of the next token) ++ RMSNorm(g), with g as the residual; post-attention RMSNorm, SwiGLU
 // MLP; then n_layer - 1 plain pre-norm Llama decoder layers of the same shape; a final RMSNorm and the
 // output head, trained with soft cross-entropy against the target's distribution. The embedding is the
-// target's and frozen; the head is the target's (frozen) or the drafter's own (trainable).
+// target's and frozen; the head is the target's (frozen) or the drafter's own (trainable). With a reduced
+// draft vocabulary (EagleConfig::draft_vocab) the head scores those tokens only, and the targets are given
+// over draft ids (drafter_data.h restricts them).
 //
 // forward_backward runs one batch of rows (one or more sequences under one attention mask) and keeps every
 // activation it needs in buffers sized once for max_rows.
@@ -26,13 +28,19 @@ struct EagleConfig {
   int64_t n_kv_head = 4;
   int64_t head_dim = 8;
   int64_t ffn = 172;
-  int64_t vocab = 512;
+  int64_t vocab = 512;  // the target's vocabulary (the embedding's rows)
+  // The reduced draft vocabulary: draft id i is target id draft_vocab[i]; the head scores these tokens
+  // only. Empty: the whole vocabulary.
+  std::vector<int32_t> draft_vocab;
   int64_t n_taps = 3;   // tapped target layers
   int64_t n_layer = 1;  // decoder layers (>= 1): the first reads the embedding and g, the rest plain
   float rope_theta = 10000.0f;
   RopeLayout rope_layout = RopeLayout::kInterleaved;
   float norm_eps = 1e-5f;
   bool train_head = false;
+
+  // Rows of the head: the draft vocabulary's size.
+  int64_t head_rows() const { return draft_vocab.empty() ? vocab : static_cast<int64_t>(draft_vocab.size()); }
 };
 
 // One batch. Row i holds position pos[i] of its sequence: the target's tap features there, the token that
@@ -54,7 +62,10 @@ struct EagleBatch {
 
 class EagleDrafter {
  public:
-  EagleDrafter(const EagleConfig& config, int64_t max_rows);
+  // target_weights: whether to hold f32 copies of the target's embedding and (unless the head trains) head,
+  // frozen and filled by the caller, which training reads; a drafter that only drafts reads the target's
+  // own (EagleDraftSource) and holds none.
+  EagleDrafter(const EagleConfig& config, int64_t max_rows, bool target_weights = true);
 
   // Fills the trainable weights from `seed` (uniform in +-sqrt(3 / fan_in) for matrices, 1 for norm gains)
   // and zeroes their gradients; the same seed gives the same bits on every machine.
@@ -62,12 +73,13 @@ class EagleDrafter {
 
   const EagleConfig& config() const { return cfg_; }
   Param& embedding() { return emb_; }  // [vocab, d], set from the target
-  Param& head() { return head_; }      // [vocab, d], set from the target (or trained)
+  Param& head() { return head_; }      // [head_rows, d], set from the target (or trained)
   // Every parameter in checkpoint order, frozen ones included.
   std::vector<Param*> params();
   void zero_grad();
 
-  // The batch's loss; with backward, also adds every trainable parameter's gradient.
+  // The batch's loss; with backward, also adds every trainable parameter's gradient. Throws tandem::Error
+  // when the drafter holds no copies of the target's weights.
   LossStats forward_backward(const EagleBatch& batch, Compute& c, bool backward = true);
 
   // The last batch's output hidden states before the final norm, [batch.rows, d]: the g that the next
@@ -112,7 +124,7 @@ class EagleDrafter {
   Param w_gate_, w_up_;  // [ffn, d]
   Param w_down_;         // [d, ffn]
   Param out_norm_;       // [d]
-  Param head_;           // [vocab, d]
+  Param head_;           // [head_rows, d]: the target head's rows of the draft vocabulary, or the drafter's
 
   // Activations, [max_rows, width] each (width in the comment), and their gradients.
   std::vector<float> g_, e_, ne_, ng_;      // d

@@ -43,6 +43,11 @@ void validate_targets(const SoftTargets& t, int64_t vocab) {
         throw Error("soft target probability at " + where(r, e) + " is negative or not finite");
       if (t.ids == nullptr) continue;
       const int32_t id = t.ids[r * t.top_k + e];
+      if (id == -1) {
+        if (t.probs[r * t.top_k + e] != 0)
+          throw Error("soft target entry at " + where(r, e) + " is unused (id -1) but has a probability");
+        continue;
+      }
       if (id < 0 || id >= vocab)
         throw Error("soft target id " + std::to_string(id) + " at " + where(r, e) +
                     " is outside the vocabulary of " + std::to_string(vocab));
@@ -90,9 +95,11 @@ LossStats head_soft_cross_entropy(Param& head, const float* h, const SoftTargets
         double loss = 0, listed = 0;
         int64_t best = 0;
         for (int64_t e = 0; e < K; ++e) {
-          loss -= static_cast<double>(p[e]) * (zr[ids != nullptr ? ids[e] : e] - zmax);
+          const int64_t id = ids != nullptr ? ids[e] : e;
+          if (id < 0) continue;  // an unused entry
+          loss -= static_cast<double>(p[e]) * (zr[id] - zmax);
           listed += p[e];
-          if (p[e] > p[best]) best = e;
+          if (p[e] > p[best] || (ids != nullptr && ids[best] < 0)) best = e;
         }
         kernels::softmax(zr, V, 1.0f, 0.0f);
         loss -= listed * std::log(static_cast<double>(zr[arg]));
@@ -104,7 +111,8 @@ LossStats head_soft_cross_entropy(Param& head, const float* h, const SoftTargets
           // The listed ids are marked by negating their probabilities (q >= 0), so that the left-over mass
           // is summed over exactly the other tokens (no cancellation when it is small) and the pass over all
           // tokens below leaves the listed ones alone.
-          for (int64_t e = 0; e < K; ++e) zr[ids[e]] = -zr[ids[e]];
+          for (int64_t e = 0; e < K; ++e)
+            if (ids[e] >= 0) zr[ids[e]] = -zr[ids[e]];
           double rest_q = 0;
           if (rest > 0) {
             for (int64_t j = 0; j < V; ++j) rest_q += std::max(zr[j], 0.0f);
@@ -117,13 +125,14 @@ LossStats head_soft_cross_entropy(Param& head, const float* h, const SoftTargets
             for (int64_t j = 0; j < V; ++j)
               if (!(zr[j] < 0)) zr[j] = static_cast<float>(zr[j] * factor);
             for (int64_t e = 0; e < K; ++e) {
+              if (ids[e] < 0) continue;
               const double q = -static_cast<double>(zr[ids[e]]);
               zr[ids[e]] = static_cast<float>(coef * (q * total - p[e]));
             }
           }
         }
         row_loss[lr] = counted ? static_cast<float>(loss * (t.weight != nullptr ? t.weight[r] : 1.0)) : 0.0f;
-        row_agree[lr] = counted && (ids != nullptr ? ids[best] : best) == arg ? 1.0f : 0.0f;
+        row_agree[lr] = counted && (ids != nullptr ? ids[best] : best) == arg ? 1.0f : 0.0f;  // -1 never
       }
     });
     for (int64_t lr = 0; lr < cr; ++lr) {

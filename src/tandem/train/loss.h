@@ -4,7 +4,9 @@
 // one more outcome, "any token outside the top k", whose drafter probability is the sum of q over those
 // tokens:
 //   L_row = -sum_{i in top-k} p_i log q_i - r log(sum_{j not in top-k} q_j)
-// (the full cross-entropy when k is the whole vocabulary or r = 0). The loss of a batch is
+// (the full cross-entropy when k is the whole vocabulary or r = 0). A row may list fewer than k ids: its
+// unused entries hold id -1 and probability 0 (a target restricted to a reduced draft vocabulary keeps only
+// the ids inside it). The loss of a batch is
 //   sum_row mask_row * weight_row * L_row / sum_row mask_row
 // (0 when every row is masked): per-position weights carry the unrolled step's or block slot's decay, the
 // mask drops rows that teach nothing (prompt tokens, padding).
@@ -20,7 +22,8 @@ namespace tandem::train {
 struct SoftTargets {
   int64_t rows = 0;
   int64_t top_k = 0;              // entries per row; the vocabulary size when ids is null (full rows)
-  const int32_t* ids = nullptr;   // [rows, top_k] distinct vocabulary ids, or null: row r lists every id
+  const int32_t* ids = nullptr;   // [rows, top_k] distinct vocabulary ids or -1 (an unused entry, of
+                                  // probability 0), or null: row r lists every id
   const float* probs = nullptr;   // [rows, top_k] target probabilities (>= 0)
   const float* rest = nullptr;    // [rows] mass outside the listed ids (>= 0); null: 0
   const float* weight = nullptr;  // [rows] per-position loss weight; null: 1
@@ -33,8 +36,9 @@ struct LossStats {
   int64_t agree = 0;    // counted rows where the drafter's argmax is the target's most probable id
 };
 
-// Throws tandem::Error naming the row and entry when an id is out of range or repeated within a row, or a
-// probability, left-over mass or weight is negative or not finite.
+// Throws tandem::Error naming the row and entry when an id is out of range or repeated within a row, an
+// unused entry (-1) has a probability other than 0, or a probability, left-over mass or weight is negative or
+// not finite.
 void validate_targets(const SoftTargets& t, int64_t vocab);
 
 // The loss of hidden rows h under head W. With dh, also its gradient: dh (overwritten) and, when the head

@@ -11,6 +11,15 @@ Param::Param(std::string name_, int64_t rows_, int64_t cols_, bool trainable_, b
   if (trainable_) grad.assign(value.size(), 0.0f);
 }
 
+Param target_weight(const std::string& name, int64_t rows, int64_t cols, bool held) {
+  if (held) return Param(name, rows, cols, false, false);
+  Param p;
+  p.name = name;
+  p.rows = rows;
+  p.cols = cols;
+  return p;
+}
+
 void Param::zero_grad() {
   std::fill(grad.begin(), grad.end(), 0.0f);
 }

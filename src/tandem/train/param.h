@@ -31,6 +31,10 @@ struct Param {
   void zero_grad();
 };
 
+// A frozen [rows, cols] parameter holding the target's weights (the drafters' embedding and head), with its
+// values (zeros) only when `held`: a drafter that only drafts reads the target's own and holds none.
+Param target_weight(const std::string& name, int64_t rows, int64_t cols, bool held);
+
 // Buffers an operation borrows for the length of one call, grown to the largest request (so steady-state
 // calls do not allocate). Slots are independent; one operation at a time uses a Scratch.
 class Scratch {
