@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -85,7 +86,8 @@ std::vector<std::vector<int32_t>> golden_prompts() {
 }
 
 std::vector<int32_t> run(const model::Model& m, ThreadPool& pool, DraftSource* source,
-                         std::span<const int32_t> prompt, int depth, engine::SpecStats* stats = nullptr) {
+                         std::span<const int32_t> prompt, int depth, engine::SpecStats* stats = nullptr,
+                         int tree_nodes = 0) {
   model::Session s(m, pool, model::SessionOptions{});
   std::vector<int32_t> out;
   const auto keep = [&](int32_t t) { return out.push_back(t), true; };
@@ -101,6 +103,7 @@ std::vector<int32_t> run(const model::Model& m, ThreadPool& pool, DraftSource* s
   o.generate.sampling.temperature = 0.0f;
   o.draft_max = depth;
   o.use_gate = false;
+  o.tree_nodes = tree_nodes;
   const engine::SpecStats st = engine::generate_speculative(s, *source, prompt, o, keep, nullptr);
   if (stats) *stats = st;
   return out;
@@ -188,6 +191,60 @@ void feed_taps(const Trained& t, DflashDraftSource& source, std::span<const int3
         source.on_target_hidden(layer, {h, static_cast<size_t>(rows * t.target->config().n_embd)}, rows, 0);
   };
   s.eval(text.first(text.size() - 1), false, &fn);
+}
+
+// Trees from one block (the chain of each row's best token, siblings where a row is unsure): greedy output
+// equals the chain's and plain greedy's on every public prompt at several node budgets, and after each tree
+// generation the drafter's taps, context and next proposal equal a fresh drafter's fed a plain forward over
+// the committed text.
+TEST(DflashDrafter, TreeEqualsChainEqualsPlainGreedyAndLeavesAFreshState) {
+  Trained& t = trained();
+  const int64_t n_ctx = model::default_context(*t.target, 0);
+  auto used =
+      DflashDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool, n_ctx);
+  auto fresh =
+      DflashDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool, n_ctx);
+  DraftSettings greedy;
+  greedy.sampling.temperature = 0.0f;
+  engine::SpecStats small, large;
+  int branched = 0;
+  for (const auto& prompt : golden_prompts()) {
+    const std::vector<int32_t> plain = run(*t.target, *t.pool, nullptr, prompt, 0);
+    ASSERT_EQ(run(*t.target, *t.pool, used.get(), prompt, 4), plain);
+    engine::SpecStats st;
+    ASSERT_EQ(run(*t.target, *t.pool, used.get(), prompt, 8, &st, 3), plain) << "3 nodes";
+    small.add(st);
+    const std::vector<int32_t> tree = run(*t.target, *t.pool, used.get(), prompt, 8, &st, 12);
+    ASSERT_EQ(tree, plain) << "12 nodes";
+    large.add(st);
+
+    std::vector<int32_t> text = prompt;
+    text.insert(text.end(), tree.begin(), tree.end());
+    const auto n = static_cast<int64_t>(text.size());
+    ASSERT_EQ(used->tap_store().length(), n - 1);
+    fresh->begin(text, greedy);
+    feed_taps(t, *fresh, text);
+    const std::span<const float> a = used->tap_store().rows(0, n - 1), b = fresh->tap_store().rows(0, n - 1);
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "taps after the tree rounds";
+    Draft x, y;
+    used->propose_tree(text, 8, 8, x);
+    fresh->propose_tree(text, 8, 8, y);
+    EXPECT_EQ(x.tokens, y.tokens);
+    EXPECT_EQ(x.tree.parent, y.tree.parent);
+    branched += x.tree.size() > static_cast<size_t>(x.tree.max_depth()) ? 1 : 0;
+    ASSERT_EQ(used->cache_length(), fresh->cache_length());
+    EXPECT_EQ(0, std::memcmp(used->cached_keys(0).data(), fresh->cached_keys(0).data(),
+                             used->cached_keys(0).size() * sizeof(float)));
+    used->accept(text, 0);
+    fresh->accept(text, 0);
+  }
+  for (const engine::SpecStats* st : {&small, &large}) {
+    EXPECT_GT(st->tree_rounds, 0);
+    EXPECT_GT(st->accepted, 0);
+    EXPECT_LT(st->accepted, st->drafted);
+  }
+  EXPECT_GT(large.drafted, small.drafted) << "a larger budget verifies more nodes";
+  EXPECT_GT(branched, 0) << "no proposal branched";
 }
 
 TEST(DflashDrafter, RollbackLeavesTheCacheEqualToAFreshRun) {
@@ -344,35 +401,55 @@ TEST(DflashDrafter, SampledFirstTokenFollowsTheTargetDistribution) {
   params.min_p = 0.0f;
   model::Session s(*t.target, *t.pool, model::SessionOptions{});
   sampling::Sampler sampler(params);
-  std::vector<int32_t> prompt;
-  sampling::Distribution p, candidate;
-  for (const std::vector<int32_t>& g : golden_prompts()) {
-    s.truncate(0);
-    sampler.distribution(s.eval(g), g, candidate);
-    if (candidate.size() > p.size()) prompt = g, p = candidate;
-  }
-  ASSERT_GE(p.size(), 4u);
   constexpr int kRuns = 1200;
-  std::map<int32_t, int> counts;
-  engine::SpecStats total;
-  for (int seed = 0; seed < kRuns; ++seed) {
-    engine::SpecOptions o;
-    o.generate.max_tokens = 4;
-    o.generate.sampling = params;
-    o.generate.sampling.seed = 1000 + static_cast<uint64_t>(seed);
-    o.draft_max = 4;
-    o.use_gate = false;
-    int32_t first = -1;
-    s.truncate(0);
-    total.add(engine::generate_speculative(
-        s, src, prompt, o, [&](int32_t x) { return first = x, false; }, nullptr));
-    ++counts[first];
+  for (int tree_nodes : {0, 8}) {  // chains, and trees (deterministic nodes, sibling rejection sampling)
+    // The golden prompt of the widest p; for trees, among those where a child of the tree's root has a
+    // target probability in [0.02, 0.98] (the tree is the same in every run), so that rounds both accept
+    // and reject.
+    std::vector<int32_t> prompt;
+    sampling::Distribution p, candidate;
+    for (const std::vector<int32_t>& g : golden_prompts()) {
+      s.truncate(0);
+      sampler.distribution(s.eval(g), g, candidate);
+      if (candidate.size() <= p.size()) continue;
+      bool uncertain = tree_nodes == 0;
+      if (!uncertain) {
+        src.begin(g, {});
+        feed_taps(t, src, g);
+        Draft tree;
+        src.propose_tree(g, tree_nodes, 4, tree);
+        src.accept(g, 0);
+        for (size_t i = 0; i < tree.tokens.size(); ++i) {
+          const float px = candidate.prob_of(tree.tokens[i]);
+          uncertain = uncertain || (tree.tree.parent[i] < 0 && px >= 0.02f && px <= 0.98f);
+        }
+      }
+      if (uncertain) prompt = g, p = candidate;
+    }
+    ASSERT_GE(p.size(), 4u) << tree_nodes << " nodes";
+    std::map<int32_t, int> counts;
+    engine::SpecStats total;
+    for (int seed = 0; seed < kRuns; ++seed) {
+      engine::SpecOptions o;
+      o.generate.max_tokens = 4;
+      o.generate.sampling = params;
+      o.generate.sampling.seed = 1000 + static_cast<uint64_t>(seed);
+      o.draft_max = 4;
+      o.use_gate = false;
+      o.tree_nodes = tree_nodes;
+      int32_t first = -1;
+      s.truncate(0);
+      total.add(engine::generate_speculative(
+          s, src, prompt, o, [&](int32_t x) { return first = x, false; }, nullptr));
+      ++counts[first];
+    }
+    EXPECT_GT(total.accepted, 0) << tree_nodes << " nodes";
+    EXPECT_LT(total.accepted, total.drafted) << tree_nodes << " nodes";
+    EXPECT_EQ(total.tree_rounds, tree_nodes > 0 ? kRuns : 0);
+    const testing::ChiSquare c = testing::chi_square(p.ids, p.probs, counts, kRuns);
+    EXPECT_EQ(c.outside, 0) << "a token outside the target's top-p set was sampled";
+    EXPECT_LT(c.chi2, testing::chi2_critical_1e4(c.bins - 1)) << tree_nodes << " nodes";
   }
-  EXPECT_GT(total.accepted, 0);
-  EXPECT_LT(total.accepted, total.drafted);
-  const testing::ChiSquare c = testing::chi_square(p.ids, p.probs, counts, kRuns);
-  EXPECT_EQ(c.outside, 0) << "a token outside the target's top-p set was sampled";
-  EXPECT_LT(c.chi2, testing::chi2_critical_1e4(c.bins - 1));
 }
 
 TEST(DflashDrafter, TrainingRepeatsForAFixedSeed) {

@@ -3,7 +3,10 @@
 // golden prompt at depths 1..8; a drafter is refused by another target, saying what differs; training repeats
 // bit for bit for a fixed seed; a probe proposal leaves the drafter's cache as it was; training stopped and
 // resumed (in the library, and by SIGINT to `tandem train-drafter`) ends with the weights of a run never
-// stopped; `tandem info` describes a drafter.
+// stopped; `tandem info` describes a drafter. Draft trees: tree == chain == plain greedy on every public
+// prompt at several node budgets, a one-branch tree is the chain, after every tree round the drafter's taps
+// and cache equal a fresh drafter's on the committed text, and sampled tree rounds keep the first token's
+// distribution (chi-square).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -118,7 +121,8 @@ std::vector<std::vector<int32_t>> golden_prompts() {
 }
 
 std::vector<int32_t> run(const model::Model& m, ThreadPool& pool, DraftSource* source,
-                         std::span<const int32_t> prompt, int depth, engine::SpecStats* stats = nullptr) {
+                         std::span<const int32_t> prompt, int depth, engine::SpecStats* stats = nullptr,
+                         int tree_nodes = 0) {
   model::Session s(m, pool, model::SessionOptions{});
   std::vector<int32_t> out;
   const auto keep = [&](int32_t t) { return out.push_back(t), true; };
@@ -134,6 +138,7 @@ std::vector<int32_t> run(const model::Model& m, ThreadPool& pool, DraftSource* s
   o.generate.sampling.temperature = 0.0f;
   o.draft_max = depth;
   o.use_gate = false;
+  o.tree_nodes = tree_nodes;
   const engine::SpecStats st = engine::generate_speculative(s, *source, prompt, o, keep, nullptr);
   if (stats) *stats = st;
   return out;
@@ -154,6 +159,236 @@ TEST(EagleDrafter, GreedyOutputEqualsPlainGreedyAtEveryDepth) {
     }
   }
   EXPECT_GT(accepted, 0) << "the trained drafter never had a draft accepted";
+}
+
+TEST(EagleDrafter, TreeEqualsChainEqualsPlainGreedyOnEveryPublicPrompt) {
+  Trained& t = trained();
+  auto source = EagleDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool,
+                                       model::default_context(*t.target, 0));
+  engine::SpecStats chain_stats;
+  std::map<int, engine::SpecStats> tree_stats;
+  for (const auto& prompt : golden_prompts()) {
+    const std::vector<int32_t> plain = run(*t.target, *t.pool, nullptr, prompt, 0);
+    engine::SpecStats st;
+    ASSERT_EQ(run(*t.target, *t.pool, source.get(), prompt, 4, &st), plain);
+    chain_stats.add(st);
+    for (int nodes : {2, 5, 12, 24}) {
+      ASSERT_EQ(run(*t.target, *t.pool, source.get(), prompt, 8, &st, nodes), plain)
+          << nodes << " nodes, prompt of " << prompt.size() << " tokens";
+      tree_stats[nodes].add(st);
+    }
+  }
+  for (const auto& [nodes, st] : tree_stats) {
+    EXPECT_GT(st.tree_rounds, 0) << nodes << " nodes";
+    EXPECT_GT(st.accepted, 0) << nodes << " nodes";
+    EXPECT_LT(st.accepted, st.drafted) << nodes << " nodes";
+  }
+  EXPECT_GT(tree_stats[12].drafted, tree_stats[2].drafted) << "a larger budget verifies more nodes";
+}
+
+// With one child per node a tree is the chain: the same drafts, each node's row the bits of the chain's row
+// for the same draft (the last node's output hidden state equals the chain's last row's).
+TEST(EagleDrafter, OneBranchTreeIsTheChain) {
+  Trained& t = trained();
+  auto source = EagleDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool,
+                                       model::default_context(*t.target, 0));
+  source->tree_branch = 1;
+  const std::vector<int32_t> prompt = golden_prompts().front();
+  model::Session s(*t.target, *t.pool, model::SessionOptions{});
+  DraftSettings settings;
+  settings.sampling.temperature = 0.0f;
+  source->begin(prompt, settings);
+  const auto layers = source->target_layers();
+  const model::CaptureFn fn = [&](int64_t layer, const float* h, int64_t rows) {
+    for (int64_t l : layers)
+      if (l == layer)
+        source->on_target_hidden(layer, {h, static_cast<size_t>(rows * t.target->config().n_embd)}, rows, 0);
+  };
+  s.eval(std::span<const int32_t>(prompt).first(prompt.size() - 1), false, &fn);
+  Draft chain, tree;
+  source->propose(prompt, 6, chain);
+  ASSERT_EQ(chain.tokens.size(), 6u);
+  // The chain's last row ran for its fifth draft; the tree's last forward evaluated its fifth node too.
+  const std::vector<float> chain_last(source->last_hidden().begin(), source->last_hidden().end());
+  source->accept(prompt, 0);
+  source->propose_tree(prompt, 6, 6, tree);
+  EXPECT_EQ(tree.tokens, chain.tokens);
+  EXPECT_EQ(tree.tree.parent, (std::vector<int32_t>{-1, 0, 1, 2, 3, 4}));
+  ASSERT_EQ(tree.score.size(), 6u);
+  for (size_t i = 1; i < tree.score.size(); ++i) {
+    EXPECT_LE(tree.score[i], tree.score[i - 1]);
+    EXPECT_GT(tree.score[i], 0.0f);
+  }
+  EXPECT_FALSE(tree.sampled);
+  const std::vector<float> tree_last(source->last_hidden().begin(), source->last_hidden().end());
+  EXPECT_EQ(tree_last, chain_last);
+  source->accept(prompt, 0);
+  EXPECT_EQ(source->cache_length(), static_cast<int64_t>(prompt.size()) - 1);
+}
+
+// Forwards every call to an EAGLE source and, after each round settles, checks it against a fresh source
+// given the taps of a plain target forward over the committed text: the same taps, bit for bit, and the
+// same next proposals (chain and tree) with the same cache.
+class CheckedEagle final : public DraftSource {
+ public:
+  CheckedEagle(EagleDraftSource& used, EagleDraftSource& fresh, const model::Model& target, ThreadPool& pool)
+      : used_(used), fresh_(fresh), target_(target), pool_(pool) {}
+  std::string_view kind() const override { return used_.kind(); }
+  void begin(std::span<const int32_t> prompt, const DraftSettings& settings) override {
+    settings_ = settings;
+    used_.begin(prompt, settings);
+  }
+  void propose(std::span<const int32_t> committed, int max_depth, Draft& out) override {
+    used_.propose(committed, max_depth, out);
+  }
+  void propose_tree(std::span<const int32_t> committed, int max_nodes, int max_depth, Draft& out) override {
+    used_.propose_tree(committed, max_nodes, max_depth, out);
+    trees_ += out.tree.empty() ? 0 : 1;
+  }
+  bool follows_tree_rows() const override { return used_.follows_tree_rows(); }
+  void on_tree_kept(int64_t base, std::span<const int32_t> rows) override {
+    for (size_t i = 0; i < rows.size(); ++i) moved_ += rows[i] != static_cast<int32_t>(i) ? 1 : 0;
+    used_.on_tree_kept(base, rows);
+  }
+  std::span<const int64_t> target_layers() const override { return used_.target_layers(); }
+  void on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
+                        int64_t first_pos) override {
+    used_.on_target_hidden(layer, hidden, n_rows, first_pos);
+  }
+  void accept(std::span<const int32_t> committed, int n_accepted) override {
+    used_.accept(committed, n_accepted);
+    ++rounds_;
+    const auto n = static_cast<int64_t>(committed.size());
+    ASSERT_EQ(used_.tap_store().length(), n - 1);
+    // A fresh source fed by a plain forward over the committed text but its last token.
+    fresh_.begin(committed, settings_);
+    model::Session s(target_, pool_, model::SessionOptions{});
+    const auto layers = fresh_.target_layers();
+    const model::CaptureFn fn = [&](int64_t layer, const float* h, int64_t rows) {
+      for (int64_t l : layers)
+        if (l == layer)
+          fresh_.on_target_hidden(layer, {h, static_cast<size_t>(rows * target_.config().n_embd)}, rows, 0);
+    };
+    s.eval(committed.first(static_cast<size_t>(n - 1)), false, &fn);
+    const std::span<const float> a = used_.tap_store().rows(0, n - 1), b = fresh_.tap_store().rows(0, n - 1);
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "taps after round " << rounds_;
+    Draft x, y;
+    used_.propose(committed, 3, x);
+    fresh_.propose(committed, 3, y);
+    EXPECT_EQ(x.tokens, y.tokens) << "round " << rounds_;
+    ASSERT_EQ(used_.cache_length(), fresh_.cache_length());
+    EXPECT_EQ(0, std::memcmp(used_.cached_keys().data(), fresh_.cached_keys().data(),
+                             used_.cached_keys().size() * sizeof(float)))
+        << "drafter cache after round " << rounds_;
+    used_.accept(committed, 0);
+    fresh_.accept(committed, 0);
+    used_.propose_tree(committed, 10, 4, x);
+    fresh_.propose_tree(committed, 10, 4, y);
+    EXPECT_EQ(x.tokens, y.tokens) << "round " << rounds_;
+    EXPECT_EQ(x.tree.parent, y.tree.parent) << "round " << rounds_;
+    used_.accept(committed, 0);
+  }
+  int rounds_ = 0, trees_ = 0, moved_ = 0;  // moved_: tap rows a kept path moved
+
+ private:
+  EagleDraftSource& used_;
+  EagleDraftSource& fresh_;
+  const model::Model& target_;
+  ThreadPool& pool_;
+  DraftSettings settings_;
+};
+
+TEST(EagleDrafter, AfterEveryTreeRoundTheDrafterEqualsAFreshOne) {
+  Trained& t = trained();
+  const int64_t n_ctx = model::default_context(*t.target, 0);
+  auto used =
+      EagleDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool, n_ctx);
+  auto fresh =
+      EagleDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool, n_ctx);
+  const auto prompts = golden_prompts();
+  engine::SpecStats total;
+  int moved = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    CheckedEagle checked(*used, *fresh, *t.target, *t.pool);
+    engine::SpecStats st;
+    EXPECT_EQ(run(*t.target, *t.pool, &checked, prompts[i], 6, &st, 10),
+              run(*t.target, *t.pool, nullptr, prompts[i], 0));
+    EXPECT_EQ(checked.rounds_, st.target_forwards) << "every target forward settles a round";
+    EXPECT_GT(checked.trees_, 0);
+    total.add(st);
+    moved += checked.moved_;
+  }
+  EXPECT_GT(total.tree_rounds, 0);
+  EXPECT_GT(total.accepted, 0);
+  EXPECT_GT(moved, 0) << "no accepted path ran through a node past the first path";
+}
+
+// Sampled generations with EAGLE trees (deterministic nodes, verified by recursive rejection sampling over
+// siblings): the first committed token follows the target sampler's p at the prompt, by a one-sample
+// chi-square over bins of expected count >= 5.
+TEST(EagleDrafter, SampledTreesKeepTheFirstTokensDistribution) {
+  Trained& t = trained();
+  constexpr int kRuns = 1200;
+  auto source = EagleDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool,
+                                       model::default_context(*t.target, 0));
+  sampling::Params params;
+  params.temperature = 1.0f;
+  params.top_k = 0;
+  params.top_p = 0.9f;
+  params.min_p = 0.0f;
+  // The prompt: the shortest head of a story at which a child of the drafter's tree root has a target
+  // probability in [0.02, 0.98], so that rounds both accept and reject.
+  const std::vector<int32_t> text = {1,   403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395,
+                                     317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265,
+                                     282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352, 266};
+  sampling::Sampler sampler(params);
+  sampling::Distribution p;
+  std::vector<int32_t> prompt;
+  const auto layers = source->target_layers();
+  for (size_t n = 5; n < text.size() && prompt.empty(); ++n) {
+    const std::span<const int32_t> head(text.data(), n);
+    model::Session s(*t.target, *t.pool, model::SessionOptions{});
+    source->begin(head, {});
+    const model::CaptureFn fn = [&](int64_t layer, const float* h, int64_t rows) {
+      for (int64_t l : layers)
+        if (l == layer)
+          source->on_target_hidden(layer, {h, static_cast<size_t>(rows * t.target->config().n_embd)}, rows,
+                                   0);
+    };
+    s.eval(head.first(n - 1), false, &fn);
+    Draft tree;
+    source->propose_tree(head, 8, 4, tree);
+    source->accept(head, 0);
+    sampler.distribution(s.eval(head.subspan(n - 1)), head, p);
+    for (size_t i = 0; i < tree.tokens.size(); ++i) {
+      const float px = p.prob_of(tree.tokens[i]);
+      if (tree.tree.parent[i] < 0 && px >= 0.02f && px <= 0.98f) prompt.assign(head.begin(), head.end());
+    }
+  }
+  ASSERT_FALSE(prompt.empty());
+  std::map<int32_t, int> counts;
+  engine::SpecStats total;
+  for (int seed = 0; seed < kRuns; ++seed) {
+    engine::SpecOptions o;
+    o.generate.max_tokens = 6;
+    o.generate.sampling = params;
+    o.generate.sampling.seed = 5000 + static_cast<uint64_t>(seed);
+    o.draft_max = 4;
+    o.use_gate = false;
+    o.tree_nodes = 8;
+    std::vector<int32_t> out;
+    model::Session run_session(*t.target, *t.pool, model::SessionOptions{});
+    total.add(engine::generate_speculative(
+        run_session, *source, prompt, o, [&](int32_t x) { return out.push_back(x), false; }, nullptr));
+    ++counts[out.at(0)];
+  }
+  EXPECT_EQ(total.tree_rounds, kRuns);
+  EXPECT_GT(total.accepted, 0);
+  EXPECT_LT(total.accepted, total.drafted);
+  const testing::ChiSquare c = testing::chi_square(p.ids, p.probs, counts, kRuns);
+  EXPECT_EQ(c.outside, 0) << "a token outside the target's top-p set was sampled";
+  ASSERT_GE(c.bins, 3);
+  EXPECT_LT(c.chi2, testing::chi2_critical_1e4(c.bins - 1));
 }
 
 // Drafting runs the network training runs, at every depth of layers: the source's output hidden state of
@@ -538,7 +773,11 @@ TEST(EagleDrafter, ReducedVocabularyKeepsGreedyOutputAndDraftsOnlyItsTokens) {
           << "depth " << depth << ", prompt of " << prompt.size() << " tokens";
       accepted += st.accepted;
     }
-    // The source holds the taps of the whole text now: drafts from every prefix of it.
+    engine::SpecStats tree_stats;
+    EXPECT_EQ(run(*t.target, *t.pool, source.get(), prompt, 8, &tree_stats, 12), plain)
+        << "trees of 12 nodes";
+    EXPECT_GT(tree_stats.tree_rounds, 0);
+    // The source holds the taps of the whole text now: drafts (chains and trees) from every prefix of it.
     std::vector<int32_t> text = prompt;
     text.insert(text.end(), plain.begin(), plain.end() - 1);
     Draft d;
@@ -546,6 +785,12 @@ TEST(EagleDrafter, ReducedVocabularyKeepsGreedyOutputAndDraftsOnlyItsTokens) {
       source->propose(std::span<const int32_t>(text).first(n), 8, d);
       for (int32_t x : d.tokens) {
         EXPECT_EQ(inside.count(x), 1u) << "drafted token " << x << " is outside the draft vocabulary";
+        ++drafts;
+      }
+      source->accept(std::span<const int32_t>(text).first(n), 0);
+      source->propose_tree(std::span<const int32_t>(text).first(n), 12, 6, d);
+      for (int32_t x : d.tokens) {
+        EXPECT_EQ(inside.count(x), 1u) << "tree node " << x << " is outside the draft vocabulary";
         ++drafts;
       }
       source->accept(std::span<const int32_t>(text).first(n), 0);

@@ -1,6 +1,7 @@
 // The tap store of the drafters that read the target (speculative/tap_store.h): captured layers land in their
 // tap's slot of each position's row, whole rows can be set, length() counts the leading positions every tap
-// has written, truncate() forgets rows past the committed text, and a range's view reads what was stored.
+// has written, truncate() forgets rows past the committed text, compact() moves a tree round's accepted path
+// into place, and a range's view reads what was stored.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -94,6 +95,36 @@ TEST(TapStore, SetWritesWholeRows) {
   EXPECT_EQ(std::vector<float>(row1.begin(), row1.end()), (std::vector<float>{5, 6, 9, 10}));
   store.set(7, rows);  // only the first row fits
   EXPECT_EQ(store.rows(7, 1)[3], 4.0f);
+}
+
+// A tree round's verify forward wrote a row per window row from position 5 (the pending token, then the
+// tree's nodes); the accepted path keeps window rows 0, 2 and 5, which move to positions 5, 6 and 7 as the
+// target's cache moves them, and the rows past them are forgotten.
+TEST(TapStore, CompactMovesATreesAcceptedPathIntoPlace) {
+  const int64_t w = 2;
+  TapStore store({3, 1}, 2, w, 16, "test");
+  for (int64_t layer : {1, 3}) store.capture(layer, layer_rows(layer, 0, 12, w), 12, 0);
+  ASSERT_EQ(store.length(), 12);
+  const std::vector<int32_t> kept = {0, 2, 5};
+  store.compact(5, kept);
+  EXPECT_EQ(store.length(), 8);
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const std::span<const float> row = store.rows(5 + static_cast<int64_t>(i), 1);
+    const int64_t from = 5 + kept[i];
+    EXPECT_EQ(
+        std::vector<float>(row.begin(), row.end()),
+        (std::vector<float>{static_cast<float>(3000 + from * 10), static_cast<float>(3000 + from * 10 + 1),
+                            static_cast<float>(1000 + from * 10), static_cast<float>(1000 + from * 10 + 1)}))
+        << "kept row " << i;
+  }
+  EXPECT_EQ(store.rows(4, 1)[0], 3040.0f) << "rows before the tree stay";
+  // A tap that had not written every window row keeps only the moved rows it had written.
+  TapStore part({3, 1}, 2, w, 16, "test");
+  part.capture(3, layer_rows(3, 0, 12, w), 12, 0);
+  part.capture(1, layer_rows(1, 0, 8, w), 8, 0);
+  part.compact(5, kept);
+  EXPECT_EQ(part.length(), 7) << "window row 2 (position 7) was written, row 5 (position 10) was not";
+  EXPECT_THROW(part.compact(5, std::vector<int32_t>{0, 3, 2}), Error);
 }
 
 TEST(TapStore, RefusesAShapeThatDoesNotFitTheDrafter) {

@@ -537,6 +537,38 @@ TEST_F(TreeModel, RefusesTreesOnQuantizedKeyCaches) {
   }
 }
 
+// A drafter that reads the target's hidden states but does not follow a tree's rows (as the MTP layer) is
+// refused trees, with the way out.
+TEST_F(TreeModel, RefusesTreesFromADrafterThatDoesNotFollowTreeRows) {
+  struct Reader final : DraftSource {
+    std::string_view kind() const override { return "mtp"; }
+    void begin(std::span<const int32_t>, const DraftSettings&) override {}
+    void propose(std::span<const int32_t>, int, Draft& out) override { out.clear(); }
+    void accept(std::span<const int32_t>, int) override {}
+    std::span<const int64_t> target_layers() const override { return layers; }
+    std::vector<int64_t> layers = {1};
+  } reader;
+  ThreadPool pool(1);
+  model::Session s(*stories_, pool, options());
+  SpecOptions o;
+  o.tree_nodes = 8;
+  const std::vector<int32_t> prompt = {1, 403, 407};
+  try {
+    generate_speculative(
+        s, reader, prompt, o, [](int32_t) { return true; }, nullptr);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the mtp drafter reads the target's hidden states and drafts chains only"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("--tree-nodes 0"), std::string::npos) << what;
+  }
+  o.tree_nodes = 0;  // chains are fine
+  EXPECT_NO_THROW(generate_speculative(
+      s, reader, prompt, o, [](int32_t) { return true; }, nullptr));
+}
+
 TEST(TreeMamba, RefusesTreesOnRecurrentModels) {
   auto mamba = model::Model::load(testing::shared_path("models/synth/synth-mamba-d128-f32.gguf"));
   ThreadPool pool(1);

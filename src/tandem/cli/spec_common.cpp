@@ -30,10 +30,10 @@ void add_spec_options(CLI::App& cmd, SpecFlags& f, bool with_replay) {
   cmd.add_flag("--no-gate", f.no_gate,
                "Always draft --draft-max tokens instead of letting the adaptive gate choose");
   cmd.add_option("--tree-nodes", f.tree_nodes,
-                 "Draft a token tree of at most N nodes each round (--draft-model and --draft ngram branch "
-                 "where they are unsure), verified in one forward; --draft-max bounds its depth; each round "
-                 "verifies the draft model's best nodes that pay on the calibrated costs, all N with "
-                 "--no-gate (default 0: chains)");
+                 "Draft a token tree of at most N nodes each round (--draft-model, --drafter and --draft "
+                 "ngram branch where they are unsure), verified in one forward; --draft-max bounds "
+                 "its depth; each round verifies the drafter's best nodes that pay on the calibrated costs, "
+                 "all N with --no-gate (default 0: chains)");
   cmd.add_option("--ngram-min", f.ngram_min, "Shortest n-gram looked up by --draft ngram (default 2)");
   cmd.add_option("--ngram-max", f.ngram_max, "Longest n-gram looked up by --draft ngram (default 4)");
   if (with_replay)

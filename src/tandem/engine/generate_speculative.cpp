@@ -47,10 +47,10 @@ class Run {
     if (o_.tree_nodes < 0) throw Error("--tree-nodes must be 0 (chains) or a positive node budget");
     if (o_.tree_nodes > 0) {
       speculative::check_tree_target(target_.cache().store().geometry(), target_.cache().type());
-      if (!source_.target_layers().empty())
-        throw Error(
-            "draft trees need a drafter that does not read the target's hidden states; use chains "
-            "(--tree-nodes 0) with this drafter");
+      if (!source_.target_layers().empty() && !source_.follows_tree_rows())
+        throw Error("the " + std::string(source_.kind()) +
+                    " drafter reads the target's hidden states and drafts chains only (draft trees come from "
+                    "draft models, n-gram lookup, EAGLE and DFlash drafters); use chains (--tree-nodes 0)");
       if (options.generate.grammar)
         throw Error(
             "draft trees are not verified under an output grammar yet; use chains (--tree-nodes 0) with "
@@ -218,8 +218,12 @@ class Run {
       tree_parent_.push_back(draft_.tree.parent[i] + 1);
       tree_depth_.push_back(draft_.tree.depth[i]);
     }
+    // A drafter that reads the target receives a row per window row (DraftSource::follows_tree_rows).
+    capture_pos_ = target_.length();
+    std::fill(capture_rows_.begin(), capture_rows_.end(), 0);
     const std::span<const float> logits =
-        target_.eval_tree(window_, cache::TreeMask{target_.length(), tree_parent_, tree_depth_});
+        target_.eval_tree(window_, cache::TreeMask{target_.length(), tree_parent_, tree_depth_},
+                          capture_ ? &capture_ : nullptr);
     ++stats_.target_forwards;
     const auto depth = static_cast<size_t>(std::min<int32_t>(draft_.tree.max_depth(), o_.draft_max));
     ++stats_.depth_histogram[depth];

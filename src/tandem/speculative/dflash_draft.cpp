@@ -196,6 +196,7 @@ size_t DflashDraftSource::weight_bytes() const {
 
 void DflashDraftSource::begin(std::span<const int32_t> /*prompt*/, const DraftSettings& settings) {
   sampler_ = sampling::Sampler(settings.sampling);
+  tree_.begin(settings.sampling, tree_branch);
   sequence_ = settings.sequence_id;
   len_ = 0;
   ctx_len_ = 0;
@@ -366,6 +367,33 @@ void DflashDraftSource::propose(std::span<const int32_t> committed, int max_dept
   const Block block{this, committed[static_cast<size_t>(n - 1)], n - 1, depth};
   run_blocks(std::span<const Block>(&block, 1), w);
   draw(committed, w.logits.data(), depth, out);
+}
+
+void DflashDraftSource::propose_tree(std::span<const int32_t> committed, int max_nodes, int max_depth,
+                                     Draft& out) {
+  out.clear();
+  const auto n = static_cast<int64_t>(committed.size());
+  const int64_t depth = std::min<int64_t>(max_depth, cfg_.block);
+  if (n < 1 || depth < 1 || max_nodes < 1 || n - 1 > n_ctx_) return;
+  Rows& w = own_rows();
+  ctx_len_ = len_ = std::min(ctx_len_, n - 1);
+  while (ctx_len_ < n - 1) {
+    const Span span{this, std::min(w.ctx_rows, n - 1 - ctx_len_)};
+    extend_context(std::span<const Span>(&span, 1), w);
+  }
+  const Block block{this, committed[static_cast<size_t>(n - 1)], n - 1, depth};
+  run_blocks(std::span<const Block>(&block, 1), w);
+  // Row i's children hang from the chain's node at depth i (the committed text for row 0).
+  tree_.clear(n);
+  int32_t chain = -1;
+  for (int64_t i = 0; i < depth; ++i) {
+    tree_.path_text(chain, committed, history_);
+    const auto first = static_cast<int32_t>(tree_.size());
+    vocab_.expand(w.logits.data() + i * vocab_.size(), full_.data());
+    tree_.add_children(chain, full_, history_, tree_cover);
+    chain = first;  // the row's most probable token continues the chain
+  }
+  tree_.propose(max_nodes, out);
 }
 
 void DflashDraftSource::propose_batch(std::span<const DraftRequest> requests) {

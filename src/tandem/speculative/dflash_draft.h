@@ -20,6 +20,7 @@
 #include "tandem/kernels/matmul.h"
 #include "tandem/model/model.h"
 #include "tandem/speculative/draft_source.h"
+#include "tandem/speculative/dynamic_tree.h"
 #include "tandem/speculative/tap_store.h"
 #include "tandem/speculative/target_vocab.h"
 #include "tandem/train/checkpoint.h"
@@ -78,6 +79,20 @@ class DflashDraftSource final : public DraftSource {
   std::span<const int64_t> target_layers() const override { return taps_.target_layers(); }
   void on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
                         int64_t first_pos) override;
+
+  // A tree from the same one block forward: the chain of each row's most probable token, and beside a
+  // chain node a sibling (its row's second token, a leaf) where the row is unsure: the row's best token
+  // covers less than tree_cover of its distribution (dynamic_tree.h: the same ranking and scores as the
+  // other drafters' trees, at most tree_branch children). The proposal is the max_nodes nodes of highest
+  // cumulative probability, deterministic at any temperature. The block's rows do not depend on the tokens
+  // drafted before them, so a sibling costs no drafter work.
+  void propose_tree(std::span<const int32_t> committed, int max_nodes, int max_depth, Draft& out) override;
+  // The taps of a tree round's verify forward follow the accepted path (TapStore::compact).
+  bool follows_tree_rows() const override { return true; }
+  void on_tree_kept(int64_t base, std::span<const int32_t> rows) override { taps_.compact(base, rows); }
+
+  int tree_branch = 2;      // children of one node, at most
+  float tree_cover = 0.8f;  // probability mass a node's children cover before the branch limit
 
   // Sets the captured taps of rows at positions first_pos .. (rows [n, n_taps * d], the tap layers side by
   // side in order), as on_target_hidden would from a target forward.
@@ -177,6 +192,7 @@ class DflashDraftSource final : public DraftSource {
   Rows rows_;
   std::vector<int32_t> history_;
   std::vector<float> full_;  // [vocab] one draft's logits by target id (-inf outside the draft vocabulary)
+  DynamicTree tree_;         // propose_tree: the tree being drafted
 };
 
 // The DFlash drafter's batched forward, shared by the sources of a driver with several sequences

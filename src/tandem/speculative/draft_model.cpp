@@ -113,20 +113,11 @@ DraftModelSource::DraftModelSource(const model::Model& draft, const model::Model
                                    const model::SessionOptions& options, DraftModelBatch* batch)
     : session_((check_same_vocabulary(target, draft), draft), pool, with_rollback(options)),
       batch_(batch),
-      sampler_(sampling::Params{}),
-      ranker_(sampling::Params{}),
-      scorer_(sampling::Params{}) {}
+      sampler_(sampling::Params{}) {}
 
 void DraftModelSource::begin(std::span<const int32_t> prompt, const DraftSettings& settings) {
   sampler_ = sampling::Sampler(settings.sampling);
-  sampling::Params rank = settings.sampling;
-  rank.temperature = 1.0f;
-  rank.top_k = std::max(1, tree_branch);
-  rank.top_p = 1.0f;
-  rank.min_p = 0.0f;
-  ranker_ = sampling::Sampler(rank);
-  rank.top_k = 0;
-  scorer_ = sampling::Sampler(rank);
+  tree_.begin(settings.sampling, tree_branch);
   sequence_ = settings.sequence_id;
   grammar_ = settings.grammar;
   tree_base_ = -1;
@@ -274,44 +265,13 @@ std::span<const float> DraftModelSource::masked(std::span<const float> logits) {
 void DraftModelSource::accept(std::span<const int32_t> committed, int /*n_accepted*/) {
   if (tree_base_ >= 0) {
     // The committed text names the accepted path (siblings differ); keep its evaluated nodes.
-    kept_.clear();
-    int32_t at = -1;
-    for (auto pos = static_cast<size_t>(tree_base_); pos < committed.size(); ++pos) {
-      int32_t next = -1;
-      for (size_t i = 0; i < tree_tokens_.size() && next < 0; ++i)
-        if (tree_parent_[i] == at && tree_tokens_[i] == committed[pos]) next = static_cast<int32_t>(i);
-      if (next < 0) break;
-      kept_.push_back(next);
-      at = next;
-    }
+    tree_.kept_path(committed, kept_);
     session_.cache().compact(tree_base_, kept_);
     cached_.assign(committed.begin(),
                    committed.begin() + tree_base_ + static_cast<std::ptrdiff_t>(kept_.size()));
     tree_base_ = -1;
   }
   roll_back_to(committed);
-}
-
-void DraftModelSource::add_children(int32_t parent, std::span<const float> logits) {
-  ranker_.distribution(logits, history_, ranked_);
-  order_.resize(ranked_.size());
-  for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int32_t>(i);
-  std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
-    const float pa = ranked_.probs[static_cast<size_t>(a)], pb = ranked_.probs[static_cast<size_t>(b)];
-    return pa != pb ? pa > pb : a < b;
-  });
-  scorer_.distribution(logits, history_, scored_);
-  const float base = parent < 0 ? 0.0f : candidates_[static_cast<size_t>(parent)].logp;
-  const float score = parent < 0 ? 1.0f : candidates_[static_cast<size_t>(parent)].score;
-  const int32_t depth = parent < 0 ? 1 : candidates_[static_cast<size_t>(parent)].depth + 1;
-  float covered = 0.0f;
-  for (size_t k = 0; k < order_.size() && static_cast<int>(k) < tree_branch; ++k) {
-    if (k > 0 && covered >= tree_cover) break;
-    const auto i = static_cast<size_t>(order_[k]);
-    covered += ranked_.probs[i];
-    candidates_.push_back({ranked_.ids[i], parent, depth, -1, base + std::log(ranked_.probs[i]),
-                           score * scored_.prob_of(ranked_.ids[i])});
-  }
 }
 
 void DraftModelSource::propose_tree(std::span<const int32_t> committed, int max_nodes, int max_depth,
@@ -326,78 +286,25 @@ void DraftModelSource::propose_tree(std::span<const int32_t> committed, int max_
   const std::span<const float> root = session_.eval(missing);
   cached_.insert(cached_.end(), missing.begin(), missing.end());
   tree_base_ = n;
-  tree_tokens_.clear();
-  tree_parent_.clear();
-  tree_depth_.clear();
-  candidates_.clear();
+  tree_.clear(n);
   history_.assign(committed.begin(), committed.end());
-  add_children(-1, root);
+  tree_.add_children(-1, root, history_, tree_cover);
 
   for (int32_t level = 1; level < max_depth; ++level) {
-    // Nodes below the max_nodes-th best cumulative probability cannot enter the proposal, nor can their
-    // descendants: they are not expanded.
-    float bar = -INFINITY;
-    if (static_cast<int>(candidates_.size()) >= max_nodes) {
-      logps_.clear();
-      for (const Candidate& c : candidates_) logps_.push_back(c.logp);
-      std::nth_element(logps_.begin(), logps_.begin() + (max_nodes - 1), logps_.end(), std::greater<float>());
-      bar = logps_[static_cast<size_t>(max_nodes - 1)];
-    }
-    picked_.clear();
-    for (size_t i = 0; i < candidates_.size(); ++i)
-      if (candidates_[i].depth == level && candidates_[i].logp >= bar)
-        picked_.push_back(static_cast<int32_t>(i));
-    std::sort(picked_.begin(), picked_.end(), [&](int32_t a, int32_t b) {
-      const float la = candidates_[static_cast<size_t>(a)].logp,
-                  lb = candidates_[static_cast<size_t>(b)].logp;
-      return la != lb ? la > lb : a < b;
-    });
-    if (static_cast<int>(picked_.size()) > tree_expand)
-      picked_.resize(static_cast<size_t>(std::max(1, tree_expand)));
-    const auto first = static_cast<int64_t>(tree_tokens_.size());
-    if (picked_.empty() || tree_base_ + first + static_cast<int64_t>(picked_.size()) > session_.n_ctx())
-      break;
-    std::sort(picked_.begin(), picked_.end());  // parents before children in the cache's tree
-    for (int32_t i : picked_) {
-      Candidate& c = candidates_[static_cast<size_t>(i)];
-      c.slot = static_cast<int32_t>(tree_tokens_.size());
-      const int32_t parent_slot = c.parent < 0 ? -1 : candidates_[static_cast<size_t>(c.parent)].slot;
-      tree_tokens_.push_back(c.token);
-      tree_parent_.push_back(parent_slot);
-      tree_depth_.push_back(c.depth - 1);
-    }
+    const std::span<const int32_t> picked =
+        tree_.expand(level, max_nodes, tree_expand, session_.n_ctx() - tree_base_);
+    if (picked.empty()) break;
+    const int64_t first = tree_.slots() - static_cast<int64_t>(picked.size());
     const std::span<const float> logits =
-        session_.eval_tree(std::span<const int32_t>(tree_tokens_).subspan(static_cast<size_t>(first)),
-                           cache::TreeMask{tree_base_, tree_parent_, tree_depth_});
+        session_.eval_tree(tree_.slot_tokens().subspan(static_cast<size_t>(first)), tree_.mask());
     const auto V = static_cast<size_t>(session_.n_vocab());
-    for (size_t r = 0; r < picked_.size(); ++r) {
+    for (size_t r = 0; r < picked.size(); ++r) {
       // The candidate's path, for the penalties.
-      history_.assign(committed.begin(), committed.end());
-      const size_t at = history_.size();
-      for (int32_t c = picked_[r]; c >= 0; c = candidates_[static_cast<size_t>(c)].parent)
-        history_.push_back(candidates_[static_cast<size_t>(c)].token);
-      std::reverse(history_.begin() + static_cast<std::ptrdiff_t>(at), history_.end());
-      add_children(picked_[r], logits.subspan(r * V, V));
+      tree_.path_text(picked[r], committed, history_);
+      tree_.add_children(picked[r], logits.subspan(r * V, V), history_, tree_cover);
     }
   }
-
-  order_.resize(candidates_.size());
-  for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int32_t>(i);
-  std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
-    const float la = candidates_[static_cast<size_t>(a)].logp, lb = candidates_[static_cast<size_t>(b)].logp;
-    return la != lb ? la > lb : a < b;
-  });
-  if (static_cast<int>(order_.size()) > max_nodes) order_.resize(static_cast<size_t>(max_nodes));
-  std::sort(order_.begin(), order_.end());
-  node_of_.assign(candidates_.size(), -1);
-  for (int32_t i : order_) {
-    const Candidate& c = candidates_[static_cast<size_t>(i)];
-    const int32_t parent = c.parent < 0 ? -1 : node_of_[static_cast<size_t>(c.parent)];
-    TANDEM_CHECK(c.parent < 0 || parent >= 0, "a drafted tree node without its parent");
-    node_of_[static_cast<size_t>(i)] = out.tree.add(parent);
-    out.tokens.push_back(c.token);
-    out.score.push_back(c.score);
-  }
+  tree_.propose(max_nodes, out);
 }
 
 }  // namespace tandem::speculative

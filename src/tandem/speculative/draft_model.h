@@ -12,6 +12,7 @@
 #include "tandem/model/graph.h"
 #include "tandem/model/session.h"
 #include "tandem/speculative/draft_source.h"
+#include "tandem/speculative/dynamic_tree.h"
 
 namespace tandem::speculative {
 
@@ -70,16 +71,13 @@ class DraftModelSource final : public DraftSource {
   // Every request's source is a DraftModelSource of this one's batch.
   void propose_batch(std::span<const DraftRequest> requests) override;
 
-  // An EAGLE-2 style dynamic tree. Level by level, the frontier nodes (at most tree_expand) of highest
-  // cumulative draft probability are evaluated in one draft forward, over the draft's own cache with the tree
-  // attention mask; each evaluated node takes its most probable tokens as children, as many as cover
-  // tree_cover of its distribution (at most tree_branch: one where the draft is sure, more where it is not).
-  // The proposal is the max_nodes nodes of highest cumulative probability (a subtree: a child is never more
-  // probable than its parent), each scored with its path's probability under the draft's whole
-  // distributions (Draft::score). Children are ranked by the draft's distribution under the target's
-  // penalties at temperature 1, renormalized over its tree_branch most probable tokens, and proposed
-  // deterministically (point masses) at any temperature. accept() moves the accepted path's rows of the
-  // draft cache into place (KvCache::compact), recomputing nothing.
+  // An EAGLE-2 style dynamic tree (dynamic_tree.h). Level by level, the frontier nodes (at most
+  // tree_expand) of highest cumulative draft probability are evaluated in one draft forward, over the
+  // draft's own cache with the tree attention mask; each evaluated node takes its most probable tokens as
+  // children, as many as cover tree_cover of its distribution (at most tree_branch: one where the draft is
+  // sure, more where it is not). The proposal is the max_nodes nodes of highest cumulative probability,
+  // scored (Draft::score) and deterministic at any temperature. accept() moves the accepted path's rows of
+  // the draft cache into place (KvCache::compact), recomputing nothing.
   void propose_tree(std::span<const int32_t> committed, int max_nodes, int max_depth, Draft& out) override;
 
   // The defaults took the most tokens per target forward on stories260K drafted by llama2xs at 8 and 16
@@ -97,16 +95,6 @@ class DraftModelSource final : public DraftSource {
   // `logits` with the tokens drafting_ refuses next at -inf, in masked_.
   std::span<const float> masked(std::span<const float> logits);
 
-  // A candidate node of the tree being drafted; slot: its index in the draft cache's tree (-1: not
-  // evaluated).
-  struct Candidate {
-    int32_t token, parent, depth, slot;
-    float logp;   // cumulative log-probability of its path, over each node's top tree_branch tokens
-    float score;  // probability of its path under the draft's whole distributions (Draft::score)
-  };
-  // Appends the children of candidate `parent` (-1: of the committed text) from the draft's logits there;
-  // history_ holds the text up to it.
-  void add_children(int32_t parent, std::span<const float> logits);
   // Samples draft `i` of a proposal for `position` from `logits` (under drafting_'s mask), appending it to
   // out and history_; false, appending nothing, where the grammar ends the proposal or refuses the sample.
   bool draw(std::span<const float> logits, int64_t position, size_t i, Draft& out);
@@ -114,15 +102,9 @@ class DraftModelSource final : public DraftSource {
   model::Session session_;
   DraftModelBatch* batch_;
   sampling::Sampler sampler_;
-  sampling::Sampler ranker_;  // the target's penalties at temperature 1, top tree_branch
-  sampling::Sampler scorer_;  // the same over the whole vocabulary
-  sampling::Distribution ranked_, scored_;
-  std::vector<Candidate> candidates_;
-  std::vector<int32_t> order_, picked_, node_of_;
-  std::vector<float> logps_;
-  // The draft cache's tree after tree_base_ (its node i at position tree_base_ + i; -1: no tree).
-  int64_t tree_base_ = -1;
-  std::vector<int32_t> tree_tokens_, tree_parent_, tree_depth_, kept_;
+  DynamicTree tree_;  // the tree being drafted; its evaluated nodes follow tree_base_ in the draft cache
+  int64_t tree_base_ = -1;  // -1: no tree in the draft cache
+  std::vector<int32_t> kept_;
   uint64_t sequence_ = 0;
   std::vector<int32_t> cached_;   // tokens in the draft cache, cached_.size() == session_.length()
   std::vector<int32_t> history_;  // committed text plus this round's drafts, for the sampler's penalties

@@ -140,10 +140,21 @@ class DraftSource {
   // in one target forward and keeps its longest accepted path; accept() then receives the committed text,
   // which names that path, and the number of its drafts kept. A source without trees proposes a chain of
   // min(max_nodes, max_depth) drafts (the default), which the driver verifies as a chain. Drivers ask for
-  // trees only from sources that read no target hidden states (target_layers() empty).
+  // trees only from sources that read no target hidden states (target_layers() empty) or follow them through
+  // tree rounds (follows_tree_rows()).
   virtual void propose_tree(std::span<const int32_t> committed, int max_nodes, int max_depth, Draft& out) {
     propose(committed, std::min(max_nodes, max_depth), out);
   }
+
+  // Whether the source keeps the target's hidden states through a tree round: its verify forward hands the
+  // source (on_target_hidden) a row per window row (the pending token, then the verified tree's nodes in
+  // order) at consecutive positions, and on_tree_kept() then says which of them the accepted path kept.
+  virtual bool follows_tree_rows() const { return false; }
+
+  // After a tree round, before accept(): of the verify forward's rows stored from position `base` (window
+  // row r at base + r), rows[i] (increasing, rows[0] == 0: the pending token) now sits at base + i, as the
+  // target's cache moved them (KvCache::compact); the others are gone.
+  virtual void on_tree_kept(int64_t base, std::span<const int32_t> rows) { (void)base, (void)rows; }
 
   // After a round: `committed` is the text now committed (the accepted drafts and the target's token
   // appended), of which the first n_accepted drafts of the last proposal were accepted. The source rolls its

@@ -108,6 +108,7 @@ EagleDraftSource::Rows::Rows(const train::EagleConfig& cfg, int threads, int64_t
   ids.assign(static_cast<size_t>(n), 0);
   segment.assign(static_cast<size_t>(n), 0);
   visible.assign(static_cast<size_t>(n), 0);
+  node.assign(static_cast<size_t>(n), -1);
   scores.assign(static_cast<size_t>(threads * context), 0.0f);
   in = sized(cfg.n_taps * d);
   for (auto* b : {&g, &e, &ne, &ng, &h1, &n2, &h2, &f}) *b = sized(d);
@@ -234,6 +235,7 @@ std::unique_ptr<EagleDraftSource> EagleDraftSource::load(const std::string& path
 
 void EagleDraftSource::begin(std::span<const int32_t> /*prompt*/, const DraftSettings& settings) {
   sampler_ = sampling::Sampler(settings.sampling);
+  tree_.begin(settings.sampling, tree_branch);
   sequence_ = settings.sequence_id;
   len_ = 0;
   real_len_ = 0;
@@ -251,8 +253,12 @@ void EagleDraftSource::set_taps(int64_t first_pos, std::span<const float> rows) 
 
 void EagleDraftSource::forward(int64_t n, const float* given_g, const int32_t* next_ids, bool want_logits) {
   if (rows_.rows == 0) rows_ = Rows(cfg_, compute_.pool.size(), kChunk, 1, n_ctx_);  // batched, alone now
-  const Segment one{
-      .source = this, .n = n, .given_g = given_g, .next_ids = next_ids, .want_logits = want_logits};
+  const Segment one{.source = this,
+                    .n = n,
+                    .given_g = given_g,
+                    .next_ids = next_ids,
+                    .want_logits = want_logits,
+                    .tree = nullptr};
   run(std::span<const Segment>(&one, 1), rows_);
 }
 
@@ -271,12 +277,22 @@ void EagleDraftSource::run(std::span<const Segment> segments, Rows& w) {
     const EagleDraftSource& src = *s.source;
     TANDEM_CHECK(src.n_ctx_ <= w.n_ctx, "an EAGLE source's context is longer than its scratch's");
     TANDEM_CHECK(n + s.n <= w.rows, "an EAGLE drafter forward beyond its rows");
+    TANDEM_CHECK(s.tree == nullptr || segments.size() == 1, "an EAGLE drafter's tree rows run alone");
     for (int64_t i = 0; i < s.n; ++i) {
       const auto r = static_cast<size_t>(n + i);
-      w.pos[r] = static_cast<int32_t>(src.len_ + i);
       w.ids[r] = s.next_ids[i];
       w.segment[r] = static_cast<int32_t>(si);
-      w.visible[r] = src.len_ + i + 1;  // causal: the cache up to the row itself
+      if (s.tree != nullptr) {
+        // A tree node: rotated at its path position, attending to the rows before the tree and its path.
+        const int64_t node = src.len_ - s.tree->base + i;
+        w.node[r] = static_cast<int32_t>(node);
+        w.pos[r] = static_cast<int32_t>(s.tree->base + s.tree->depth[static_cast<size_t>(node)]);
+        w.visible[r] = s.tree->base;
+      } else {
+        w.node[r] = -1;
+        w.pos[r] = static_cast<int32_t>(src.len_ + i);
+        w.visible[r] = src.len_ + i + 1;  // causal: the cache up to the row itself
+      }
     }
     if (s.given_g != nullptr) {
       std::memcpy(w.g.data() + n * d, s.given_g, bytes(s.n * d));
@@ -285,7 +301,7 @@ void EagleDraftSource::run(std::span<const Segment> segments, Rows& w) {
       tap_rows += s.n;
     }
     n += s.n;
-    n_logits += s.want_logits ? 1 : 0;
+    n_logits += s.tree != nullptr ? s.n : s.want_logits ? 1 : 0;
   }
   TANDEM_CHECK(n >= 1 && n_logits <= w.logit_rows, "an EAGLE drafter forward beyond its rows");
   if (tap_rows > 0) {
@@ -354,14 +370,21 @@ void EagleDraftSource::run(std::span<const Segment> segments, Rows& w) {
   }
 
   // Each segment's last row: its output hidden state, and (gathered into e) the rows that want logits.
+  // A tree segment's rows: every output hidden state, at its node, and every row's logits.
   int64_t r = 0, j = 0;
   for (const Segment& s : segments) {
     EagleDraftSource& src = *s.source;
+    if (s.tree != nullptr) {
+      const int64_t first = src.len_ - s.tree->base;
+      std::memcpy(src.tree_hidden_.data() + first * d, w.h2.data() + r * d, bytes(s.n * d));
+      std::memcpy(w.e.data() + j * d, w.h2.data() + r * d, bytes(s.n * d));
+      j += s.n;
+    }
     src.len_ += s.n;
     r += s.n;
     const float* last = w.h2.data() + (r - 1) * d;
     std::copy(last, last + d, src.g_last_.begin());
-    if (s.want_logits) std::memcpy(w.e.data() + j++ * d, last, bytes(d));
+    if (s.tree == nullptr && s.want_logits) std::memcpy(w.e.data() + j++ * d, last, bytes(d));
   }
   if (n_logits == 0) return;
   train::rmsnorm_forward(*out_norm_, eps, w.e.data(), n_logits, w.f.data(), w.inv.data(), c);
@@ -369,7 +392,8 @@ void EagleDraftSource::run(std::span<const Segment> segments, Rows& w) {
   j = 0;
   const int64_t N = head_.rows;
   for (const Segment& s : segments)
-    if (s.want_logits) vocab_.expand(w.logits.data() + j++ * N, s.source->logits_.data());
+    if (s.tree == nullptr && s.want_logits)
+      vocab_.expand(w.logits.data() + j++ * N, s.source->logits_.data());
 }
 
 void EagleDraftSource::attend(std::span<const Segment> segments, int64_t layer, int64_t n, Rows& w) {
@@ -379,31 +403,43 @@ void EagleDraftSource::attend(std::span<const Segment> segments, int64_t layer, 
     float* scores = w.scores.data() + static_cast<int64_t>(t) * w.n_ctx;
     for (int64_t ih = i0; ih < i1; ++ih) {
       const int64_t i = ih / H, h = ih % H;
-      const EagleDraftSource& src = *segments[static_cast<size_t>(w.segment[static_cast<size_t>(i)])].source;
+      const Segment& seg = segments[static_cast<size_t>(w.segment[static_cast<size_t>(i)])];
+      const EagleDraftSource& src = *seg.source;
       const float* k_cache = layer < 0 ? src.k_.data() : src.plain_[static_cast<size_t>(layer)].k.data();
       const float* v_cache = layer < 0 ? src.v_.data() : src.plain_[static_cast<size_t>(layer)].v.data();
+      // The cache rows the row attends to, in order: the first `visible`, then (a tree row) its path's.
       const int64_t visible = w.visible[static_cast<size_t>(i)];
+      int64_t path[cache::kMaxTreeDepth];
+      int64_t n_path = 0;
+      if (const int32_t node = w.node[static_cast<size_t>(i)]; node >= 0) {
+        const cache::TreeMask& m = *seg.tree;
+        n_path = m.depth[static_cast<size_t>(node)] + 1;
+        for (int32_t a = node; a >= 0; a = m.parent[static_cast<size_t>(a)])
+          path[m.depth[static_cast<size_t>(a)]] = m.base + a;
+      }
+      const int64_t count = visible + n_path;
+      const auto row_of = [&](int64_t j) { return j < visible ? j : path[j - visible]; };
       const float* qh = w.q.data() + i * qw + h * hd;
       const int64_t kvh = h / group;
       float top = -INFINITY;
-      for (int64_t j = 0; j < visible; ++j) {
-        const float* kj = k_cache + j * kv_width_ + kvh * hd;
+      for (int64_t j = 0; j < count; ++j) {
+        const float* kj = k_cache + row_of(j) * kv_width_ + kvh * hd;
         float s = 0.0f;
         for (int64_t x = 0; x < hd; ++x) s += qh[x] * kj[x];
         scores[j] = s * scale;
         top = std::max(top, s * scale);
       }
       float sum = 0.0f;
-      for (int64_t j = 0; j < visible; ++j) {
+      for (int64_t j = 0; j < count; ++j) {
         float& s = scores[j];
         s = std::exp(s - top);
         sum += s;
       }
       float* out = w.att.data() + i * qw + h * hd;
       std::fill(out, out + hd, 0.0f);
-      for (int64_t j = 0; j < visible; ++j) {
+      for (int64_t j = 0; j < count; ++j) {
         const float wt = scores[j] / sum;
-        const float* vj = v_cache + j * kv_width_ + kvh * hd;
+        const float* vj = v_cache + row_of(j) * kv_width_ + kvh * hd;
         for (int64_t x = 0; x < hd; ++x) out[x] += wt * vj[x];
       }
     }
@@ -426,6 +462,16 @@ void EagleDraftSource::propose(std::span<const int32_t> committed, int max_depth
   // rows that follow take positions n - 1 .. n + depth - 3.
   const int64_t depth = std::min<int64_t>(max_depth, n_ctx_ - n + 2);
   if (n < 2 || depth < 1) return;
+  catch_up(committed);
+  history_.assign(committed.begin(), committed.end());
+  for (int64_t i = 0; i < depth; ++i) {
+    draw(n + i, static_cast<size_t>(i), out);
+    if (i + 1 < depth) forward(1, g_last_.data(), &out.tokens.back(), true);
+  }
+}
+
+void EagleDraftSource::catch_up(std::span<const int32_t> committed) {
+  const auto n = static_cast<int64_t>(committed.size());
   // The last real row runs in this call (not kept from an earlier one), so that its logits and output
   // hidden state are at hand.
   real_len_ = len_ = std::min(real_len_, n - 2);
@@ -434,12 +480,59 @@ void EagleDraftSource::propose(std::span<const int32_t> committed, int max_depth
     forward(rows, nullptr, committed.data() + real_len_ + 1, real_len_ + rows == n - 1);
     real_len_ += rows;
   }
+}
 
+void EagleDraftSource::propose_tree(std::span<const int32_t> committed, int max_nodes, int max_depth,
+                                    Draft& out) {
+  out.clear();
+  const auto n = static_cast<int64_t>(committed.size());
+  if (n < 2 || max_nodes < 1 || max_depth < 1 || n - 1 > n_ctx_) return;
+  catch_up(committed);
+  // The tree's rows follow the real rows: node i at cache row base + i, rotated at base + its depth.
+  const int64_t base = len_, d = cfg_.d;
+  const int expand = std::clamp(tree_expand, 1, static_cast<int>(kChunk));
+  if (rows_.rows == 0 || rows_.logit_rows < expand)
+    rows_ = Rows(cfg_, compute_.pool.size(), kChunk, expand, n_ctx_);
+  tree_g_.resize(static_cast<size_t>(expand * d));
+  tree_ids_.resize(static_cast<size_t>(expand));
+  tree_.clear(base);
   history_.assign(committed.begin(), committed.end());
-  for (int64_t i = 0; i < depth; ++i) {
-    draw(n + i, static_cast<size_t>(i), out);
-    if (i + 1 < depth) forward(1, g_last_.data(), &out.tokens.back(), true);
+  tree_.add_children(-1, logits_, history_, tree_cover);
+  tree_root_.assign(g_last_.begin(), g_last_.end());  // the last real row's output, read by the first level
+  const int32_t deepest = std::min<int32_t>(max_depth, static_cast<int32_t>(cache::kMaxTreeDepth));
+  for (int32_t level = 1; level < deepest; ++level) {
+    const std::span<const int32_t> picked = tree_.expand(level, max_nodes, expand, n_ctx_ - base);
+    if (picked.empty()) break;
+    const int64_t rows = static_cast<int64_t>(picked.size());
+    if (tree_hidden_.size() < static_cast<size_t>(tree_.slots() * d))
+      tree_hidden_.resize(static_cast<size_t>(tree_.slots() * d));
+    for (int64_t r = 0; r < rows; ++r) {
+      const DynamicTree::Candidate& c = tree_.candidate(picked[static_cast<size_t>(r)]);
+      const float* g =
+          c.parent < 0 ? tree_root_.data() : tree_hidden_.data() + tree_.candidate(c.parent).slot * d;
+      std::memcpy(tree_g_.data() + r * d, g, static_cast<size_t>(d) * sizeof(float));
+      tree_ids_[static_cast<size_t>(r)] = c.token;
+    }
+    const cache::TreeMask mask = tree_.mask();
+    const Segment seg{.source = this,
+                      .n = rows,
+                      .given_g = tree_g_.data(),
+                      .next_ids = tree_ids_.data(),
+                      .want_logits = true,
+                      .tree = &mask};
+    run(std::span<const Segment>(&seg, 1), rows_);
+    const int64_t N = head_.rows;  // the draft vocabulary
+    for (size_t r = 0; r < picked.size(); ++r) {
+      vocab_.expand(rows_.logits.data() + static_cast<int64_t>(r) * N, logits_.data());
+      tree_.path_text(picked[r], committed, history_);
+      tree_.add_children(picked[r], logits_, history_, tree_cover);
+    }
   }
+  tree_.propose(max_nodes, out);
+}
+
+void EagleDraftSource::on_tree_kept(int64_t base, std::span<const int32_t> rows) {
+  taps_.compact(base, rows);
 }
 
 void EagleDraftSource::propose_batch(std::span<const DraftRequest> requests) {
@@ -477,7 +570,8 @@ void EagleDraftSource::propose_batch(std::span<const DraftRequest> requests) {
                           .n = chunk,
                           .given_g = nullptr,
                           .next_ids = m.committed.data() + src.real_len_ + 1,
-                          .want_logits = src.real_len_ + chunk == last});
+                          .want_logits = src.real_len_ + chunk == last,
+                          .tree = nullptr});
       rows += chunk;
     }
     if (segments.empty()) break;
@@ -496,7 +590,8 @@ void EagleDraftSource::propose_batch(std::span<const DraftRequest> requests) {
                           .n = 1,
                           .given_g = m.source->g_last_.data(),
                           .next_ids = &m.out->tokens.back(),
-                          .want_logits = true});
+                          .want_logits = true,
+                          .tree = nullptr});
     run(segments, b.rows_);
   }
 }

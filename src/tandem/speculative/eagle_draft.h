@@ -16,10 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "tandem/cache/attention.h"
 #include "tandem/gguf/reader.h"
 #include "tandem/kernels/matmul.h"
 #include "tandem/model/model.h"
 #include "tandem/speculative/draft_source.h"
+#include "tandem/speculative/dynamic_tree.h"
 #include "tandem/speculative/tap_store.h"
 #include "tandem/speculative/target_vocab.h"
 #include "tandem/train/checkpoint.h"
@@ -97,6 +99,23 @@ class EagleDraftSource final : public DraftSource {
   void on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
                         int64_t first_pos) override;
 
+  // An EAGLE-2 style dynamic tree (dynamic_tree.h), as DraftModelSource::propose_tree grows one: level by
+  // level, the frontier nodes (at most tree_expand) of highest cumulative probability are evaluated in one
+  // drafter forward, each row reading its parent's output hidden state (the last real row's for the
+  // committed text's children) and attending to the real rows and its own ancestors' rows (the tree mask);
+  // each takes its most probable tokens as children, as many as cover tree_cover of its distribution, at
+  // most tree_branch. A node's row computes the bits a chain drafting its path computes. The proposal is
+  // the max_nodes best nodes, scored and deterministic at any temperature. The tree's rows are dropped when
+  // the round settles, as a chain's draft rows are.
+  void propose_tree(std::span<const int32_t> committed, int max_nodes, int max_depth, Draft& out) override;
+  // The taps of a tree round's verify forward follow the accepted path (TapStore::compact).
+  bool follows_tree_rows() const override { return true; }
+  void on_tree_kept(int64_t base, std::span<const int32_t> rows) override;
+
+  int tree_branch = 2;      // children of one node, at most
+  int tree_expand = 4;      // nodes one drafter forward evaluates, at most (at most 64)
+  float tree_cover = 0.8f;  // probability mass a node's children cover before the branch limit
+
   // Sets the captured taps of rows at positions first_pos .. (rows [n, n_taps * d], the tap layers side by
   // side in order), as on_target_hidden would from a target forward.
   void set_taps(int64_t first_pos, std::span<const float> rows);
@@ -127,6 +146,7 @@ class EagleDraftSource final : public DraftSource {
     std::vector<int32_t> pos, ids;                   // [rows]
     std::vector<int32_t> segment;                    // [rows] the segment each row belongs to
     std::vector<int64_t> visible;                    // [rows] the cache rows each row attends to
+    std::vector<int32_t> node;                       // [rows] a tree row's node (Segment::tree), else -1
     std::vector<float> scores;                       // [threads, n_ctx]
     std::vector<float> in;                           // [rows, n_taps * d] the taps of the rows that read them
     std::vector<float> g, e, ne, ng, h1, n2, h2, f;  // [rows, d]
@@ -146,6 +166,12 @@ class EagleDraftSource final : public DraftSource {
     const float* given_g;
     const int32_t* next_ids;
     bool want_logits;  // the last row's logits into source->logits_
+    // Null, or the tree (cache::TreeMask over the source's cache) whose nodes len_ - tree->base .. are these
+    // rows: each is rotated at tree->base + its depth and attends to the rows before tree->base and its
+    // ancestors' rows; every row's output hidden state goes to source->tree_hidden_ at its node, and its
+    // logits over the draft vocabulary (want_logits ignored) to w.logits in row order. A tree segment runs
+    // alone.
+    const cache::TreeMask* tree;
   };
 
   // Runs the segments (at most `w.rows` rows in all) in one forward on this source's weights: matrix products
@@ -161,6 +187,9 @@ class EagleDraftSource final : public DraftSource {
   void attend(std::span<const Segment> segments, int64_t layer, int64_t n, Rows& w);
   // Draws draft i (at position `position`) from logits_ into out.
   void draw(int64_t position, size_t i, Draft& out);
+  // Brings the real rows up to the last committed position the target has evaluated (committed.size() - 2,
+  // >= 0), running that row now so that its logits_ and g_last_ are at hand.
+  void catch_up(std::span<const int32_t> committed);
 
   // A plain decoder layer after the first (train::EagleDrafter's blk.N, N >= 1): its weights, borrowed,
   // and its cache, [n_ctx, n_kv_head * head_dim] each.
@@ -194,6 +223,11 @@ class EagleDraftSource final : public DraftSource {
   std::vector<float> logits_;  // [vocab] the latest draft's logits by target id (-inf outside the draft
                                // vocabulary)
   std::vector<int32_t> history_;
+  DynamicTree tree_;                // propose_tree: the tree being drafted
+  std::vector<float> tree_hidden_;  // [n_ctx, d] propose_tree: each evaluated node's output hidden state
+  std::vector<float> tree_g_;       // [tree_expand, d] a tree forward's given hidden states
+  std::vector<float> tree_root_;    // [d] the last real row's output hidden state
+  std::vector<int32_t> tree_ids_;   // [tree_expand] a tree forward's tokens
 };
 
 // The EAGLE drafter's batched forward, shared by the sources of a driver with several sequences

@@ -157,6 +157,7 @@ void Settler::keep_tree(const SettleTarget& target, int accepted) {
   for (int k = 0; k < accepted; ++k) kept_rows_.push_back(path_[static_cast<size_t>(k)] + 1);
   target.cache.compact(tree_base_, kept_rows_);
   target.cache.truncate(static_cast<int64_t>(target.committed.size()) - 1);
+  if (target.source) target.source->on_tree_kept(tree_base_, kept_rows_);
   if (target.source) target.source->accept(target.committed, accepted);
 }
 

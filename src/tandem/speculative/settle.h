@@ -105,7 +105,8 @@ class Settler {
   // is drawn from p' (from p itself at a node without children). Every committed token is distributed as the
   // target's sampler draws it; a chain-shaped tree settles exactly as settle() does. The gate learns nothing
   // from trees. Step 5 keeps the accepted path's cache rows, moved to consecutive positions
-  // (KvCache::compact), and step 6 tells the drafter how many drafts of the path stayed committed.
+  // (KvCache::compact), and step 6 tells the drafter which rows moved (DraftSource::on_tree_kept) and how
+  // many drafts of the path stayed committed.
   template <typename OnToken>
   SettleOutcome settle_tree(const TreeWindow& window, const SettleTarget& target, OnToken&& on_token) {
     SettleOutcome out = judge_tree(window, target);

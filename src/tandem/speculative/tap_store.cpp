@@ -59,6 +59,26 @@ void TapStore::truncate(int64_t n) {
   for (int64_t& filled : filled_) filled = std::min(filled, std::max<int64_t>(0, n));
 }
 
+void TapStore::compact(int64_t base, std::span<const int32_t> rows) {
+  const int64_t width = row_width();
+  const auto n = static_cast<int64_t>(rows.size());
+  TANDEM_CHECK(base >= 0 && base + n <= capacity_, "tap rows compacted past the store's capacity");
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t r = rows[static_cast<size_t>(i)];
+    TANDEM_CHECK(r >= i && (i == 0 || r > rows[static_cast<size_t>(i - 1)]) && base + r < capacity_,
+                 "compacted tap rows are increasing and move rows down");
+    if (r != i)
+      std::memmove(rows_.data() + (base + i) * width, rows_.data() + (base + r) * width,
+                   static_cast<size_t>(width) * sizeof(float));
+  }
+  // A tap keeps the leading moved rows it had written.
+  for (int64_t& filled : filled_) {
+    int64_t kept = 0;
+    while (kept < n && base + rows[static_cast<size_t>(kept)] < filled) ++kept;
+    filled = std::min(filled, base + kept);
+  }
+}
+
 std::span<const float> TapStore::rows(int64_t first, int64_t n) const {
   if (first < 0 || n < 0 || first + n > capacity_)
     throw Error("tap rows " + std::to_string(first) + " .. " + std::to_string(first + n - 1) +

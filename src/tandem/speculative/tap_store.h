@@ -38,6 +38,10 @@ class TapStore {
   void set(int64_t first_pos, std::span<const float> rows);
   // Forgets the rows at positions n and after (length() becomes at most n).
   void truncate(int64_t n);
+  // Moves the rows at base + rows[i] to base + i (rows increasing, each >= its index), as KvCache::compact
+  // moves a tree's accepted path, and forgets the rows past them (length() becomes at most base +
+  // rows.size(), less where a moved row was not written).
+  void compact(int64_t base, std::span<const int32_t> rows);
 
   // The rows of positions first .. first + n - 1, [n, row_width()], valid until the next write. Throws
   // tandem::Error when the range leaves [0, capacity()).
