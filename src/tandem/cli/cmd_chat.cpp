@@ -401,9 +401,10 @@ void run_chat(Opts& o) {
   so.n_ctx = o.model.n_ctx;
   so.kv_type = o.model.resolved_kv_type();
   so.batch = o.model.batch;
-  // Without a drafter nothing rolls the conversation back but the next turn's prompt, which resumes where
-  // the state reaches (its end, or a snapshot's length).
-  so.rollback = o.spec.enabled();
+  // Rollback stays on without a drafter too: the next turn's prompt usually leaves the cached tokens a few
+  // tokens before the reply's end (the template renders the reply's ending its own way), and a recurrent
+  // state without rollback could only resume at its last snapshot, re-reading the conversation each turn.
+  so.rollback = true;
   Chat chat(o, *model, *tok, pool, so, templ);
   const bool tty = ::isatty(0) != 0;
   std::fprintf(
