@@ -357,6 +357,12 @@ void DflashDraftSource::propose(std::span<const int32_t> committed, int max_dept
   const auto n = static_cast<int64_t>(committed.size());
   const int64_t depth = std::min<int64_t>(max_depth, cfg_.block);
   if (n < 1 || depth < 1 || n - 1 > n_ctx_) return;
+  Rows& w = run_own_block(committed, depth);
+  draw(committed, w.logits.data(), depth, out);
+}
+
+DflashDraftSource::Rows& DflashDraftSource::run_own_block(std::span<const int32_t> committed, int64_t depth) {
+  const auto n = static_cast<int64_t>(committed.size());
   Rows& w = own_rows();
   // Context rows cover the positions the target has evaluated: every committed token but the last.
   ctx_len_ = len_ = std::min(ctx_len_, n - 1);
@@ -366,7 +372,7 @@ void DflashDraftSource::propose(std::span<const int32_t> committed, int max_dept
   }
   const Block block{this, committed[static_cast<size_t>(n - 1)], n - 1, depth};
   run_blocks(std::span<const Block>(&block, 1), w);
-  draw(committed, w.logits.data(), depth, out);
+  return w;
 }
 
 void DflashDraftSource::propose_tree(std::span<const int32_t> committed, int max_nodes, int max_depth,
@@ -375,14 +381,7 @@ void DflashDraftSource::propose_tree(std::span<const int32_t> committed, int max
   const auto n = static_cast<int64_t>(committed.size());
   const int64_t depth = std::min<int64_t>(max_depth, cfg_.block);
   if (n < 1 || depth < 1 || max_nodes < 1 || n - 1 > n_ctx_) return;
-  Rows& w = own_rows();
-  ctx_len_ = len_ = std::min(ctx_len_, n - 1);
-  while (ctx_len_ < n - 1) {
-    const Span span{this, std::min(w.ctx_rows, n - 1 - ctx_len_)};
-    extend_context(std::span<const Span>(&span, 1), w);
-  }
-  const Block block{this, committed[static_cast<size_t>(n - 1)], n - 1, depth};
-  run_blocks(std::span<const Block>(&block, 1), w);
+  Rows& w = run_own_block(committed, depth);
   // Row i's children hang from the chain's node at depth i (the committed text for row 0).
   tree_.clear(n);
   int32_t chain = -1;

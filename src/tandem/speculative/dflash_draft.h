@@ -162,6 +162,8 @@ class DflashDraftSource final : public DraftSource {
   void run_blocks(std::span<const Block> blocks, Rows& w);
   // This source's own scratch (made on its first proposal alone when it has a batch).
   Rows& own_rows();
+  // Brings the context up to committed less its last token and runs one block of `depth` from that token.
+  Rows& run_own_block(std::span<const int32_t> committed, int64_t depth);
   // Draws `depth` drafts continuing `committed` from logits [depth, head rows] into out.
   void draw(std::span<const int32_t> committed, const float* logits, int64_t depth, Draft& out);
 
