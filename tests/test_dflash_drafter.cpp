@@ -5,6 +5,7 @@
 // is refused by another target and another kind; a drafter of a reduced draft vocabulary keeps greedy output
 // and drafts only its tokens; training repeats bit for bit for a fixed seed.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -68,7 +69,7 @@ Trained& trained() {
     r->pool = std::make_unique<ThreadPool>(1);
     r->result = train_dflash(*r->target, *r->pool, small_options(*r->target, 60));
     r->result.info.target_file_hash = file_fingerprint(target_path());
-    r->checkpoint = ::testing::TempDir() + "dflash_drafter_test.gguf";
+    r->checkpoint = ::testing::TempDir() + std::to_string(getpid()) + "_dflash_drafter_test.gguf";
     std::vector<train::Param*> params = r->result.source->drafter().params();
     train::save_drafter(r->checkpoint, r->result.info, params);
     return r;
@@ -138,7 +139,7 @@ TEST(DflashDrafter, ReducedVocabularyKeepsGreedyOutputAndDraftsOnlyItsTokens) {
   r.info.target_file_hash = file_fingerprint(target_path());
   const std::vector<int32_t> ids = r.info.draft_vocab;
   ASSERT_EQ(ids.size(), 128u);
-  const std::string path = ::testing::TempDir() + "dflash_reduced_test.gguf";
+  const std::string path = ::testing::TempDir() + std::to_string(getpid()) + "_dflash_reduced_test.gguf";
   std::vector<train::Param*> params = r.source->drafter().params();
   train::save_drafter(path, r.info, params);
   auto source = DflashDraftSource::load(path, *t.target, file_fingerprint(target_path()), *t.pool,

@@ -2,6 +2,7 @@
 // "Pooled embeddings"), the non-causal attention kernel against its scalar reference, batching that never
 // changes a sequence's result, pooling choices, and decoder embeddings.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -279,7 +280,7 @@ TEST(DecoderEmbeddings, PoolPostNormHiddenStates) {
 // `tandem synth --preset bge-small` writes a bert encoder of bge-small's shapes that loads and embeds: CLS
 // pooling, unit-length vectors, and a sequence's embedding the same bits alone as beside others.
 TEST(SynthBgeSmall, LoadsAndEmbeds) {
-  const std::string path = ::testing::TempDir() + "/bge-small-Q8_0.gguf";
+  const std::string path = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-bge-small-Q8_0.gguf";
   tandem::ThreadPool pool(2);
   tandem::model::write_synthetic_model(tandem::model::find_synth_preset("bge-small"),
                                        tandem::model::find_file_type("Q8_0"), path, pool);

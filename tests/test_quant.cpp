@@ -7,6 +7,7 @@
 // are decoded (again hashed against the reference's decoder), compared with the F16 file within per-type
 // error bounds, and re-quantized; round trips on random data bound the error of every type.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -709,7 +710,7 @@ TEST(QuantErrors, PartialBlocksAreRejected) {
 // tandem quantize on a model whose feed-forward rows (172 wide) fit no 32-element block: those matrices are
 // written as F16 (with a note), the others in the asked type, and the file loads and generates.
 TEST(QuantizeCommand, RowsThatFitNoBlockFallBackToF16) {
-  const std::string out = ::testing::TempDir() + "/tandem-quantize-q8.gguf";
+  const std::string out = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-tandem-quantize-q8.gguf";
   std::remove(out.c_str());
   const std::string tandem(TANDEM_BINARY);
   const auto [log, rc] = tandem::testing::run_command(

@@ -6,6 +6,7 @@
 // reads the target's hidden states drafts from the scheduler's captures as it does alone, and is offered no
 // trees; `tandem bench-serve` reports both modes.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -504,7 +505,8 @@ TEST(SchedulerSpec, EagleDrafterDraftsFromCapturedRowsAsAlone) {
   const std::string target_hash =
       speculative::file_fingerprint(tandem::testing::shared_path("models/stories260K.gguf"));
   trained.info.target_file_hash = target_hash;
-  const std::string checkpoint = ::testing::TempDir() + "scheduler_spec_eagle.gguf";
+  const std::string checkpoint =
+      ::testing::TempDir() + std::to_string(getpid()) + "_scheduler_spec_eagle.gguf";
   std::vector<train::Param*> params = trained.source->drafter().params();
   train::save_drafter(checkpoint, trained.info, params);
   auto load = [&] {
@@ -573,7 +575,8 @@ TEST(SchedulerSpec, EagleDrafterDraftsFromCapturedRowsAsAlone) {
 // passed (it exits non-zero otherwise). Bad flags are refused saying what to pass.
 TEST(SchedulerSpec, BenchServeReportsBothModesPerStreamCount) {
   const std::string tandem(TANDEM_BINARY);
-  const std::string cache = "XDG_CACHE_HOME='" + ::testing::TempDir() + "bench_serve_cache' ";
+  const std::string cache =
+      "XDG_CACHE_HOME='" + ::testing::TempDir() + std::to_string(getpid()) + "_bench_serve_cache' ";
   const std::string model = " -m '" + tandem::testing::shared_path("models/stories260K.gguf") + "' -t 2";
   const auto [out, rc] = tandem::testing::run_command(
       cache + tandem + " bench-serve" + model +
