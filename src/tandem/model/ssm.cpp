@@ -13,6 +13,18 @@ namespace tandem::model {
 namespace {
 // Channels per task: whole vectors of any width, and enough work per task to pay for the hand-off.
 constexpr int64_t kChannelGrain = 64;
+
+// Calls fn(r, c0, c1) for every block [c0, c1) of a thread's channels and, inside it, every row r < rows in
+// order: the block's states, weights and A stay in the L1 cache across the rows of a window.
+template <typename Fn>
+void channel_blocks_by_row(ThreadPool& pool, int64_t channels, int64_t rows, Fn fn) {
+  pool.parallel_for(channels, kChannelGrain, [&](int64_t i0, int64_t i1, int) {
+    for (int64_t c0 = i0; c0 < i1; c0 += kChannelGrain) {
+      const int64_t c1 = std::min(i1, c0 + kChannelGrain);
+      for (int64_t r = 0; r < rows; ++r) fn(r, c0, c1);
+    }
+  });
+}
 }  // namespace
 
 SsmMixer::SsmMixer(const Config& config, int64_t max_rows) : c_(config) {
@@ -121,30 +133,25 @@ void SsmMixer::run(const LayerWeights& l, int64_t layer, std::span<const Row> ro
   };
 
   kernels::matmul(l.ssm_in, xb, R, xz_.data(), pool, scratch);
-  // Both passes take a thread's channels in blocks, and each block through every row: the block's states,
-  // weights and A stay in the L1 cache across the rows of a window (one row after another over the whole
-  // range read them from further out once per row). A channel's operations, in row order, are the same.
-  pool.parallel_for(N, kChannelGrain, [&](int64_t i0, int64_t i1, int) {
-    for (int64_t c0 = i0; c0 < i1; c0 += kChannelGrain) {
-      const int64_t c1 = std::min(i1, c0 + kChannelGrain);
-      for (int64_t r = 0; r < R; ++r) {
-        cache::RecurrentState& st = state_of(r);
-        const cache::RecurrentState::Append& plan = st.append();
-        const int64_t pos = rows[static_cast<size_t>(r)].pos;
-        if (pos == plan.first) prepare(l, layer, st, c0, c1);
-        kernels::SsmConvArgs a;
-        a.d_inner = N;
-        a.d_conv = K;
-        a.state_in = st.conv(layer, read_slot(plan, pos));
-        a.state_out = st.conv(layer, write_slot(plan, pos));
-        a.x = xz_.data() + r * 2 * N;
-        a.w = l.ssm_conv_t;
-        a.b = l.ssm_conv1d_b.data;
-        a.y = xc_.data() + r * N;
-        kernels::ssm_conv_step(a, c0, c1);
-        if (pos >= plan.new_base) std::copy(a.x + c0, a.x + c1, st.inputs(layer, pos) + c0);
-      }
-    }
+  // Both passes take a thread's channels in blocks, each block through every row (channel_blocks_by_row; one
+  // row after another over the whole range read them from further out once per row). A channel's
+  // operations, in row order, are the same.
+  channel_blocks_by_row(pool, N, R, [&](int64_t r, int64_t c0, int64_t c1) {
+    cache::RecurrentState& st = state_of(r);
+    const cache::RecurrentState::Append& plan = st.append();
+    const int64_t pos = rows[static_cast<size_t>(r)].pos;
+    if (pos == plan.first) prepare(l, layer, st, c0, c1);
+    kernels::SsmConvArgs a;
+    a.d_inner = N;
+    a.d_conv = K;
+    a.state_in = st.conv(layer, read_slot(plan, pos));
+    a.state_out = st.conv(layer, write_slot(plan, pos));
+    a.x = xz_.data() + r * 2 * N;
+    a.w = l.ssm_conv_t;
+    a.b = l.ssm_conv1d_b.data;
+    a.y = xc_.data() + r * N;
+    kernels::ssm_conv_step(a, c0, c1);
+    if (pos >= plan.new_base) std::copy(a.x + c0, a.x + c1, st.inputs(layer, pos) + c0);
   });
   kernels::matmul(l.ssm_x, xc_.data(), R, xdb_.data(), pool, scratch);
   if (!l.ssm_dt_norm.empty()) {
@@ -158,33 +165,28 @@ void SsmMixer::run(const LayerWeights& l, int64_t layer, std::span<const Row> ro
   for (int64_t r = 0; r < R; ++r) std::copy_n(xdb_.data() + r * XDB, DR, dtr_.data() + r * DR);
   kernels::matmul(l.ssm_dt, dtr_.data(), R, dt_.data(), pool, scratch);
   for (int64_t r = 0; r < R; ++r) kernels::add_in_place(dt_.data() + r * N, l.ssm_dt_b.data, N);
-  pool.parallel_for(N, kChannelGrain, [&](int64_t i0, int64_t i1, int) {
-    for (int64_t c0 = i0; c0 < i1; c0 += kChannelGrain) {
-      const int64_t c1 = std::min(i1, c0 + kChannelGrain);
-      for (int64_t r = 0; r < R; ++r) {
-        cache::RecurrentState& st = state_of(r);
-        const cache::RecurrentState::Append& plan = st.append();
-        const int64_t pos = rows[static_cast<size_t>(r)].pos;
-        kernels::SsmScanArgs a;
-        a.d_inner = N;
-        a.d_state = S;
-        a.state_in = st.ssm(layer, read_slot(plan, pos));
-        a.state_out = st.ssm(layer, write_slot(plan, pos));
-        a.x = xc_.data() + r * N;
-        a.dt = dt_.data() + r * N;
-        a.a = l.ssm_a_t;
-        a.b = xdb_.data() + r * XDB + DR;
-        a.c = xdb_.data() + r * XDB + DR + S;
-        a.d = l.ssm_d.data;
-        a.z = xz_.data() + r * 2 * N + N;
-        a.y = y_.data() + r * N;
-        kernels::ssm_scan_step(a, c0, c1);
-        if (pos >= plan.new_base) {
-          float* in = st.inputs(layer, pos);
-          std::copy(a.dt + c0, a.dt + c1, in + N + c0);
-          if (c0 == 0) std::copy_n(a.b, 2 * S, in + 2 * N);  // B then C
-        }
-      }
+  channel_blocks_by_row(pool, N, R, [&](int64_t r, int64_t c0, int64_t c1) {
+    cache::RecurrentState& st = state_of(r);
+    const cache::RecurrentState::Append& plan = st.append();
+    const int64_t pos = rows[static_cast<size_t>(r)].pos;
+    kernels::SsmScanArgs a;
+    a.d_inner = N;
+    a.d_state = S;
+    a.state_in = st.ssm(layer, read_slot(plan, pos));
+    a.state_out = st.ssm(layer, write_slot(plan, pos));
+    a.x = xc_.data() + r * N;
+    a.dt = dt_.data() + r * N;
+    a.a = l.ssm_a_t;
+    a.b = xdb_.data() + r * XDB + DR;
+    a.c = xdb_.data() + r * XDB + DR + S;
+    a.d = l.ssm_d.data;
+    a.z = xz_.data() + r * 2 * N + N;
+    a.y = y_.data() + r * N;
+    kernels::ssm_scan_step(a, c0, c1);
+    if (pos >= plan.new_base) {
+      float* in = st.inputs(layer, pos);
+      std::copy(a.dt + c0, a.dt + c1, in + N + c0);
+      if (c0 == 0) std::copy_n(a.b, 2 * S, in + 2 * N);  // B then C
     }
   });
   kernels::matmul(l.ssm_out, y_.data(), R, out_.data(), pool, scratch);
