@@ -302,6 +302,40 @@ TEST(MoeModel, WindowAfterRollbackEqualsOneByOne) {
     }
 }
 
+// A decode step's latent attention (one run of rows, one latent head) splits its query heads into a share
+// per thread, evenly or not (four heads over three threads): every thread count gives the bits of one, for
+// decode steps and for a window after them.
+TEST(MoeModel, LatentAttentionSharesGiveTheBitsOfOneThread) {
+  for (const std::string& path : {deepseek2("deepseek2", "Q8_0"), deepseek2("deepseek2v3", "f32")}) {
+    SCOPED_TRACE(path);
+    auto model = tandem::model::Model::load(path);
+    const int64_t V = model->config().n_vocab;
+    std::vector<int32_t> prompt;
+    for (int32_t i = 0; i < 19; ++i) prompt.push_back((i * 29 + 3) % static_cast<int32_t>(V));
+    const std::vector<int32_t> window = {12, 400, 33};
+    const auto logits = [&](int threads) {
+      tandem::ThreadPool pool(threads);
+      tandem::model::Session s(*model, pool, tandem::model::SessionOptions{64});
+      s.eval(std::span<const int32_t>(prompt.data(), 4));
+      std::vector<float> out;
+      for (size_t i = 4; i < prompt.size(); ++i) {
+        const auto one = s.eval(std::span<const int32_t>(&prompt[i], 1));
+        out.insert(out.end(), one.begin(), one.end());
+      }
+      const auto w = s.eval(window, /*all_logits=*/true);
+      out.insert(out.end(), w.begin(), w.end());
+      return out;
+    };
+    const std::vector<float> want = logits(1);
+    for (int threads : {2, 3, 4}) {
+      const std::vector<float> got = logits(threads);
+      ASSERT_EQ(got.size(), want.size());
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * want.size()), 0)
+          << threads << " threads";
+    }
+  }
+}
+
 // A prompt whose first blocks another session of the store evaluated reuses them on the latent cache and
 // gets the bits of a fresh evaluation.
 TEST(MoeModel, LatentCachePrefixReuse) {
