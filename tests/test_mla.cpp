@@ -4,7 +4,7 @@
 // and from a repacked form, on the best kernel target and the scalar one, for 1, 3 and 16 rows. A wrong
 // head offset or a missing transpose moves a result by a large fraction of its size; the tolerances are
 // small fractions of the sum of its terms' magnitudes (L1), stated at each check. And a row's result has
-// the same bits alone as inside 16 rows.
+// the same bits alone as inside 16 rows, and matmul_on_thread's the bits of matmul, whole or in row ranges.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -268,6 +268,17 @@ TEST(MlaProjection, PerThreadMatmulHasTheBitsOfMatmul) {
                 << "row " << r;
             ASSERT_EQ(got[static_cast<size_t>(r * kOutStride + kRows)], -1.0f);  // nothing past the row
           }
+          // In 16-row ranges under one call number (up to 4 rows quantized once on the thread for all
+          // ranges, after a product of another input on that thread): the same bits.
+          std::vector<float> ranged(static_cast<size_t>(R * kOutStride), -1.0f);
+          const uint64_t call = scratch.next_call();
+          for (int64_t o0 = 0; o0 < kRows; o0 += 16)
+            kernels::matmul_on_thread(w.row_range(o0, 16), xs.data(), kStride, R, ranged.data() + o0,
+                                      kOutStride, scratch, 1, call);
+          for (int64_t r = 0; r < R; ++r)
+            ASSERT_EQ(0, std::memcmp(ranged.data() + r * kOutStride, got.data() + r * kOutStride,
+                                     kRows * sizeof(float)))
+                << "row " << r << " in ranges";
         }
       }
 }

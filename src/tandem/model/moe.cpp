@@ -216,13 +216,13 @@ void MoeFfn::run_together(const MoeWeights& w, const float* x, int64_t n, Thread
       std::copy_n(x + (slots_[static_cast<size_t>(p)] / K) * D, D, xs_.data() + p * D);
     const ExpertViews v = views(e);
     if (residency) residency->record(layer, e);
-    products_.push_back({v.gate, xs_.data() + first * D, D, count, gs_.data() + first * F, F});
-    products_.push_back({v.up, xs_.data() + first * D, D, count, us_.data() + first * F, F});
+    products_.push_back({v.gate, xs_.data() + first * D, D, count, gs_.data() + first * F, F, 0});
+    products_.push_back({v.up, xs_.data() + first * D, D, count, us_.data() + first * F, F, 0});
   }
   const bool shared = !w.shared_gate.empty();
   if (shared) {
-    products_.push_back({w.shared_gate, x, D, n, gate_.data(), S});
-    products_.push_back({w.shared_up, x, D, n, up_.data(), S});
+    products_.push_back({w.shared_gate, x, D, n, gate_.data(), S, 0});
+    products_.push_back({w.shared_up, x, D, n, up_.data(), S, 0});
   }
   run_products(pool, scratch);
 
@@ -237,9 +237,9 @@ void MoeFfn::run_together(const MoeWeights& w, const float* x, int64_t n, Thread
     const int64_t first = offsets_[static_cast<size_t>(e)],
                   count = offsets_[static_cast<size_t>(e) + 1] - first;
     if (count == 0) continue;
-    products_.push_back({views(e).down, gs_.data() + first * F, F, count, ys_.data() + first * D, D});
+    products_.push_back({views(e).down, gs_.data() + first * F, F, count, ys_.data() + first * D, D, 0});
   }
-  if (shared) products_.push_back({w.shared_down, gate_.data(), S, n, shared_out_.data(), D});
+  if (shared) products_.push_back({w.shared_down, gate_.data(), S, n, shared_out_.data(), D, 0});
   run_products(pool, scratch);
 
   for (int64_t p = 0; p < n * K; ++p)
@@ -251,9 +251,16 @@ void MoeFfn::run_products(ThreadPool& pool, kernels::MatmulScratch& scratch) {
   // matmul_group shares its units: each thread streams a contiguous run of them, then steals from the
   // others' tails. A task computes its rows of a product as a matrix of its own (row_range) on its thread;
   // matmul_on_thread gives every row the bits matmul() gives it.
+  // Products of one input (an expert's gate and up) share a call number, so a thread quantizes each input
+  // once for all its tasks of it (matmul_on_thread).
   first_unit_.clear();
   int64_t units = 0;
-  for (const Product& p : products_) {
+  const Product* prev = nullptr;
+  for (Product& p : products_) {
+    const bool same_input = prev && prev->x == p.x && prev->x_stride == p.x_stride && prev->rows == p.rows &&
+                            prev->w.cols == p.w.cols && prev->w.type == p.w.type && prev->w.form == p.w.form;
+    p.call = same_input ? prev->call : scratch.next_call();
+    prev = &p;
     first_unit_.push_back(units);
     units += (p.w.rows + kUnitRows - 1) / kUnitRows;
   }
@@ -265,7 +272,7 @@ void MoeFfn::run_products(ThreadPool& pool, kernels::MatmulScratch& scratch) {
       const Product& p = products_[i];
       const int64_t o0 = (b - first) * kUnitRows, o1 = std::min(p.w.rows, (e - first) * kUnitRows);
       kernels::matmul_on_thread(p.w.row_range(o0, o1 - o0), p.x, p.x_stride, p.rows, p.y + o0, p.y_stride,
-                                scratch, thread);
+                                scratch, thread, p.call);
     }
   });
 }

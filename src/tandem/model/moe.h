@@ -96,6 +96,7 @@ class MoeFfn {
     int64_t rows;
     float* y;
     int64_t y_stride;
+    uint64_t call;  // matmul_on_thread's: shared by the products of one input (run_products)
   };
   // The routed experts' and the shared expert's products of a call of at most kernels::kOwnActivationRows
   // rows, in two parallel regions (gate and up, then down), into slot_out_ and shared_out_.
