@@ -4,7 +4,7 @@
 // and from a repacked form, on the best kernel target and the scalar one, for 1, 3 and 16 rows. A wrong
 // head offset or a missing transpose moves a result by a large fraction of its size; the tolerances are
 // small fractions of the sum of its terms' magnitudes (L1), stated at each check. And a row's result has
-// the same bits alone as inside 16 rows, and matmul_on_thread's the bits of matmul, whole or in row ranges.
+// the same bits alone as inside 16 rows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
