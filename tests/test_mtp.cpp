@@ -2,7 +2,8 @@
 // deepseek2 file with one MTP layer loads with the layer kept out of the main forward; the layer's logits
 // match an independent NumPy reference (tests/mtp_reference.py, skipped with a message where NumPy is
 // missing); speculative greedy decoding with --draft mtp equals plain greedy at depths 1 and 3; the drafter
-// rolls back with rejections; files without MTP layers are refused, by the source and by the CLI.
+// rolls back with rejections; files without MTP layers are refused, by the source and by the CLI; `serve`
+// refuses draft trees from it at start.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -450,6 +451,18 @@ TEST_F(Mtp, FilesWithoutMtpLayersAreRefused) {
                                                 path("F32") + "' -p hello -n 8 --temp 0 --draft mtp 2>&1");
   EXPECT_EQ(ok_rc, 0) << ok;
   EXPECT_NE(ok.find("speculative:"), std::string::npos) << ok;
+}
+
+// `tandem serve --draft mtp --tree-nodes N` is refused at start, saying to use chains: the MTP layer drafts
+// chains only (and this file's latent cache cannot move a tree's path either).
+TEST_F(Mtp, ServeRefusesTreesAtStart) {
+  const auto [out, rc] = testing::run_command("XDG_CACHE_HOME='" + dir_->file("cache") + "' timeout 60 '" +
+                                              std::string(TANDEM_BINARY) + "' serve -t 1 --port 0 -m '" +
+                                              path("F32") + "' --draft mtp --tree-nodes 4 2>&1");
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 124) << "the server started: " << out;
+  EXPECT_NE(out.find("use chains (--tree-nodes 0)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("listening on"), std::string::npos) << out;
 }
 
 // `tandem synth --mtp-layers` writes the layers into deepseek2 files and refuses other architectures;
