@@ -32,6 +32,7 @@
 #include "tandem/model/synth.h"
 #include "tandem/speculative/draft_model.h"
 #include "tandem/speculative/ngram.h"
+#include "tandem/speculative/replay.h"
 #include "tandem/util/error.h"
 #include "test_util.h"
 
@@ -472,7 +473,8 @@ TEST_P(Hybrid, SpeculativeGreedyEqualsPlainGreedy) {
   const model::Model& target = q8();
   speculative::DraftModelSource draft(f32(), target, pool, options());
   speculative::NgramSource ngram({1, 4});
-  speculative::DraftSource* sources[] = {&draft, &ngram};
+  speculative::ReplaySource replay(0.7, target.config().n_vocab, 3);
+  speculative::DraftSource* sources[] = {&draft, &ngram, &replay};
   // With experts, half of them resident and rebalanced every few reads, so copies come and go between and
   // within speculative rounds.
   std::unique_ptr<model::ExpertResidency> residency;
@@ -484,6 +486,9 @@ TEST_P(Hybrid, SpeculativeGreedyEqualsPlainGreedy) {
     auto prompt = random_tokens(rng, 6, static_cast<int32_t>(target.config().n_vocab));
     prompt.insert(prompt.end(), prompt.begin(), prompt.end());  // repeats for the n-gram drafter to find
     const auto plain = plain_greedy(target, pool, prompt, kTokens);
+    std::vector<int32_t> reference = prompt;
+    reference.insert(reference.end(), plain.begin(), plain.end());
+    replay.set_reference(reference);
     for (speculative::DraftSource* source : sources) {
       for (int depth : {1, 3, 8}) {
         model::Session s(target, pool, options());
@@ -497,6 +502,10 @@ TEST_P(Hybrid, SpeculativeGreedyEqualsPlainGreedy) {
         total.add(engine::generate_speculative(
             s, *source, prompt, o, [&](int32_t t) { return out.push_back(t), true; }, nullptr));
         ASSERT_EQ(out, plain) << source->kind() << " depth " << depth;
+        // Every round drafts, so each rollback lands in the last verify window: nothing is replayed.
+        if (source == &replay) {
+          EXPECT_EQ(s.cache().recurrent()->replayed_rows(), 0) << "depth " << depth;
+        }
       }
     }
   }
