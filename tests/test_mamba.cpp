@@ -258,6 +258,42 @@ TEST_F(Mamba, AcceptingPartOfAWindowRestoresItsRowStateWithoutReplay) {
   }
 }
 
+// The owner announces its longest verify window (a drafter's depth + 1): the state keeps that many row states
+// and no more. A longer window keeps none, so accepting part of it replays the accepted rows, with the same
+// bits.
+TEST_F(Mamba, AnnouncedWindowSizesTheRowStates) {
+  ThreadPool pool(2);
+  std::mt19937 rng(29);
+  const model::Model& m = *q8_;
+  const auto V = static_cast<int32_t>(m.config().n_vocab);
+  model::SessionOptions o = options();
+  o.verify_rows = 5;
+  const auto prompt = random_tokens(rng, 7, V);
+  for (const int w : {5, 9}) {
+    model::Session spec(m, pool, o), plain(m, pool, options());
+    const cache::RecurrentState& st = *spec.cache().recurrent();
+    EXPECT_EQ(st.window_rows(), 5);
+    EXPECT_EQ(st.bytes(), cache::recurrent_sequence_bytes(m.config().kv_geometry(), st.depth(), 5));
+    EXPECT_EQ(st.bytes() - cache::recurrent_sequence_bytes(m.config().kv_geometry(), st.depth(), 4),
+              st.bytes_per_state());
+    spec.eval(prompt);
+    plain.eval(prompt);
+    const auto draft = random_tokens(rng, static_cast<size_t>(w), V);
+    spec.eval(draft, true);
+    EXPECT_EQ(st.append().row_states, w <= 5);
+    spec.truncate(spec.length() - w + 2);
+    plain.eval(std::span<const int32_t>(draft).first(2));
+    const int64_t replayed = st.replayed_rows();
+    const auto next = random_tokens(rng, 2, V);
+    const auto a = spec.eval(next, true);
+    const std::vector<float> got(a.begin(), a.end());
+    EXPECT_EQ(st.replayed_rows() - replayed, w <= 5 ? 0 : 2) << "window of " << w;
+    const auto b = plain.eval(next, true);
+    ASSERT_EQ(std::memcmp(got.data(), b.data(), b.size() * sizeof(float)), 0) << "window of " << w;
+    EXPECT_TRUE(same_bits(state_of(spec), state_of(plain))) << "window of " << w;
+  }
+}
+
 // A rollback into a run of single rows (a drafter's steps) keeps no row states: the next forward replays the
 // accepted rows, and gives the bits of plain decoding.
 TEST_F(Mamba, RollbackIntoSingleRowsReplays) {

@@ -21,23 +21,24 @@ size_t recurrent_state_bytes(const Geometry& g) {
          sizeof(float);
 }
 
-size_t recurrent_sequence_bytes(const Geometry& g, int64_t depth) {
+size_t recurrent_sequence_bytes(const Geometry& g, int64_t depth, int64_t window) {
   const auto inputs = static_cast<size_t>(recurrent_layers(g) * RecurrentState::rows_kept(depth) *
                                           (2 * g.ssm_d_inner + 2 * g.ssm_d_state)) *
                       sizeof(float);
-  return static_cast<size_t>(RecurrentState::slots(depth) + RecurrentState::kMaxSnapshots) *
+  return static_cast<size_t>(RecurrentState::slots(depth, window) + RecurrentState::kMaxSnapshots) *
              recurrent_state_bytes(g) +
          inputs;
 }
 
-RecurrentState::RecurrentState(const Geometry& g, int64_t depth)
+RecurrentState::RecurrentState(const Geometry& g, int64_t depth, int64_t window)
     : depth_(depth),
+      window_(window_rows(depth, window)),
       d_inner_(g.ssm_d_inner),
       d_state_(g.ssm_d_state),
       d_conv_(g.ssm_d_conv),
-      slots_(static_cast<size_t>(slots(depth))),
+      slots_(static_cast<size_t>(slots(depth, window))),
       rows_(static_cast<size_t>(rows_kept(depth))) {
-  TANDEM_CHECK(depth >= 0, "recurrent rollback depth must not be negative");
+  TANDEM_CHECK(depth >= 0 && window >= 0, "recurrent rollback depth and window must not be negative");
   TANDEM_CHECK(d_inner_ > 0 && d_state_ > 0 && d_conv_ >= 1, "bad recurrent state shape");
   index_.assign(static_cast<size_t>(g.n_layer), -1);
   for (int64_t l = 0; l < g.n_layer; ++l)
@@ -47,7 +48,7 @@ RecurrentState::RecurrentState(const Geometry& g, int64_t depth)
     conv_.assign(layers * slots_ * conv_size(), 0.0f);
     ssm_.assign(layers * slots_ * ssm_size(), 0.0f);
     inputs_.assign(layers * rows_ * input_size(), 0.0f);
-    row_slots_.assign(static_cast<size_t>(window_rows(depth) + 1), 0);
+    row_slots_.assign(static_cast<size_t>(window_ + 1), 0);
     snapshots_.resize(static_cast<size_t>(kMaxSnapshots));
   } catch (const std::bad_alloc&) {
     throw Error("cannot allocate the recurrent state (" + std::to_string(bytes() >> 20) +
@@ -188,7 +189,7 @@ void RecurrentState::begin_append(int64_t first, int64_t end) {
   if (depth_ == 0) {
     // No rollback: every row updates `current` in place, no row keeps its inputs.
     a.new_base = end;
-  } else if (n <= window_rows(depth_) && (n > 1 || replay || base_ == current_slot_)) {
+  } else if (n <= window_ && (n > 1 || replay || base_ == current_slot_)) {
     // A window (or a single row where `current` shares `base`'s slot): each row writes its state into a slot
     // of its own. After a rollback `base` is replayed up to first and the window starts there; else the
     // current state becomes `base`. The other slots take the rows' states, in slot order.

@@ -6,19 +6,20 @@
 // per row; and the inputs of each row since oldest() (the convolution's input x, the time step dt before
 // softplus, B and C: 2 d_inner + 2 d_state floats, against d_conv - 1 + d_state rows of d_inner for a state).
 //
-// A window of at most window_rows(depth) rows (a verify window: at most depth + 1 rows) keeps the state after
-// each of its rows: row j reads the slot of the state after first + j and writes its new state into another
-// slot, which the next row reads (the kernels write a state apart from the one they read at no extra cost: no
-// second pass, no copy). Its first row's input slot becomes `base`. Accepting k of its w rows is
-// rollback(first + k): `current` becomes the slot of row k's state by index, nothing is copied, and the next
-// forward starts from it with nothing to replay. That holds for any rollback into the window until the next
-// forward; window_rows(depth) + 1 slots hold a window's states.
+// A window of at most window_rows() rows (the longest verify window the owner announces, at most depth + 1:
+// a rollback reaches depth positions back) keeps the state after each of its rows: row j reads the slot of
+// the state after first + j and writes its new state into another slot, which the next row reads (the kernels
+// write a state apart from the one they read at no extra cost: no second pass, no copy). Its first row's
+// input slot becomes `base`. Accepting k of its w rows is rollback(first + k): `current` becomes the slot of
+// row k's state by index, nothing is copied, and the next forward starts from it with nothing to replay. That
+// holds for any rollback into the window until the next forward; window_rows() + 1 slots hold a window's
+// states.
 //
 // Every other rollback moves newest() only, and the next forward (model/ssm.h) replays the kept inputs of the
 // rows between oldest() and the rollback's length on `base` with the same kernels, which gives the bits that
 // decoding them did, and continues from there (`base` then starts at the rollback's length). Those are
 // rollbacks into a run of single rows (a drafter's steps, plain decoding), and into a forward of more rows
-// than window_rows(depth) (a prompt chunk: its rows update `current` in place and keep no per-row states). A
+// than window_rows() (a prompt chunk: its rows update `current` in place and keep no per-row states). A
 // longer forward starts `base` at its first row for free: its first row reads the current state and writes
 // another slot, and the two exchange roles. So a rollback reaches back to the first row of the last forward
 // of several rows (to depth rows before the end of one longer than depth + depth / 2), or the last rollback's
@@ -55,10 +56,10 @@ namespace tandem::cache {
 // Bytes of one state of every recurrent layer of `geometry` (0 when it has none). A decode step reads one
 // and writes one.
 size_t recurrent_state_bytes(const Geometry& geometry);
-// Bytes a sequence keeps for its recurrent layers with rollback depth `depth`: RecurrentState::slots(depth)
-// states (window_rows(depth) + 1, one at depth 0), the inputs of RecurrentState::rows_kept(depth) rows and,
-// at most, RecurrentState::kMaxSnapshots snapshots.
-size_t recurrent_sequence_bytes(const Geometry& geometry, int64_t depth);
+// Bytes a sequence keeps for its recurrent layers with rollback depth `depth` and verify windows of at most
+// `window` rows (0: depth + 1): RecurrentState::slots(depth, window) states, the inputs of
+// RecurrentState::rows_kept(depth) rows and, at most, RecurrentState::kMaxSnapshots snapshots.
+size_t recurrent_sequence_bytes(const Geometry& geometry, int64_t depth, int64_t window = 0);
 
 class RecurrentState {
  public:
@@ -83,19 +84,25 @@ class RecurrentState {
   static constexpr int64_t kSnapshotEvery = 256;
   static constexpr int64_t kMaxSnapshots = 2;
 
-  // depth: the deepest rollback kept, in positions; 0: no rollback (see above).
-  RecurrentState(const Geometry& geometry, int64_t depth);
+  // depth: the deepest rollback kept, in positions; 0: no rollback (see above). window: the most rows of a
+  // verify window the owner runs (a drafter's depth + 1), whose rows keep their states; 0: depth + 1.
+  RecurrentState(const Geometry& geometry, int64_t depth, int64_t window = 0);
 
   // Rows whose inputs a sequence of rollback depth `depth` keeps.
   static int64_t rows_kept(int64_t depth) { return depth > 0 ? depth + std::max<int64_t>(1, depth / 2) : 0; }
-  // The most rows of a forward that keep each row's state: a verify window of depth drafts and the row after
-  // them.
-  static int64_t window_rows(int64_t depth) { return depth > 0 ? depth + 1 : 0; }
-  // States a sequence of rollback depth `depth` keeps per layer: a window's first state and one per row
-  // (`base` and `current` among them), or `current` only.
-  static int64_t slots(int64_t depth) { return depth > 0 ? window_rows(depth) + 1 : 1; }
+  // The most rows of a forward that keep each row's state: the window announced, at most depth + 1 (a verify
+  // window of depth drafts and the row after them).
+  static int64_t window_rows(int64_t depth, int64_t window = 0) {
+    return depth > 0 ? (window > 0 ? std::min(window, depth + 1) : depth + 1) : 0;
+  }
+  // States a sequence keeps per layer: a window's first state and one per row (`base` and `current` among
+  // them), or `current` only without rollback.
+  static int64_t slots(int64_t depth, int64_t window = 0) {
+    return depth > 0 ? window_rows(depth, window) + 1 : 1;
+  }
 
   int64_t depth() const { return depth_; }
+  int64_t window_rows() const { return window_; }
   int64_t d_inner() const { return d_inner_; }
   int64_t d_state() const { return d_state_; }
   int64_t d_conv() const { return d_conv_; }
@@ -186,8 +193,8 @@ class RecurrentState {
   void take_snapshot();
   void drop_snapshots_after(int64_t n);
 
-  int64_t depth_, d_inner_, d_state_, d_conv_;
-  size_t slots_;  // slots(depth)
+  int64_t depth_, window_, d_inner_, d_state_, d_conv_;
+  size_t slots_;  // slots(depth, window)
   size_t rows_;   // rows_kept(depth)
   int64_t n_recurrent_ = 0;
   std::vector<int32_t> index_;  // [n_layer] position among the recurrent layers, -1 for other layers
@@ -198,7 +205,7 @@ class RecurrentState {
   int32_t base_ = 0, current_slot_ = 0;  // the slots holding the states after oldest_ and current_
   // The last window that kept its rows' states: the state after kept_first_ + j is in row_slots_[j], for
   // j <= kept_rows_ (0: none kept, or no longer: a forward ran since).
-  std::vector<int32_t> row_slots_;  // [window_rows(depth) + 1]
+  std::vector<int32_t> row_slots_;  // [window_ + 1]
   int64_t kept_first_ = 0, kept_rows_ = 0;
   int64_t replayed_rows_ = 0;
   Append append_;
