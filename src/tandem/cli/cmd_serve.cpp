@@ -379,7 +379,7 @@ void serve(const ServeOptions& o) {
     graph->set_expert_residency(residency.get());
     // Without speculation no sequence is rolled back: recurrent states then skip the rollback work.
     caches = std::make_unique<engine::SlotCachePool>(config, n_ctx, o.model.resolved_kv_type(), o.parallel,
-                                                     /*rollback=*/speculate);
+                                                     /*rollback=*/speculate, so.max_draft + 1);
     scheduler = std::make_unique<engine::Scheduler>(
         *graph, *caches, [&tk](int32_t id) { return tk.is_eog(id); }, so, drafts);
   }
