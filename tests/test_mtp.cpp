@@ -3,7 +3,8 @@
 // match an independent NumPy reference (tests/mtp_reference.py, skipped with a message where NumPy is
 // missing); speculative greedy decoding with --draft mtp equals plain greedy at depths 1 and 3; the drafter
 // rolls back with rejections; files without MTP layers are refused, by the source and by the CLI; `serve`
-// refuses draft trees from it at start.
+// refuses draft trees from it at start. Speculative greedy equals plain greedy on a file whose up-projections
+// are split per head too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -48,6 +49,9 @@ class Mtp : public ::testing::Test {
     // The same main weights (rows are generated from the tensor names) without the MTP layer.
     model::write_synthetic_model(model::with_mtp_layers(p, 0), model::find_file_type("F32"),
                                  path("F32-plain"), pool);
+    // The up-projection split per head (attn_k_b, attn_v_b), in the MTP layer too.
+    model::write_synthetic_model(model::with_split_kv_b(p), model::find_file_type("Q8_0"), path("Q8_0-split"),
+                                 pool);
     f32_ = model::Model::load(path("F32")).release();
     q8_ = model::Model::load(path("Q8_0")).release();
   }
@@ -304,6 +308,33 @@ TEST_F(Mtp, SpeculativeGreedyEqualsPlainGreedy) {
           std::to_string(total.tokens_per_forward()));
     }
   }
+}
+
+// The same on a file whose up-projections are split per head (the MTP layer's too), with quantized split
+// tensors (their F16 copies).
+TEST_F(Mtp, SpeculativeGreedyEqualsPlainGreedyOnASplitFile) {
+  ThreadPool pool(2);
+  std::mt19937 rng(6);
+  auto m = model::Model::load(path("Q8_0-split"));
+  ASSERT_EQ(m->weights().mtp.size(), 1u);
+  ASSERT_TRUE(m->weights().mtp[0].block.mla.split());
+  speculative::MtpDraftSource source(*m, pool, 256);
+  engine::SpecStats total;
+  for (int p = 0; p < 2; ++p) {
+    const auto prompt = random_tokens(rng, 8, static_cast<int32_t>(m->config().n_vocab));
+    const auto plain = plain_greedy(*m, pool, prompt, 16);
+    model::Session s(*m, pool, options());
+    engine::SpecOptions o;
+    o.generate.max_tokens = 16;
+    o.generate.sampling.temperature = 0.0f;
+    o.draft_max = 2;
+    o.use_gate = false;
+    std::vector<int32_t> out;
+    total.add(engine::generate_speculative(
+        s, source, prompt, o, [&](int32_t t) { return out.push_back(t), true; }, nullptr));
+    ASSERT_EQ(out, plain);
+  }
+  EXPECT_GT(total.drafted, 0);
 }
 
 // In the server's scheduler, four concurrent greedy requests drafted by their own MTP sources (fed by the
