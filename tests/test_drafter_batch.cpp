@@ -2,7 +2,9 @@
 // of different lengths, depths and samplers proposes exactly what each source proposes alone (tokens and q
 // bit for bit, and the drafter caches it leaves), round after round with a different rollback per sequence;
 // and the scheduler with a batched hidden-state drafter under 8 concurrent streams gives output identical to
-// plain greedy decoding request by request, its proposals batched across sequences.
+// plain greedy decoding request by request, its proposals batched across sequences; with token trees
+// (--tree-nodes), proposed by each sequence alone, the output is plain greedy output as well, and every
+// settled round leaves the drafter the taps a plain forward over the committed text gives.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -18,11 +20,14 @@
 #include "tandem/engine/scheduler.h"
 #include "tandem/model/graph.h"
 #include "tandem/model/model.h"
+#include "tandem/model/session.h"
+#include "tandem/server/metrics.h"
 #include "tandem/speculative/calibration.h"
 #include "tandem/speculative/dflash_draft.h"
 #include "tandem/speculative/dflash_train.h"
 #include "tandem/speculative/eagle_draft.h"
 #include "tandem/speculative/eagle_train.h"
+#include "tandem/speculative/tap_store.h"
 #include "tandem/tokenizer/tokenizer.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/util/error.h"
@@ -304,16 +309,20 @@ std::vector<int32_t> collect(engine::Stream& s) {
 }
 
 // Eight greedy requests with prompts of 2 to 77 tokens, run at once; each one's tokens, in request order.
+// With tree_nodes > 0 every sequence proposes token trees, verified whole (rows priced as free).
 std::vector<std::vector<int32_t>> serve_all(model::Graph& graph, const model::Config& config, int max_draft,
-                                            engine::DraftFactory drafts, engine::SchedulerStats* stats) {
+                                            engine::DraftFactory drafts, engine::SchedulerStats* stats,
+                                            int tree_nodes = 0) {
   engine::SchedulerOptions o;
   o.max_running = 8;
   o.max_waiting = 8;
   o.max_rows = 64;
   o.max_draft = max_draft;
+  o.tree_nodes = tree_nodes;
   // Flat costs and no margin: every round drafts the deepest window.
   o.gate.margin = 0.0;
   o.gate.timing_samples = 1 << 30;
+  if (tree_nodes > 0) o.costs = CostModel::linear(0.0, 0.0, 64);
   engine::SlotCachePool caches(config, kCtx, cache::KvType::kF16, o.max_running);
   engine::Scheduler s(graph, caches, nullptr, o, std::move(drafts));
   std::vector<std::shared_ptr<engine::Stream>> streams;
@@ -345,50 +354,63 @@ std::vector<std::vector<int32_t>> training_prompts(const model::Model& m) {
   return prompts;
 }
 
+// Briefly trained drafters of both kinds, saved as `tandem train-drafter` saves them (their proposals, not
+// their quality, matter); trained once for every test that serves them.
+struct Drafters {
+  std::string target_hash, eagle_file, dflash_file;
+  train::DrafterInfo eagle, dflash;
+};
+
+const Drafters& drafters(const model::Model& target, ThreadPool& pool) {
+  static const Drafters d = [&] {
+    Drafters r;
+    r.target_hash = file_fingerprint(target_path());
+    EagleTrainOptions eo;
+    eo.prompts = training_prompts(target);
+    eo.tokens = 256;
+    eo.continuation = 64;
+    eo.steps = 12;
+    eo.unroll = 2;
+    eo.seed = 3;
+    EagleTrainResult eagle = train_eagle(target, pool, eo);
+    eagle.info.target_file_hash = r.target_hash;
+    r.eagle_file = ::testing::TempDir() + std::to_string(getpid()) + "_drafter_batch_eagle.gguf";
+    std::vector<train::Param*> params = eagle.source->drafter().params();
+    train::save_drafter(r.eagle_file, eagle.info, params);
+    r.eagle = eagle.info;
+
+    DflashTrainOptions dopt;
+    dopt.data.prompts = training_prompts(target);
+    dopt.data.tokens = 256;
+    dopt.data.continuation = 64;
+    dopt.data.seed = 5;
+    dopt.steps = 12;
+    dopt.seed = 5;
+    dopt.block = 4;
+    dopt.anchors = 8;
+    DflashTrainResult dflash = train_dflash(target, pool, dopt);
+    dflash.info.target_file_hash = r.target_hash;
+    r.dflash_file = ::testing::TempDir() + std::to_string(getpid()) + "_drafter_batch_dflash.gguf";
+    params = dflash.source->drafter().params();
+    train::save_drafter(r.dflash_file, dflash.info, params);
+    r.dflash = dflash.info;
+    return r;
+  }();
+  return d;
+}
+
 TEST(DrafterBatch, SchedulerWithBatchedDraftersEqualsPlainGreedy) {
   Fixture f;
   model::Graph graph(*f.target, f.pool, model::GraphOptions{64, 16});
   const auto plain = serve_all(graph, f.target->config(), 0, {}, nullptr);
   ASSERT_EQ(plain.size(), 8u);
-  const std::string target_hash = file_fingerprint(target_path());
-
-  // Briefly trained drafters: their proposals, not their quality, matter.
-  EagleTrainOptions eo;
-  eo.prompts = training_prompts(*f.target);
-  eo.tokens = 256;
-  eo.continuation = 64;
-  eo.steps = 12;
-  eo.unroll = 2;
-  eo.seed = 3;
-  EagleTrainResult eagle = train_eagle(*f.target, f.pool, eo);
-  eagle.info.target_file_hash = target_hash;
-  const std::string eagle_file =
-      ::testing::TempDir() + std::to_string(getpid()) + "_drafter_batch_eagle.gguf";
-  std::vector<train::Param*> params = eagle.source->drafter().params();
-  train::save_drafter(eagle_file, eagle.info, params);
-
-  DflashTrainOptions dopt;
-  dopt.data.prompts = training_prompts(*f.target);
-  dopt.data.tokens = 256;
-  dopt.data.continuation = 64;
-  dopt.data.seed = 5;
-  dopt.steps = 12;
-  dopt.seed = 5;
-  dopt.block = 4;
-  dopt.anchors = 8;
-  DflashTrainResult dflash = train_dflash(*f.target, f.pool, dopt);
-  dflash.info.target_file_hash = target_hash;
-  const std::string dflash_file =
-      ::testing::TempDir() + std::to_string(getpid()) + "_drafter_batch_dflash.gguf";
-  params = dflash.source->drafter().params();
-  train::save_drafter(dflash_file, dflash.info, params);
-
+  const Drafters& d = drafters(*f.target, f.pool);
   {
-    EagleDraftBatch batch(eagle_config_of(eagle.info), f.pool, 8, kCtx, 64);
+    EagleDraftBatch batch(eagle_config_of(d.eagle), f.pool, 8, kCtx, 64);
     engine::SchedulerStats stats;
     const auto spec = serve_all(
         graph, f.target->config(), 4,
-        [&] { return EagleDraftSource::load(eagle_file, *f.target, target_hash, f.pool, kCtx, &batch); },
+        [&] { return EagleDraftSource::load(d.eagle_file, *f.target, d.target_hash, f.pool, kCtx, &batch); },
         &stats);
     for (size_t i = 0; i < plain.size(); ++i)
       EXPECT_EQ(spec[i], plain[i]) << "request " << i << " with the batched EAGLE-3 drafter";
@@ -397,17 +419,144 @@ TEST(DrafterBatch, SchedulerWithBatchedDraftersEqualsPlainGreedy) {
     EXPECT_GT(batch.widest(), 1) << "no two sequences ever drafted together";
   }
   {
-    DflashDraftBatch batch(dflash_config_of(dflash.info), f.pool, 8, kCtx, 64);
+    DflashDraftBatch batch(dflash_config_of(d.dflash), f.pool, 8, kCtx, 64);
     engine::SchedulerStats stats;
     const auto spec = serve_all(
         graph, f.target->config(), 4,
-        [&] { return DflashDraftSource::load(dflash_file, *f.target, target_hash, f.pool, kCtx, &batch); },
+        [&] {
+          return DflashDraftSource::load(d.dflash_file, *f.target, d.target_hash, f.pool, kCtx, &batch);
+        },
         &stats);
     for (size_t i = 0; i < plain.size(); ++i)
       EXPECT_EQ(spec[i], plain[i]) << "request " << i << " with the batched DFlash drafter";
     EXPECT_GT(stats.verify_windows, 0u);
     EXPECT_GT(batch.proposals(), 0);
     EXPECT_GT(batch.widest(), 1) << "no two sequences ever drafted together";
+  }
+}
+
+// Tree rounds of a drafter that reads the target, seen from the scheduler's side.
+struct TreeCounts {
+  int trees = 0;   // proposals with a tree
+  int rounds = 0;  // rounds settled (accept() calls)
+  int moved = 0;   // tap rows a kept path moved (an accepted node past its parent's first child)
+};
+
+// Forwards every call to an EAGLE-3 or DFlash source and, after each round settles, checks its taps against
+// those a plain target forward over the committed text gives: the scheduler's captures of its tree windows,
+// moved along the accepted path (on_tree_kept), must equal the taps of that path decoded as a chain, bit for
+// bit.
+template <typename Source>
+class TapChecked final : public DraftSource {
+ public:
+  TapChecked(std::unique_ptr<Source> inner, const model::Model& target, ThreadPool& pool, TreeCounts& counts)
+      : inner_(std::move(inner)), target_(target), pool_(pool), counts_(counts) {}
+  std::string_view kind() const override { return inner_->kind(); }
+  void begin(std::span<const int32_t> prompt, const DraftSettings& settings) override {
+    inner_->begin(prompt, settings);
+  }
+  void propose(std::span<const int32_t> committed, int max_depth, Draft& out) override {
+    inner_->propose(committed, max_depth, out);
+  }
+  void propose_tree(std::span<const int32_t> committed, int max_nodes, int max_depth, Draft& out) override {
+    inner_->propose_tree(committed, max_nodes, max_depth, out);
+    counts_.trees += out.tree.empty() ? 0 : 1;
+  }
+  bool follows_tree_rows() const override { return inner_->follows_tree_rows(); }
+  void on_tree_kept(int64_t base, std::span<const int32_t> rows) override {
+    for (size_t i = 0; i < rows.size(); ++i) counts_.moved += rows[i] != static_cast<int32_t>(i) ? 1 : 0;
+    inner_->on_tree_kept(base, rows);
+  }
+  std::span<const int64_t> target_layers() const override { return inner_->target_layers(); }
+  void on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
+                        int64_t first_pos) override {
+    inner_->on_target_hidden(layer, hidden, n_rows, first_pos);
+  }
+  void accept(std::span<const int32_t> committed, int n_accepted) override {
+    inner_->accept(committed, n_accepted);
+    ++counts_.rounds;
+    const TapStore& got = inner_->tap_store();
+    const auto n = static_cast<int64_t>(committed.size());
+    ASSERT_EQ(got.length(), n - 1) << "the taps cover every committed token but the last";
+    TapStore want(std::vector<int32_t>(got.layers().begin(), got.layers().end()), got.n_taps(), got.width(),
+                  got.capacity(), "plain");
+    // The plain forward's layers, each continuing where its previous chunk ended.
+    std::vector<int64_t> done(got.layers().size(), 0);
+    const model::CaptureFn fn = [&](int64_t layer, const float* h, int64_t rows) {
+      for (size_t t = 0; t < got.layers().size(); ++t)
+        if (got.layers()[t] == layer) {
+          want.capture(layer, {h, static_cast<size_t>(rows * got.width())}, rows, done[t]);
+          done[t] += rows;
+        }
+    };
+    model::Session s(target_, pool_, model::SessionOptions{kCtx, cache::KvType::kF16});
+    s.eval(committed.first(static_cast<size_t>(n - 1)), false, &fn);
+    ASSERT_EQ(want.length(), n - 1);
+    const std::span<const float> a = got.rows(0, n - 1), b = want.rows(0, n - 1);
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size_bytes()))
+        << "taps after " << n << " committed tokens differ from a plain forward's";
+  }
+
+ private:
+  std::unique_ptr<Source> inner_;
+  const model::Model& target_;
+  ThreadPool& pool_;
+  TreeCounts& counts_;
+};
+
+// Token trees from the hidden-state drafters in the scheduler, made with their batches as `serve` makes them
+// (a tree sequence proposes alone): under 8 concurrent streams with prompts of 2 to 77 tokens, greedy output
+// equals plain output request by request; every settled round leaves the drafter the taps of a plain forward
+// over the committed text; and the verified nodes are counted in tandem_tree_nodes_verified_total.
+TEST(DrafterBatch, SchedulerTreesFromHiddenStateDraftersEqualPlainGreedy) {
+  Fixture f;
+  model::Graph graph(*f.target, f.pool, model::GraphOptions{64, 16});
+  const auto plain = serve_all(graph, f.target->config(), 0, {}, nullptr);
+  ASSERT_EQ(plain.size(), 8u);
+  const Drafters& d = drafters(*f.target, f.pool);
+  auto check = [&](const char* name, const engine::SchedulerStats& stats,
+                   const std::vector<std::vector<int32_t>>& out, const TreeCounts& counts) {
+    SCOPED_TRACE(name);
+    for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(out[i], plain[i]) << "request " << i;
+    EXPECT_GT(counts.trees, 0);
+    EXPECT_GE(counts.rounds, counts.trees) << "every verified tree settles a round";
+    EXPECT_GT(counts.moved, 0) << "no accepted path ran through a node past its parent's first child";
+    EXPECT_GT(stats.tree_nodes, 0u);
+    EXPECT_LE(stats.tree_nodes, stats.drafted);
+    EXPECT_GT(stats.accepted, 0u);
+    EXPECT_LT(stats.accepted, stats.tree_nodes) << "some nodes were rejected";
+    const std::string metrics = server::Metrics().render(stats);
+    EXPECT_NE(metrics.find("tandem_tree_nodes_verified_total " + std::to_string(stats.tree_nodes) + "\n"),
+              std::string::npos)
+        << metrics;
+  };
+  {
+    EagleDraftBatch batch(eagle_config_of(d.eagle), f.pool, 8, kCtx, 64);
+    TreeCounts counts;
+    engine::SchedulerStats stats;
+    const auto out = serve_all(
+        graph, f.target->config(), 6,
+        [&] {
+          return std::make_unique<TapChecked<EagleDraftSource>>(
+              EagleDraftSource::load(d.eagle_file, *f.target, d.target_hash, f.pool, kCtx, &batch), *f.target,
+              f.pool, counts);
+        },
+        &stats, 10);
+    check("EAGLE-3", stats, out, counts);
+  }
+  {
+    DflashDraftBatch batch(dflash_config_of(d.dflash), f.pool, 8, kCtx, 64);
+    TreeCounts counts;
+    engine::SchedulerStats stats;
+    const auto out = serve_all(
+        graph, f.target->config(), 4,
+        [&] {
+          return std::make_unique<TapChecked<DflashDraftSource>>(
+              DflashDraftSource::load(d.dflash_file, *f.target, d.target_hash, f.pool, kCtx, &batch),
+              *f.target, f.pool, counts);
+        },
+        &stats, 8);
+    check("DFlash", stats, out, counts);
   }
 }
 

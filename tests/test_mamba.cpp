@@ -25,6 +25,7 @@
 #include "tandem/model/synth.h"
 #include "tandem/speculative/draft_model.h"
 #include "tandem/speculative/ngram.h"
+#include "tandem/speculative/replay.h"
 #include "tandem/util/error.h"
 #include "test_util.h"
 
@@ -192,21 +193,130 @@ TEST_F(Mamba, DeepRollbacksContinueAsPlainDecoding) {
   }
 }
 
-// A sequence keeps two states, the inputs of the rows a rollback may replay and the snapshots for prefix
-// reuse, not a state per position.
-TEST_F(Mamba, RollbackKeepsTwoStatesAndTheRowInputs) {
+// A sequence keeps a verify window's states (one per row and the one before it), the inputs of the rows a
+// rollback may replay and the snapshots for prefix reuse.
+TEST_F(Mamba, RollbackKeepsAWindowOfStatesAndTheRowInputs) {
   ThreadPool pool(1);
   model::Session s(*f32_, pool, options());
   const cache::RecurrentState& st = *s.cache().recurrent();
   const int64_t depth = st.depth();
   EXPECT_EQ(depth, 16);
+  EXPECT_EQ(cache::RecurrentState::window_rows(depth), depth + 1);
+  EXPECT_EQ(cache::RecurrentState::slots(depth), depth + 2);
   // 4 layers; per row x and dt (256 each), B and C (16 each).
   const size_t inputs = size_t{4} * static_cast<size_t>(cache::RecurrentState::rows_kept(depth)) *
                         (2 * 256 + 2 * 16) * sizeof(float);
-  const auto states = static_cast<size_t>(2 + cache::RecurrentState::kMaxSnapshots);
+  const auto states = static_cast<size_t>(depth + 2 + cache::RecurrentState::kMaxSnapshots);
   EXPECT_EQ(st.bytes(), states * st.bytes_per_state() + inputs);
   EXPECT_EQ(st.bytes(), cache::recurrent_sequence_bytes(f32_->config().kv_geometry(), depth));
-  EXPECT_LT(st.bytes() * 2, st.bytes_per_state() * static_cast<size_t>(depth + 1));
+  // Only forwards a rollback may land inside keep their rows' states: not a prompt chunk longer than a
+  // verify window.
+  std::mt19937 rng(23);
+  s.eval(random_tokens(rng, static_cast<size_t>(cache::RecurrentState::window_rows(depth) + 1), 512));
+  EXPECT_FALSE(st.append().row_states);
+  s.eval(random_tokens(rng, static_cast<size_t>(cache::RecurrentState::window_rows(depth)), 512));
+  EXPECT_TRUE(st.append().row_states);
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A window of w rows keeps each row's state: accepting k of them (rollback to first + k, every k < w) makes
+// row k's state current at once, bit for bit the state of decoding the k tokens one by one, and the next
+// forward replays nothing and continues exactly as plain decoding.
+TEST_F(Mamba, AcceptingPartOfAWindowRestoresItsRowStateWithoutReplay) {
+  ThreadPool pool(2);
+  std::mt19937 rng(17);
+  const model::Model& m = *q8_;
+  const auto V = static_cast<int32_t>(m.config().n_vocab);
+  const auto prompt = random_tokens(rng, 7, V);
+  for (const int w : {2, 5, 9}) {
+    for (int k = 0; k < w; ++k) {
+      model::Session spec(m, pool, options()), plain(m, pool, options());
+      spec.eval(prompt);
+      for (int32_t t : prompt) plain.eval(std::span<const int32_t>(&t, 1));
+      const auto draft = random_tokens(rng, static_cast<size_t>(w), V);
+      const cache::RecurrentState& st = *spec.cache().recurrent();
+      const int64_t replayed = st.replayed_rows();
+      spec.eval(draft, true);
+      spec.truncate(spec.length() - w + k);
+      for (int i = 0; i < k; ++i)
+        plain.eval(std::span<const int32_t>(draft).subspan(static_cast<size_t>(i), 1));
+      ASSERT_EQ(spec.length(), plain.length());
+      // The rollback itself restored the state (state_of checks current() == length()).
+      ASSERT_TRUE(same_bits(state_of(spec), state_of(plain))) << k << " of " << w;
+      const auto next = random_tokens(rng, 2, V);
+      const auto a = spec.eval(next, true);
+      const std::vector<float> got(a.begin(), a.end());
+      EXPECT_EQ(st.append().replay_to, st.append().replay_from);
+      EXPECT_EQ(st.replayed_rows(), replayed) << k << " of " << w << ": the next forward replayed rows";
+      const auto b = plain.eval(next, true);
+      ASSERT_EQ(std::memcmp(got.data(), b.data(), b.size() * sizeof(float)), 0) << k << " of " << w;
+      ASSERT_TRUE(same_bits(state_of(spec), state_of(plain))) << k << " of " << w;
+    }
+  }
+}
+
+// The owner announces its longest verify window (a drafter's depth + 1): the state keeps that many row states
+// and no more. A longer window keeps none, so accepting part of it replays the accepted rows, with the same
+// bits.
+TEST_F(Mamba, AnnouncedWindowSizesTheRowStates) {
+  ThreadPool pool(2);
+  std::mt19937 rng(29);
+  const model::Model& m = *q8_;
+  const auto V = static_cast<int32_t>(m.config().n_vocab);
+  model::SessionOptions o = options();
+  o.verify_rows = 5;
+  const auto prompt = random_tokens(rng, 7, V);
+  for (const int w : {5, 9}) {
+    model::Session spec(m, pool, o), plain(m, pool, options());
+    const cache::RecurrentState& st = *spec.cache().recurrent();
+    EXPECT_EQ(st.window_rows(), 5);
+    EXPECT_EQ(st.bytes(), cache::recurrent_sequence_bytes(m.config().kv_geometry(), st.depth(), 5));
+    EXPECT_EQ(st.bytes() - cache::recurrent_sequence_bytes(m.config().kv_geometry(), st.depth(), 4),
+              st.bytes_per_state());
+    spec.eval(prompt);
+    plain.eval(prompt);
+    const auto draft = random_tokens(rng, static_cast<size_t>(w), V);
+    spec.eval(draft, true);
+    EXPECT_EQ(st.append().row_states, w <= 5);
+    spec.truncate(spec.length() - w + 2);
+    plain.eval(std::span<const int32_t>(draft).first(2));
+    const int64_t replayed = st.replayed_rows();
+    const auto next = random_tokens(rng, 2, V);
+    const auto a = spec.eval(next, true);
+    const std::vector<float> got(a.begin(), a.end());
+    EXPECT_EQ(st.replayed_rows() - replayed, w <= 5 ? 0 : 2) << "window of " << w;
+    const auto b = plain.eval(next, true);
+    ASSERT_EQ(std::memcmp(got.data(), b.data(), b.size() * sizeof(float)), 0) << "window of " << w;
+    EXPECT_TRUE(same_bits(state_of(spec), state_of(plain))) << "window of " << w;
+  }
+}
+
+// A rollback into a run of single rows (a drafter's steps) keeps no row states: the next forward replays the
+// accepted rows, and gives the bits of plain decoding.
+TEST_F(Mamba, RollbackIntoSingleRowsReplays) {
+  ThreadPool pool(2);
+  std::mt19937 rng(19);
+  const model::Model& m = *q8_;
+  const auto V = static_cast<int32_t>(m.config().n_vocab);
+  const auto tokens = random_tokens(rng, 12, V);
+  model::Session s(m, pool, options()), plain(m, pool, options());
+  s.eval(std::span<const int32_t>(tokens).first(6));
+  plain.eval(std::span<const int32_t>(tokens).first(8));
+  for (size_t i = 6; i < tokens.size(); ++i) s.eval(std::span<const int32_t>(tokens).subspan(i, 1));
+  const cache::RecurrentState& st = *s.cache().recurrent();
+  const int64_t replayed = st.replayed_rows(), oldest = st.oldest();
+  ASSERT_LT(oldest, 8);
+  s.truncate(8);
+  const auto next = random_tokens(rng, 1, V);
+  const auto a = s.eval(next, true);
+  const std::vector<float> got(a.begin(), a.end());
+  EXPECT_EQ(st.replayed_rows() - replayed, 8 - oldest);  // the rows from the base to 8
+  const auto b = plain.eval(next, true);
+  ASSERT_EQ(std::memcmp(got.data(), b.data(), b.size() * sizeof(float)), 0);
+  EXPECT_TRUE(same_bits(state_of(s), state_of(plain)));
 }
 
 TEST_F(Mamba, RollbackPastTheKeptDepthIsRefused) {
@@ -455,12 +565,16 @@ TEST_F(Mamba, SpeculativeGreedyEqualsPlainGreedy) {
   constexpr int64_t kTokens = 24;
   speculative::DraftModelSource draft(*f32_, *q8_, pool, options());
   speculative::NgramSource ngram({1, 4});
-  speculative::DraftSource* sources[] = {&draft, &ngram};
+  speculative::ReplaySource replay(0.7, 512, 3);
+  speculative::DraftSource* sources[] = {&draft, &ngram, &replay};
   engine::SpecStats total;
   for (int p = 0; p < 3; ++p) {
     auto prompt = random_tokens(rng, 6, 512);
     prompt.insert(prompt.end(), prompt.begin(), prompt.end());  // repeats for the n-gram drafter to find
     const auto plain = plain_greedy(*q8_, pool, prompt, kTokens);
+    std::vector<int32_t> reference = prompt;
+    reference.insert(reference.end(), plain.begin(), plain.end());
+    replay.set_reference(reference);
     for (speculative::DraftSource* source : sources) {
       for (int depth : {1, 3, 8}) {
         model::Session s(*q8_, pool, options());
@@ -473,6 +587,10 @@ TEST_F(Mamba, SpeculativeGreedyEqualsPlainGreedy) {
         total.add(engine::generate_speculative(
             s, *source, prompt, o, [&](int32_t t) { return out.push_back(t), true; }, nullptr));
         ASSERT_EQ(out, plain) << source->kind() << " depth " << depth;
+        // Every round drafts, so each rollback lands in the last verify window: nothing is replayed.
+        if (source == &replay) {
+          EXPECT_EQ(s.cache().recurrent()->replayed_rows(), 0) << "depth " << depth;
+        }
       }
     }
   }

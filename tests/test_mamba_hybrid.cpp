@@ -32,6 +32,7 @@
 #include "tandem/model/synth.h"
 #include "tandem/speculative/draft_model.h"
 #include "tandem/speculative/ngram.h"
+#include "tandem/speculative/replay.h"
 #include "tandem/util/error.h"
 #include "test_util.h"
 
@@ -409,6 +410,44 @@ TEST_P(Hybrid, AcceptRejectRoundsEqualPlainDecoding) {
   EXPECT_EQ(std::memcmp(from_spec.data(), b.data(), b.size() * sizeof(float)), 0);
 }
 
+// A verify window keeps each row's Mamba state: accepting k of its w rows (every k < w) restores row k's
+// state at once, bit for bit that of decoding the k tokens one by one, and the next forward replays nothing
+// and gives plain decoding's logits, the attention layers truncated alike.
+TEST_P(Hybrid, AcceptingPartOfAWindowNeedsNoReplay) {
+  ThreadPool pool(2);
+  std::mt19937 rng(17);
+  const model::Model& m = q8();
+  const auto V = static_cast<int32_t>(m.config().n_vocab);
+  const auto prompt = random_tokens(rng, 7, V);
+  for (const int w : {2, 5, 9}) {
+    for (int k = 0; k < w; ++k) {
+      model::Session spec(m, pool, options()), plain(m, pool, options());
+      spec.eval(prompt);
+      for (int32_t t : prompt) plain.eval(std::span<const int32_t>(&t, 1));
+      const auto draft = random_tokens(rng, static_cast<size_t>(w), V);
+      const cache::RecurrentState& st = *spec.cache().recurrent();
+      const int64_t replayed = st.replayed_rows();
+      spec.eval(draft, true);
+      spec.truncate(spec.length() - w + k);
+      for (int i = 0; i < k; ++i)
+        plain.eval(std::span<const int32_t>(draft).subspan(static_cast<size_t>(i), 1));
+      ASSERT_EQ(spec.length(), plain.length());
+      std::vector<float> a = state_of(spec), b = state_of(plain);
+      ASSERT_EQ(a.size(), b.size());
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << k << " of " << w;
+      const auto next = random_tokens(rng, 2, V);
+      const auto l = spec.eval(next, true);
+      const std::vector<float> got(l.begin(), l.end());
+      EXPECT_EQ(st.replayed_rows(), replayed) << k << " of " << w << ": the next forward replayed rows";
+      const auto e = plain.eval(next, true);
+      ASSERT_EQ(std::memcmp(got.data(), e.data(), e.size() * sizeof(float)), 0) << k << " of " << w;
+      a = state_of(spec);
+      b = state_of(plain);
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << k << " of " << w;
+    }
+  }
+}
+
 // Plain decoding in a sequence set up without rollback (its Mamba layers keep one state and replay nothing)
 // gives the bits of one with rollback: tokens, every step's logits and the state; a rollback of it is refused
 // and changes nothing, neither the state nor the attention layers' positions.
@@ -472,7 +511,8 @@ TEST_P(Hybrid, SpeculativeGreedyEqualsPlainGreedy) {
   const model::Model& target = q8();
   speculative::DraftModelSource draft(f32(), target, pool, options());
   speculative::NgramSource ngram({1, 4});
-  speculative::DraftSource* sources[] = {&draft, &ngram};
+  speculative::ReplaySource replay(0.7, target.config().n_vocab, 3);
+  speculative::DraftSource* sources[] = {&draft, &ngram, &replay};
   // With experts, half of them resident and rebalanced every few reads, so copies come and go between and
   // within speculative rounds.
   std::unique_ptr<model::ExpertResidency> residency;
@@ -484,6 +524,9 @@ TEST_P(Hybrid, SpeculativeGreedyEqualsPlainGreedy) {
     auto prompt = random_tokens(rng, 6, static_cast<int32_t>(target.config().n_vocab));
     prompt.insert(prompt.end(), prompt.begin(), prompt.end());  // repeats for the n-gram drafter to find
     const auto plain = plain_greedy(target, pool, prompt, kTokens);
+    std::vector<int32_t> reference = prompt;
+    reference.insert(reference.end(), plain.begin(), plain.end());
+    replay.set_reference(reference);
     for (speculative::DraftSource* source : sources) {
       for (int depth : {1, 3, 8}) {
         model::Session s(target, pool, options());
@@ -497,6 +540,10 @@ TEST_P(Hybrid, SpeculativeGreedyEqualsPlainGreedy) {
         total.add(engine::generate_speculative(
             s, *source, prompt, o, [&](int32_t t) { return out.push_back(t), true; }, nullptr));
         ASSERT_EQ(out, plain) << source->kind() << " depth " << depth;
+        // Every round drafts, so each rollback lands in the last verify window: nothing is replayed.
+        if (source == &replay) {
+          EXPECT_EQ(s.cache().recurrent()->replayed_rows(), 0) << "depth " << depth;
+        }
       }
     }
   }

@@ -5,18 +5,35 @@
 // head offset or a missing transpose moves a result by a large fraction of its size; the tolerances are
 // small fractions of the sum of its terms' magnitudes (L1), stated at each check. And a row's result has
 // the same bits alone as inside 16 rows.
+//
+// Files whose up-projection is split per head (attn_k_b, attn_v_b, as recent converters write them), written
+// by synth from the same seed as joined ones: float files give the joined files' logits bit for bit (tiny V2
+// and V3 style presets, the V3 one with an MTP layer), Q8_0 ones stay within the golden tolerance for
+// quantized MoE files (their attn_k_b is quantized in blocks along the key width instead of the latent's),
+// the split tensors are multiplied in place where they are float, both 3-D and flattened 2-D forms load, a
+// file holding both forms uses the split one, and malformed files are refused with the tensor named.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "tandem/gguf/reader.h"
+#include "tandem/gguf/writer.h"
 #include "tandem/kernels/matmul.h"
 #include "tandem/kernels/repack.h"
 #include "tandem/model/mla.h"
+#include "tandem/model/model.h"
+#include "tandem/model/session.h"
+#include "tandem/model/synth.h"
 #include "tandem/tensor/quant.h"
+#include "tandem/util/error.h"
 #include "test_util.h"
 
 namespace {
@@ -281,6 +298,226 @@ TEST(MlaProjection, PerThreadMatmulHasTheBitsOfMatmul) {
                 << "row " << r << " in ranges";
         }
       }
+}
+
+class MlaSplitFiles : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new tandem::testing::TempDir("tandem-mla-split");
+    ThreadPool pool(2);
+    for (const char* preset : kPresets)
+      for (const char* type : {"F32", "F16", "Q8_0"})
+        for (bool split : {false, true}) {
+          const model::SynthPreset& p = model::find_synth_preset(preset);
+          model::write_synthetic_model(split ? model::with_split_kv_b(p) : p, model::find_file_type(type),
+                                       path(preset, type, split), pool);
+        }
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static std::string path(const std::string& preset, const std::string& type, bool split) {
+    return dir_->file(preset + "-" + type + (split ? "-split" : "") + ".gguf");
+  }
+  static std::string file(const std::string& name) { return dir_->file(name); }
+  static constexpr const char* kPresets[] = {"tiny-deepseek2-d64", "tiny-deepseek-v3-d64"};
+  static tandem::testing::TempDir* dir_;
+};
+tandem::testing::TempDir* MlaSplitFiles::dir_ = nullptr;
+
+// Every latent attention layer's weights, the MTP layers' included.
+std::vector<const MlaWeights*> mla_layers(const model::Model& m) {
+  std::vector<const MlaWeights*> out;
+  for (const model::LayerWeights& l : m.weights().layers) out.push_back(&l.mla);
+  for (const model::MtpWeights& l : m.weights().mtp) out.push_back(&l.block.mla);
+  return out;
+}
+
+// All positions' logits of `tokens`, evaluated in one call.
+std::vector<float> all_logits(const model::Model& m, const std::vector<int32_t>& tokens) {
+  ThreadPool pool(2);
+  model::SessionOptions o;
+  o.n_ctx = 128;
+  model::Session s(m, pool, o);
+  const std::span<const float> out = s.eval(tokens, /*all_logits=*/true);
+  return {out.begin(), out.end()};
+}
+
+std::vector<int32_t> some_tokens(int32_t vocab, size_t n) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> d(3, vocab - 1);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+// Copies a GGUF file, letting `edit` write a tensor its own way (true) or leave it as it is (false).
+void rewrite(const std::string& in_path, const std::string& out_path,
+             const std::function<bool(const gguf::TensorInfo&, gguf::Writer&)>& edit) {
+  const gguf::File in = gguf::File::open(in_path);
+  gguf::Writer w;
+  for (const auto& [key, value] : in.metadata())
+    if (key != "general.alignment") w.add_value(key, value);
+  for (const gguf::TensorInfo& t : in.tensors()) {
+    if (edit(t, w)) continue;
+    w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne.begin(), t.ne.begin() + std::max(1, t.n_dims)),
+                 std::span<const uint8_t>(t.data, t.bytes));
+  }
+  w.write_file(out_path);
+}
+
+// The message of the tandem::Error that loading `path` throws ("" when it loads).
+std::string load_error(const std::string& path) {
+  try {
+    model::Model::load(path).reset();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(MlaSplitFiles, FloatFilesGiveTheJoinedFilesBits) {
+  for (const char* preset : kPresets)
+    for (const char* type : {"F32", "F16"}) {
+      SCOPED_TRACE(std::string(preset) + " " + type);
+      auto joined = model::Model::load(path(preset, type, false));
+      auto split = model::Model::load(path(preset, type, true));
+      for (const MlaWeights* w : mla_layers(*joined)) EXPECT_FALSE(w->split());
+      const std::vector<const MlaWeights*> layers = mla_layers(*split);
+      EXPECT_EQ(layers.size(), mla_layers(*joined).size());
+      for (const MlaWeights* w : layers) {
+        ASSERT_TRUE(w->split());
+        // Float split tensors are multiplied in place: no copies.
+        EXPECT_EQ(w->wk_t.data, w->wk_b.data);
+        EXPECT_EQ(w->wv.data, w->wv_b.data);
+        EXPECT_EQ(model::mla_copy_bytes(split->config(), *w), 0u);
+      }
+      const std::vector<int32_t> tokens = some_tokens(static_cast<int32_t>(split->config().n_vocab), 24);
+      const std::vector<float> want = all_logits(*joined, tokens), got = all_logits(*split, tokens);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+    }
+}
+
+// Q8_0: attn_v_b's rows are attn_kv_b's value rows in the same blocks, but attn_kv_b's key rows are quantized
+// in blocks along the latent and attn_k_b's along the key width, so the files hold different key weights.
+// Held to the golden tolerance of quantized MoE files (golden/FORMAT.md): over the joined file's top 5 of
+// each position, 95% of positions within 0.2 of its log-probabilities.
+TEST_F(MlaSplitFiles, QuantizedFilesStayCloseToTheJoinedFiles) {
+  for (const char* preset : kPresets) {
+    SCOPED_TRACE(preset);
+    auto joined = model::Model::load(path(preset, "Q8_0", false));
+    auto split = model::Model::load(path(preset, "Q8_0", true));
+    for (const MlaWeights* w : mla_layers(*split)) {
+      ASSERT_TRUE(w->split());
+      EXPECT_EQ(w->wk_t.type, DType::F16);
+      EXPECT_EQ(w->wv.type, DType::F16);
+      EXPECT_TRUE(model::mla_rounds_latent(*w));
+    }
+    const auto V = static_cast<size_t>(split->config().n_vocab);
+    const std::vector<int32_t> tokens = some_tokens(static_cast<int32_t>(V), 40);
+    const std::vector<float> want = all_logits(*joined, tokens), got = all_logits(*split, tokens);
+    ASSERT_EQ(got.size(), want.size());
+    const auto log_softmax = [V](const float* l) {
+      double mx = l[0], sum = 0;
+      for (size_t i = 0; i < V; ++i) mx = std::max(mx, static_cast<double>(l[i]));
+      for (size_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(l[i]) - mx);
+      std::vector<double> out(V);
+      for (size_t i = 0; i < V; ++i) out[i] = static_cast<double>(l[i]) - mx - std::log(sum);
+      return out;
+    };
+    size_t within = 0;
+    double worst = 0;
+    for (size_t r = 0; r < tokens.size(); ++r) {
+      const std::vector<double> a = log_softmax(want.data() + r * V), b = log_softmax(got.data() + r * V);
+      std::vector<size_t> ids(V);
+      for (size_t i = 0; i < V; ++i) ids[i] = i;
+      std::partial_sort(ids.begin(), ids.begin() + 5, ids.end(),
+                        [&](size_t x, size_t y) { return a[x] > a[y]; });
+      double diff = 0;
+      for (size_t k = 0; k < 5; ++k) diff = std::max(diff, std::fabs(a[ids[k]] - b[ids[k]]));
+      worst = std::max(worst, diff);
+      within += diff <= 0.2 ? 1 : 0;
+    }
+    std::printf("%s Q8_0 split vs joined: %zu of %zu positions within 0.2, worst %.4f\n", preset, within,
+                tokens.size(), worst);
+    EXPECT_GE(static_cast<double>(within), 0.95 * static_cast<double>(tokens.size()));
+  }
+}
+
+// The split tensors flattened to two dimensions ({cols, n_head * rows}, as some converters keep them) load
+// as the 3-D ones do; a file holding attn_kv_b beside them multiplies the split ones and is not refused for
+// an unused tensor.
+TEST_F(MlaSplitFiles, FlattenedSplitTensorsAndBothFormsLoad) {
+  const std::string preset = "tiny-deepseek-v3-d64";
+  const gguf::File joined_file = gguf::File::open(path(preset, "F32", false));
+  const std::string flat = file("flat.gguf"), both = file("both.gguf");
+  rewrite(path(preset, "F32", true), flat, [](const gguf::TensorInfo& t, gguf::Writer& w) {
+    if (!t.name.ends_with("attn_k_b.weight") && !t.name.ends_with("attn_v_b.weight")) return false;
+    w.add_tensor(t.name, t.type, {t.ne[0], t.ne[1] * t.ne[2]}, std::span<const uint8_t>(t.data, t.bytes));
+    return true;
+  });
+  rewrite(path(preset, "F32", true), both, [&](const gguf::TensorInfo& t, gguf::Writer& w) {
+    if (!t.name.ends_with("attn_v_b.weight")) return false;
+    w.add_tensor(t.name, t.type, {t.ne[0], t.ne[1], t.ne[2]}, std::span<const uint8_t>(t.data, t.bytes));
+    // attn_kv_b with the values negated: a file that multiplied it would give other logits.
+    const std::string kv_b =
+        t.name.substr(0, t.name.size() - std::string("attn_v_b.weight").size()) + "attn_kv_b.weight";
+    const gguf::TensorInfo* j = joined_file.tensor(kv_b);
+    EXPECT_NE(j, nullptr);
+    auto negated = std::make_shared<std::vector<float>>(reinterpret_cast<const float*>(j->data),
+                                                        reinterpret_cast<const float*>(j->data + j->bytes));
+    for (float& v : *negated) v = -v;
+    w.add_tensor(kv_b, j->type, {j->ne[0], j->ne[1]}, [negated](const gguf::ByteSink& sink) {
+      sink(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(negated->data()),
+                                    negated->size() * sizeof(float)));
+    });
+    return true;
+  });
+  auto joined = model::Model::load(path(preset, "F32", false));
+  const std::vector<int32_t> tokens = some_tokens(static_cast<int32_t>(joined->config().n_vocab), 16);
+  const std::vector<float> want = all_logits(*joined, tokens);
+  for (const std::string& p : {flat, both}) {
+    SCOPED_TRACE(p);
+    auto m = model::Model::load(p);
+    for (const MlaWeights* w : mla_layers(*m)) ASSERT_TRUE(w->split());
+    const std::vector<float> got = all_logits(*m, tokens);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+  }
+}
+
+TEST_F(MlaSplitFiles, MalformedFilesAreRefusedNamingTheTensor) {
+  const std::string split = path("tiny-deepseek2-d64", "F32", true);
+  const std::string wrong_shape = file("wrong-shape.gguf"), neither = file("neither.gguf"),
+                    keys_only = file("keys-only.gguf");
+  // attn_k_b with the same bytes but its heads' rows regrouped: [32, 64, 2] for [32, 32, 4].
+  rewrite(split, wrong_shape, [](const gguf::TensorInfo& t, gguf::Writer& w) {
+    if (t.name != "blk.1.attn_k_b.weight") return false;
+    w.add_tensor(t.name, t.type, {t.ne[0], t.ne[1] * 2, t.ne[2] / 2},
+                 std::span<const uint8_t>(t.data, t.bytes));
+    return true;
+  });
+  rewrite(split, neither, [](const gguf::TensorInfo& t, gguf::Writer&) {
+    return t.name == "blk.2.attn_k_b.weight" || t.name == "blk.2.attn_v_b.weight";
+  });
+  rewrite(split, keys_only,
+          [](const gguf::TensorInfo& t, gguf::Writer&) { return t.name == "blk.0.attn_v_b.weight"; });
+  const std::string shape_error = load_error(wrong_shape);
+  EXPECT_NE(shape_error.find("tensor 'blk.1.attn_k_b.weight' has shape"), std::string::npos) << shape_error;
+  EXPECT_NE(shape_error.find("expected [32, 32, 4]"), std::string::npos) << shape_error;
+  const std::string neither_error = load_error(neither);
+  EXPECT_NE(neither_error.find("lacks tensor 'blk.2.attn_kv_b.weight'"), std::string::npos) << neither_error;
+  EXPECT_NE(neither_error.find("'blk.2.attn_k_b.weight' and 'blk.2.attn_v_b.weight'"), std::string::npos)
+      << neither_error;
+  const std::string keys_error = load_error(keys_only);
+  EXPECT_NE(keys_error.find("holds tensor 'blk.0.attn_k_b.weight' but not 'blk.0.attn_v_b.weight'"),
+            std::string::npos)
+      << keys_error;
+}
+
+// `tandem synth --mla-split` is for deepseek2 presets only.
+TEST(MlaSplitSynth, OtherArchitecturesAreRefused) {
+  EXPECT_THROW(model::with_split_kv_b(model::find_synth_preset("tiny-qwen2moe-d64")), Error);
+  EXPECT_TRUE(model::with_split_kv_b(model::find_synth_preset("tiny-deepseek2-d64")).mla.split_kv_b);
 }
 
 }  // namespace

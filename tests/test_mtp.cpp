@@ -2,7 +2,9 @@
 // deepseek2 file with one MTP layer loads with the layer kept out of the main forward; the layer's logits
 // match an independent NumPy reference (tests/mtp_reference.py, skipped with a message where NumPy is
 // missing); speculative greedy decoding with --draft mtp equals plain greedy at depths 1 and 3; the drafter
-// rolls back with rejections; files without MTP layers are refused, by the source and by the CLI.
+// rolls back with rejections; files without MTP layers are refused, by the source and by the CLI; `serve`
+// refuses draft trees from it at start. Speculative greedy equals plain greedy on a file whose up-projections
+// are split per head too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -47,6 +49,9 @@ class Mtp : public ::testing::Test {
     // The same main weights (rows are generated from the tensor names) without the MTP layer.
     model::write_synthetic_model(model::with_mtp_layers(p, 0), model::find_file_type("F32"),
                                  path("F32-plain"), pool);
+    // The up-projection split per head (attn_k_b, attn_v_b), in the MTP layer too.
+    model::write_synthetic_model(model::with_split_kv_b(p), model::find_file_type("Q8_0"), path("Q8_0-split"),
+                                 pool);
     f32_ = model::Model::load(path("F32")).release();
     q8_ = model::Model::load(path("Q8_0")).release();
   }
@@ -305,6 +310,33 @@ TEST_F(Mtp, SpeculativeGreedyEqualsPlainGreedy) {
   }
 }
 
+// The same on a file whose up-projections are split per head (the MTP layer's too), with quantized split
+// tensors (their F16 copies).
+TEST_F(Mtp, SpeculativeGreedyEqualsPlainGreedyOnASplitFile) {
+  ThreadPool pool(2);
+  std::mt19937 rng(6);
+  auto m = model::Model::load(path("Q8_0-split"));
+  ASSERT_EQ(m->weights().mtp.size(), 1u);
+  ASSERT_TRUE(m->weights().mtp[0].block.mla.split());
+  speculative::MtpDraftSource source(*m, pool, 256);
+  engine::SpecStats total;
+  for (int p = 0; p < 2; ++p) {
+    const auto prompt = random_tokens(rng, 8, static_cast<int32_t>(m->config().n_vocab));
+    const auto plain = plain_greedy(*m, pool, prompt, 16);
+    model::Session s(*m, pool, options());
+    engine::SpecOptions o;
+    o.generate.max_tokens = 16;
+    o.generate.sampling.temperature = 0.0f;
+    o.draft_max = 2;
+    o.use_gate = false;
+    std::vector<int32_t> out;
+    total.add(engine::generate_speculative(
+        s, source, prompt, o, [&](int32_t t) { return out.push_back(t), true; }, nullptr));
+    ASSERT_EQ(out, plain);
+  }
+  EXPECT_GT(total.drafted, 0);
+}
+
 // In the server's scheduler, four concurrent greedy requests drafted by their own MTP sources (fed by the
 // scheduler's captures of prompt chunks, decode rows and verify windows) give each request's plain greedy
 // output; every round drafts (flat costs, no margin).
@@ -450,6 +482,18 @@ TEST_F(Mtp, FilesWithoutMtpLayersAreRefused) {
                                                 path("F32") + "' -p hello -n 8 --temp 0 --draft mtp 2>&1");
   EXPECT_EQ(ok_rc, 0) << ok;
   EXPECT_NE(ok.find("speculative:"), std::string::npos) << ok;
+}
+
+// `tandem serve --draft mtp --tree-nodes N` is refused at start, saying to use chains: the MTP layer drafts
+// chains only (and this file's latent cache cannot move a tree's path either).
+TEST_F(Mtp, ServeRefusesTreesAtStart) {
+  const auto [out, rc] = testing::run_command("XDG_CACHE_HOME='" + dir_->file("cache") + "' timeout 60 '" +
+                                              std::string(TANDEM_BINARY) + "' serve -t 1 --port 0 -m '" +
+                                              path("F32") + "' --draft mtp --tree-nodes 4 2>&1");
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 124) << "the server started: " << out;
+  EXPECT_NE(out.find("use chains (--tree-nodes 0)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("listening on"), std::string::npos) << out;
 }
 
 // `tandem synth --mtp-layers` writes the layers into deepseek2 files and refuses other architectures;

@@ -3,8 +3,8 @@
 // output with it off request by request under 8 concurrent streams, with chains and with draft trees (whose
 // budget follows the forward's cost, and whose compacted caches equal plain decoding's), and a sequence
 // whose gate stopped drafting drafts again once its drafter's acceptance recovers (probes); a drafter that
-// reads the target's hidden states drafts from the scheduler's captures as it does alone, and is offered no
-// trees; `tandem bench-serve` reports both modes.
+// reads the target's hidden states drafts from the scheduler's captures as it does alone, and one that cannot
+// follow a tree round's rows is refused trees; `tandem bench-serve` reports both modes.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -299,8 +299,8 @@ TEST(SchedulerSpec, CacheAfterTreeRoundsEqualsPlainDecodingOfTheAcceptedTokens) 
   EXPECT_EQ(pool.differed, 0);
 }
 
-// N-gram lookup that claims to read the target's hidden states (a stand-in for EAGLE, DFlash and MTP
-// drafters) and counts the trees it is asked for.
+// N-gram lookup that claims to read the target's hidden states without following a tree round's rows (a
+// stand-in for the MTP drafter) and counts the trees it is asked for.
 class TappingNgram final : public speculative::DraftSource {
  public:
   explicit TappingNgram(int& tree_calls) : tree_calls_(tree_calls) {}
@@ -327,15 +327,36 @@ class TappingNgram final : public speculative::DraftSource {
   const int64_t layers_[1] = {0};
 };
 
-TEST(SchedulerSpec, DraftersThatReadTheTargetAreNotOfferedTrees) {
+// Such a drafter is refused trees: every request fails at its start with the way out, and nothing is
+// drafted; with chains (--tree-nodes 0) it drafts and the output is plain.
+TEST(SchedulerSpec, DraftersThatCannotFollowTreeRowsAreRefusedTrees) {
   Fixture f;
   model::Graph graph(*f.model, f.pool, model::GraphOptions{64, 16});
-  const auto plain = serve_all(graph, f.model->config(), options(0), {});
   engine::SchedulerOptions o = options(6);
   o.tree_nodes = 8;
+  int tree_calls = 0;
+  {
+    engine::SlotCachePool caches(f.model->config(), kCtx, cache::KvType::kF16, o.max_running);
+    Scheduler s(graph, caches, nullptr, o, [&] { return std::make_unique<TappingNgram>(tree_calls); });
+    Scheduler::Admit a{};
+    std::shared_ptr<engine::Stream> stream = s.submit(request({1, 403, 407, 261}, 8), a);
+    ASSERT_NE(stream, nullptr);
+    Event ev;
+    ASSERT_TRUE(stream->next(ev, std::chrono::milliseconds(60000)));
+    EXPECT_EQ(ev.kind, Event::Kind::kDone) << "no token before the refusal";
+    EXPECT_EQ(ev.finish, engine::Finish::kError);
+    EXPECT_NE(ev.error.find("the tapping drafter reads the target's hidden states and drafts chains only"),
+              std::string::npos)
+        << ev.error;
+    EXPECT_NE(ev.error.find("--tree-nodes 0"), std::string::npos) << ev.error;
+    s.stop();
+    EXPECT_EQ(s.stats().drafted, 0u);
+  }
+  EXPECT_EQ(tree_calls, 0);
+  const auto plain = serve_all(graph, f.model->config(), options(0), {});
+  o.tree_nodes = 0;
   o.gate.margin = 0.0;
   o.gate.timing_samples = 1 << 30;
-  int tree_calls = 0;
   engine::SchedulerStats stats;
   const auto out = serve_all(
       graph, f.model->config(), o, [&] { return std::make_unique<TappingNgram>(tree_calls); }, &stats);

@@ -156,14 +156,28 @@ test('killing a replica under load loses no request that had not started streami
 
 test('a draining replica gets no new requests and finishes its running one', async () => {
   // Without the load bound, which would steer new requests away from the busy replica by itself.
-  await withCluster({ balanceFactor: 0, serveArgs: ['-t', '1', '-c', '4096', '--drain-timeout', '20'] }, async (cluster) => {
+  const context = 16384;
+  await withCluster({ balanceFactor: 0, serveArgs: ['-t', '1', '-c', `${context}`, '--drain-timeout', '120'] }, async (cluster) => {
     const keys = Array.from({ length: 12 }, (_, i) => `drain-${i}`);
     const route = await routes(cluster.url, keys);
     const draining = cluster.replicas[0];
     const mine = keys.filter((k) => route[k] === draining.name);
     assert.ok(mine.length >= 1, `no key of ${JSON.stringify(route)} routes to ${draining.name}`);
 
-    const running = completion(cluster.url, { max_tokens: 3000, ignore_eos: true }, mine[0])
+    // The running request must outlast the sends below (about three seconds) on any machine: double a
+    // probe's length on this replica until it takes two seconds, then run twice that many tokens (later
+    // tokens attend to more positions, so that takes at least four).
+    let probeTokens = 256;
+    for (;;) {
+      const t0 = performance.now();
+      const probe = await completion(draining.url, { max_tokens: probeTokens, ignore_eos: true }, mine[0]);
+      const probeText = await probe.text();
+      assert.equal(probe.status, 200, probeText);
+      if (performance.now() - t0 >= 2000 || 4 * probeTokens > context - 64) break;
+      probeTokens *= 2;
+    }
+    const maxTokens = Math.min(context - 64, 2 * probeTokens);
+    const running = completion(cluster.url, { max_tokens: maxTokens, ignore_eos: true }, mine[0])
       .then(async (res) => ({ status: res.status, replica: res.headers.get('x-tandem-replica'), body: await res.json() }));
     await waitFor('the long request runs', 10000,
       async () => (await replicaMetric(draining, 'tandem_running_sequences')) >= 1);

@@ -18,7 +18,7 @@ KvStore::KvStore(const Geometry& c, const KvStoreOptions& options)
     : options_(options), geometry_(c), n_layer_(c.n_layer), n_head_kv_(c.n_head_kv) {
   if (options.block_size <= 0) throw Error("KV block size must be positive");
   if (options.n_blocks <= 0) throw Error("a KV store needs at least one block");
-  if (options.rollback < 0 || options.recurrent_rollback < 0)
+  if (options.rollback < 0 || options.recurrent_rollback < 0 || options.recurrent_window < 0)
     throw Error("KV rollback depth must not be negative");
   key_codec_ = KvCodec::create(options.type, c.head_dim, c.n_head_kv, options.seed, /*keys=*/true);
   if (c.values_in_keys) {
@@ -69,19 +69,22 @@ int32_t KvStore::allocate(bool sliding) {
 }
 
 KvCache::KvCache(const Geometry& geometry, int64_t capacity, KvType type, int64_t max_batch,
-                 int64_t recurrent_rollback)
+                 int64_t recurrent_rollback, int64_t recurrent_window)
     : capacity_(capacity) {
   if (capacity <= 0) throw Error("context size must be positive");
-  if (recurrent_rollback < 0) throw Error("recurrent rollback depth must not be negative");
+  if (recurrent_rollback < 0 || recurrent_window < 0)
+    throw Error("recurrent rollback depth and window must not be negative");
   KvStoreOptions o;
   o.type = type;
   o.recurrent_rollback = recurrent_rollback;
+  o.recurrent_window = recurrent_window;
   o.n_blocks = ceil_div(capacity, o.block_size) + 1;  // + 1: a copy-on-write in flight
   const int64_t reach = geometry.sliding_window + o.rollback + std::max<int64_t>(1, max_batch);
   o.n_sliding_blocks = std::min(o.n_blocks, ceil_div(reach, o.block_size) + 2);
   owned_ = std::make_unique<KvStore>(geometry, o);
   store_ = owned_.get();
-  if (geometry.has_recurrent()) recurrent_ = std::make_unique<RecurrentState>(geometry, o.recurrent_rollback);
+  if (geometry.has_recurrent())
+    recurrent_ = std::make_unique<RecurrentState>(geometry, o.recurrent_rollback, o.recurrent_window);
   full_table_.assign(static_cast<size_t>(ceil_div(capacity, o.block_size)), -1);
   sliding_table_.assign(full_table_.size(), -1);
   serials_.assign(full_table_.size(), 0);
@@ -90,7 +93,8 @@ KvCache::KvCache(const Geometry& geometry, int64_t capacity, KvType type, int64_
 KvCache::KvCache(KvStore& store, int64_t capacity) : store_(&store), capacity_(capacity) {
   if (capacity <= 0) throw Error("context size must be positive");
   if (store.geometry().has_recurrent())
-    recurrent_ = std::make_unique<RecurrentState>(store.geometry(), store.options().recurrent_rollback);
+    recurrent_ = std::make_unique<RecurrentState>(store.geometry(), store.options().recurrent_rollback,
+                                                  store.options().recurrent_window);
   const auto blocks = static_cast<size_t>(ceil_div(capacity, store.block_size()));
   full_table_.assign(blocks, -1);
   sliding_table_.assign(blocks, -1);

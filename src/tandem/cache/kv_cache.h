@@ -51,6 +51,9 @@ struct KvStoreOptions {
   // back (plain decoding): their state keeps no rollback base, and a truncate other than to 0 (or to a
   // snapshot's length) throws.
   int64_t recurrent_rollback = kDefaultRecurrentRollback;
+  // The most rows of a verify window a recurrent state keeps each row's state for (a drafter's depth + 1);
+  // 0: recurrent_rollback + 1. Each row costs a state per sequence (RecurrentState).
+  int64_t recurrent_window = 0;
   bool prefix_reuse = true;               // keep a PrefixIndex
   uint64_t seed = 0x7A4D3C1B2E5F6A09ull;  // q4r rotations
 };
@@ -105,9 +108,10 @@ class KvStore {
 class KvCache {
  public:
   // A sequence with a store of its own, sized for `capacity` positions; max_batch: the most rows of this
-  // sequence one forward appends (sizes the sliding-window pool); recurrent_rollback: as KvStoreOptions'.
+  // sequence one forward appends (sizes the sliding-window pool); recurrent_rollback and recurrent_window: as
+  // KvStoreOptions'.
   KvCache(const Geometry& geometry, int64_t capacity, KvType type, int64_t max_batch = 256,
-          int64_t recurrent_rollback = kDefaultRecurrentRollback);
+          int64_t recurrent_rollback = kDefaultRecurrentRollback, int64_t recurrent_window = 0);
   // A sequence of at most `capacity` positions in a shared store, which must outlive it.
   KvCache(KvStore& store, int64_t capacity);
   ~KvCache();

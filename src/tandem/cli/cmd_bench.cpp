@@ -280,10 +280,13 @@ void add_bench_command(CLI::App& app) {
     if (state_bytes > 0)
       std::printf(
           "recurrent state  %.1f KiB per state, %.2f MiB per sequence without rollback (plain decoding), "
-          "%.2f MiB with rollback depth %lld (speculation)\n",
+          "%.2f MiB with rollback depth %lld (speculation: %lld states, the one before a verify window of up "
+          "to %lld rows and one per row)\n",
           state_bytes / 1024.0, static_cast<double>(session.cache().recurrent()->bytes()) / 1048576.0,
           static_cast<double>(windows.cache().recurrent()->bytes()) / 1048576.0,
-          static_cast<long long>(windows.cache().recurrent()->depth()));
+          static_cast<long long>(windows.cache().recurrent()->depth()),
+          static_cast<long long>(cache::RecurrentState::slots(windows.cache().recurrent()->depth())),
+          static_cast<long long>(cache::RecurrentState::window_rows(windows.cache().recurrent()->depth())));
     std::printf("kv cache         %.0f bytes per token (%s)", kv_token_bytes,
                 std::string(cache::kv_type_name(so.kv_type)).c_str());
     if (c.mla.kv_lora_rank > 0)

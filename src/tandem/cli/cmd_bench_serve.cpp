@@ -120,7 +120,7 @@ RunResult run_once(model::Graph& graph, const model::Model& model, const BenchSe
                                         o.prompt_tokens + o.max_tokens + o.max_draft + 2);
   // Plain runs (no drafts) roll nothing back, as `serve` without speculation.
   engine::SlotCachePool caches(model.config(), ctx, o.model.resolved_kv_type(), n,
-                               /*rollback=*/max_draft > 0);
+                               /*rollback=*/max_draft > 0, max_draft + 1);
   engine::SchedulerOptions so;
   so.max_running = n;
   so.max_waiting = n;

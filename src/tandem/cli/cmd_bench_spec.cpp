@@ -139,6 +139,7 @@ void add_bench_spec_command(CLI::App& app) {
     so.kv_type = o->model.resolved_kv_type();
     so.batch = o->model.batch;
     const int verify_rows = 1 + (o->spec.tree_nodes > 0 ? o->spec.tree_nodes : o->spec.draft_max);
+    so.verify_rows = verify_rows;
     std::optional<speculative::Calibration> priced;
     if (!o->cost_model.empty()) {
       const int threads = o->cost_threads > 0 ? o->cost_threads : pool.size();

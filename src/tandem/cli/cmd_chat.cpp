@@ -405,6 +405,8 @@ void run_chat(Opts& o) {
   // tokens before the reply's end (the template renders the reply's ending its own way), and a recurrent
   // state without rollback could only resume at its last snapshot, re-reading the conversation each turn.
   so.rollback = true;
+  // A recurrent state keeps a verify window's row states only for a drafter's rounds.
+  so.verify_rows = o.spec.enabled() ? o.spec.draft_max + 1 : 1;
   Chat chat(o, *model, *tok, pool, so, templ);
   const bool tty = ::isatty(0) != 0;
   std::fprintf(

@@ -178,15 +178,15 @@ void add_info_command(CLI::App& app) {
       if (const size_t state = cache::recurrent_state_bytes(c.kv_geometry()); state > 0) {
         const int64_t depth = cache::KvStoreOptions{}.recurrent_rollback;
         std::printf(
-            "recurrent state: %.2f MiB per sequence (2 states of %.1f KiB: conv %lld x %lld, scan %lld x "
-            "%lld "
-            "per layer; the inputs of %lld rows for rollbacks of up to %lld; at most %lld snapshots for "
-            "prefix "
-            "reuse; %.2f MiB without rollback: plain decoding keeps one state)\n",
+            "recurrent state: %.2f MiB per sequence (%lld states of %.1f KiB: conv %lld x %lld, scan %lld x "
+            "%lld per layer, the state before a verify window of up to %lld rows and after each of its rows; "
+            "the inputs of %lld rows for rollbacks of up to %lld; at most %lld snapshots for prefix reuse; "
+            "%.2f MiB without rollback: plain decoding keeps one state)\n",
             static_cast<double>(cache::recurrent_sequence_bytes(c.kv_geometry(), depth)) / 1048576.0,
-            static_cast<double>(state) / 1024.0, static_cast<long long>(c.ssm_d_conv - 1),
-            static_cast<long long>(c.ssm_d_inner), static_cast<long long>(c.ssm_d_state),
-            static_cast<long long>(c.ssm_d_inner),
+            static_cast<long long>(cache::RecurrentState::slots(depth)), static_cast<double>(state) / 1024.0,
+            static_cast<long long>(c.ssm_d_conv - 1), static_cast<long long>(c.ssm_d_inner),
+            static_cast<long long>(c.ssm_d_state), static_cast<long long>(c.ssm_d_inner),
+            static_cast<long long>(cache::RecurrentState::window_rows(depth)),
             static_cast<long long>(cache::RecurrentState::rows_kept(depth)), static_cast<long long>(depth),
             static_cast<long long>(cache::RecurrentState::kMaxSnapshots),
             static_cast<double>(cache::recurrent_sequence_bytes(c.kv_geometry(), 0)) / 1048576.0);

@@ -71,6 +71,7 @@ void add_run_command(CLI::App& app) {
     so.kv_type = o->model.resolved_kv_type();
     so.batch = o->model.batch;
     so.rollback = o->spec.enabled();  // only a drafter's rounds roll the sequence back
+    so.verify_rows = o->spec.draft_max + 1;
     model::Session session(*model, pool, so);
     session.forward().set_expert_residency(residency.get());
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -200,6 +200,8 @@ class SourceLender {
                       speculative::Draft& out) override {
       s_->propose_tree(committed, max_nodes, max_depth, out);
     }
+    bool follows_tree_rows() const override { return s_->follows_tree_rows(); }
+    void on_tree_kept(int64_t base, std::span<const int32_t> rows) override { s_->on_tree_kept(base, rows); }
     void accept(std::span<const int32_t> committed, int n_accepted) override {
       s_->accept(committed, n_accepted);
     }
@@ -292,13 +294,10 @@ void serve(const ServeOptions& o) {
   so.gate = o.gate;
   if (o.tree_nodes > 0) {
     if (!speculate)
-      throw Error("--tree-nodes drafts token trees: pass --draft-model FILE or --draft ngram with it");
-    if (!o.drafter.empty() || o.draft == "mtp")
-      std::fprintf(stderr,
-                   "note: drafters that read the target's hidden states verify chains in serve; --tree-nodes "
-                   "applies to --draft-model and --draft ngram\n");
-    else
-      speculative::check_tree_target(config.kv_geometry(), o.model.resolved_kv_type());
+      throw Error(
+          "--tree-nodes drafts token trees: pass --draft-model FILE, --drafter FILE or --draft ngram with "
+          "it");
+    speculative::check_tree_target(config.kv_geometry(), o.model.resolved_kv_type());
     so.tree_nodes = o.tree_nodes;
   }
   std::unique_ptr<model::Model> draft;
@@ -306,6 +305,7 @@ void serve(const ServeOptions& o) {
   std::unique_ptr<speculative::EagleDraftBatch> eagle_batch;
   std::unique_ptr<speculative::DflashDraftBatch> dflash_batch;
   std::unique_ptr<SourceLender> lender;
+  std::vector<std::unique_ptr<speculative::DraftSource>> slot_sources;  // one per running slot, to lend
   engine::DraftFactory drafts;
   std::string draft_hash;
   if (!o.draft_model.empty()) {
@@ -329,26 +329,27 @@ void serve(const ServeOptions& o) {
     else
       eagle_batch = std::make_unique<speculative::EagleDraftBatch>(speculative::eagle_config_of(info), pool,
                                                                    o.parallel, n_ctx, o.rows);
-    std::vector<std::unique_ptr<speculative::DraftSource>> sources;
     for (int i = 0; i < o.parallel; ++i)
       if (dflash)
-        sources.push_back(speculative::DflashDraftSource::load(o.drafter, *model, target_hash, pool, n_ctx,
-                                                               dflash_batch.get()));
+        slot_sources.push_back(speculative::DflashDraftSource::load(o.drafter, *model, target_hash, pool,
+                                                                    n_ctx, dflash_batch.get()));
       else
-        sources.push_back(speculative::EagleDraftSource::load(o.drafter, *model, target_hash, pool, n_ctx,
-                                                              eagle_batch.get()));
-    lender = std::make_unique<SourceLender>(std::move(sources));
-    drafts = [&] { return lender->lend(); };
+        slot_sources.push_back(speculative::EagleDraftSource::load(o.drafter, *model, target_hash, pool,
+                                                                   n_ctx, eagle_batch.get()));
   } else if (o.draft == "mtp") {
     // The MTP layer's workspace and cache, once per running slot.
     speculative::check_has_mtp(*model, o.model.model_path);
-    std::vector<std::unique_ptr<speculative::DraftSource>> sources;
     for (int i = 0; i < o.parallel; ++i)
-      sources.push_back(std::make_unique<speculative::MtpDraftSource>(*model, pool, n_ctx));
-    lender = std::make_unique<SourceLender>(std::move(sources));
-    drafts = [&] { return lender->lend(); };
+      slot_sources.push_back(std::make_unique<speculative::MtpDraftSource>(*model, pool, n_ctx));
   } else if (o.draft == "ngram") {
     drafts = [] { return std::make_unique<speculative::NgramSource>(); };
+  }
+  if (!slot_sources.empty()) {
+    // A drafter that cannot follow a tree round's rows (the MTP layer) is refused here, not request by
+    // request.
+    if (o.tree_nodes > 0) speculative::check_tree_source(*slot_sources.front());
+    lender = std::make_unique<SourceLender>(std::move(slot_sources));
+    drafts = [&] { return lender->lend(); };
   }
   if (speculate) {
     // The gate prices each round against the forward it joins, from the forwards' live timings and, for row
@@ -378,7 +379,7 @@ void serve(const ServeOptions& o) {
     graph->set_expert_residency(residency.get());
     // Without speculation no sequence is rolled back: recurrent states then skip the rollback work.
     caches = std::make_unique<engine::SlotCachePool>(config, n_ctx, o.model.resolved_kv_type(), o.parallel,
-                                                     /*rollback=*/speculate);
+                                                     /*rollback=*/speculate, so.max_draft + 1);
     scheduler = std::make_unique<engine::Scheduler>(
         *graph, *caches, [&tk](int32_t id) { return tk.is_eog(id); }, so, drafts);
   }
@@ -547,11 +548,13 @@ void add_serve_command(CLI::App& app) {
       ->excludes(dr);
   cmd->add_option("--max-draft", o->max_draft, "Deepest drafted window per sequence (default 6 with a draft)")
       ->check(CLI::Range(0, 15));
-  cmd->add_option("--tree-nodes", o->tree_nodes,
-                  "Draft a token tree of at most N nodes per sequence and round (--draft-model and --draft "
-                  "ngram branch where they are unsure), verified with the rest of the batch in one forward; "
-                  "--max-draft bounds its depth; each round verifies the draft model's best nodes that pay "
-                  "for the rows they add (default 0: chains)")
+  cmd->add_option(
+         "--tree-nodes", o->tree_nodes,
+         "Draft a token tree of at most N nodes per sequence and round (--draft-model, --drafter "
+         "(EAGLE-3, DFlash) and --draft ngram branch where they are unsure; --draft mtp drafts chains "
+         "only), verified with the rest of the batch in one forward; --max-draft bounds its depth; "
+         "each round verifies the drafter's best nodes that pay for the rows they add (default 0: "
+         "chains)")
       ->check(CLI::Range(0, 255));
   add_gate_options(*cmd, o->gate);
   cmd->add_option("--embed-rows", o->embed_rows,

@@ -19,6 +19,7 @@ void add_synth_command(CLI::App& app) {
     int threads = 0;
     uint64_t seed = 1;
     int mtp_layers = -1;  // -1: the preset's own
+    bool mla_split = false;
   };
   auto o = std::make_shared<Opts>();
   std::string presets;
@@ -34,10 +35,15 @@ void add_synth_command(CLI::App& app) {
       "--mtp-layers", o->mtp_layers,
       "deepseek2 presets: next-token-prediction (MTP) layers after the main ones, for --draft mtp "
       "(default: the preset's own, 1 for tiny-deepseek-v3-d64, else 0)");
+  cmd->add_flag(
+      "--mla-split", o->mla_split,
+      "deepseek2 presets: write each layer's attn_kv_b split per head into attn_k_b and attn_v_b, as "
+      "recent converters do (the same values)");
   cmd->callback([o] {
-    const model::SynthPreset preset =
+    model::SynthPreset preset =
         o->mtp_layers == -1 ? model::find_synth_preset(o->preset)
                             : model::with_mtp_layers(model::find_synth_preset(o->preset), o->mtp_layers);
+    if (o->mla_split) preset = model::with_split_kv_b(preset);
     const auto& type = model::find_file_type(o->type);
     ThreadPool pool(o->threads > 0 ? o->threads : ThreadPool::physical_cores());
     const auto t0 = std::chrono::steady_clock::now();

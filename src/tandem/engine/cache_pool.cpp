@@ -17,11 +17,12 @@ int64_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
 }  // namespace
 
 SlotCachePool::SlotCachePool(const model::Config& config, int64_t capacity, cache::KvType type, int n_slots,
-                             bool rollback)
+                             bool rollback, int64_t verify_rows)
     : geometry_(config.kv_geometry()),
       capacity_(capacity),
       type_(type),
-      recurrent_rollback_(rollback ? cache::kDefaultRecurrentRollback : 0) {
+      recurrent_rollback_(rollback ? cache::kDefaultRecurrentRollback : 0),
+      recurrent_window_(verify_rows) {
   TANDEM_CHECK(capacity > 0 && n_slots > 0, "a cache pool needs a positive capacity and slot count");
   free_.resize(static_cast<size_t>(n_slots));
 }
@@ -67,7 +68,8 @@ CachePool::Lease SlotCachePool::acquire(std::span<const int32_t> prompt) {
     }
   }
   if (!lease.cache) {
-    lease.cache = std::make_unique<cache::KvCache>(geometry_, capacity_, type_, 256, recurrent_rollback_);
+    lease.cache = std::make_unique<cache::KvCache>(geometry_, capacity_, type_, 256, recurrent_rollback_,
+                                                   recurrent_window_);
     lease.reused = 0;
   }
   return lease;

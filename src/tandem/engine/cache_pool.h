@@ -45,9 +45,10 @@ class SlotCachePool final : public CachePool {
  public:
   // n_slots caches of `capacity` positions each, created on first use. rollback false: the scheduler never
   // truncates a sequence (no speculation), so recurrent states keep no rollback base
-  // (cache::KvStoreOptions::recurrent_rollback 0); prefixes still resume at snapshots.
+  // (cache::KvStoreOptions::recurrent_rollback 0); prefixes still resume at snapshots. verify_rows: the most
+  // rows of a sequence's verify window (cache::KvStoreOptions::recurrent_window; 0: as the rollback allows).
   SlotCachePool(const model::Config& config, int64_t capacity, cache::KvType type, int n_slots,
-                bool rollback = true);
+                bool rollback = true, int64_t verify_rows = 0);
 
   int64_t capacity() const override { return capacity_; }
   Lease acquire(std::span<const int32_t> prompt) override;
@@ -66,7 +67,7 @@ class SlotCachePool final : public CachePool {
   cache::Geometry geometry_;
   int64_t capacity_;
   cache::KvType type_;
-  int64_t recurrent_rollback_;
+  int64_t recurrent_rollback_, recurrent_window_;
   std::vector<Slot> free_;  // slots not leased
   int leased_ = 0;
   uint64_t clock_ = 0;

@@ -47,10 +47,7 @@ class Run {
     if (o_.tree_nodes < 0) throw Error("--tree-nodes must be 0 (chains) or a positive node budget");
     if (o_.tree_nodes > 0) {
       speculative::check_tree_target(target_.cache().store().geometry(), target_.cache().type());
-      if (!source_.target_layers().empty() && !source_.follows_tree_rows())
-        throw Error("the " + std::string(source_.kind()) +
-                    " drafter reads the target's hidden states and drafts chains only (draft trees come from "
-                    "draft models, n-gram lookup, EAGLE and DFlash drafters); use chains (--tree-nodes 0)");
+      speculative::check_tree_source(source_);
       if (options.generate.grammar)
         throw Error(
             "draft trees are not verified under an output grammar yet; use chains (--tree-nodes 0) with "

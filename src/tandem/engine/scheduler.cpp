@@ -614,9 +614,12 @@ void Scheduler::start_drafting(Sequence& s) {
   s.draft->begin(s.req.prompt,
                  {s.req.sampling, s.req.sequence_id, s.req.grammar ? &*s.req.grammar : nullptr});
   const std::span<const int64_t> layers = s.draft->target_layers();
-  // Drafters that read the target's hidden states verify chains here; trees are not verified under a
-  // grammar.
-  s.trees = options_.tree_nodes > 0 && layers.empty() && !s.req.grammar;
+  // A drafter that reads the target follows a tree's rows through the sequence's captures (its tree window
+  // is one group with the capture, and settle_tree compacts its taps as the cache), or it cannot draft trees
+  // at all: refused whatever the request. Trees are not verified under a grammar: such a request keeps
+  // chains.
+  if (options_.tree_nodes > 0) speculative::check_tree_source(*s.draft);
+  s.trees = options_.tree_nodes > 0 && !s.req.grammar;
   if (s.trees)
     speculative::check_tree_target(s.cache->store().geometry(), s.cache->type());
   else

@@ -24,13 +24,17 @@
 // sequences' rows captured: prompt chunks and decode rows run as single-sequence groups with a capture, and
 // such a sequence starts from an empty cache (reused positions were never captured).
 //
-// Draft trees (SchedulerOptions::tree_nodes). A sequence whose drafter reads no hidden states and whose
-// request has no grammar proposes a token tree each iteration instead of asking a gate for a depth
-// (DraftSource::propose_tree, one sequence at a time); a tree whose nodes carry scores is cut to the subtree
-// that promises the most tokens per unit of what its rows add to the forward (speculative::TreeBudget, priced
-// by the same BatchCosts as chains, the drafting already spent), none meaning a plain step. The forward
-// verifies every sequence's tree beside the other groups (model::Group::tree), and Settler::settle_tree
-// commits the accepted path and moves its cache rows into place.
+// Draft trees (SchedulerOptions::tree_nodes). A sequence whose request has no grammar proposes a token tree
+// each iteration instead of asking a gate for a depth (DraftSource::propose_tree, one sequence at a time); a
+// tree whose nodes carry scores is cut to the subtree that promises the most tokens per unit of what its rows
+// add to the forward (speculative::TreeBudget, priced by the same BatchCosts as chains, the drafting already
+// spent), none meaning a plain step. The forward verifies every sequence's tree beside the other groups
+// (model::Group::tree), and Settler::settle_tree commits the accepted path and moves its cache rows into
+// place. A drafter that reads the target's hidden states (EAGLE-3, DFlash) has its tree window captured as
+// its chains are, a row per node at consecutive positions, and settle_tree moves its taps along the accepted
+// path as the cache's rows (DraftSource::on_tree_kept); one that does not follow a tree's rows (the MTP
+// layer, DraftSource::follows_tree_rows) is refused: its requests fail with speculative::check_tree_source's
+// error.
 //
 // Rows are batch-invariant and randomness is keyed by (seed, sequence id, position), so a request's tokens do
 // not depend on what else was running: N concurrent greedy requests produce exactly what each produces alone.
@@ -75,7 +79,8 @@ struct SchedulerOptions {
   speculative::CostModel costs;
   // > 0: sequences that can (see "Draft trees" above) propose token trees of at most this many drafts,
   // max_draft deep at most, instead of chains; 0: chains only. A tree sequence's cache must be able to move
-  // an accepted path (speculative::check_tree_target: its request fails with that error otherwise).
+  // an accepted path and its drafter must follow a tree's rows (speculative::check_tree_target and
+  // check_tree_source: its request fails with that error otherwise).
   int tree_nodes = 0;
 };
 

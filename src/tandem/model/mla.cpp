@@ -18,24 +18,87 @@ namespace {
 // that a prefill batch spreads over more threads than there are heads. (Results do not depend on it.)
 constexpr int64_t kRowsPerTask = kernels::kPrefillChunk;
 
-// The copies' layout (make_mla_copies): the transposed keys, then from a 64-byte boundary the values.
+// The copies' layout (make_mla_copies): the transposed keys, then from a 64-byte boundary the values. A
+// split file's float tensors are multiplied as they are: they take no bytes.
 struct CopyLayout {
   DType key_type = DType::F32;
   size_t key_bytes = 0, value_at = 0, value_bytes = 0;
 };
 
+bool is_float(DType t) {
+  return t == DType::F32 || t == DType::F16;
+}
+
 CopyLayout copy_layout(const Config& c, const MlaWeights& w) {
   const int64_t nope = c.head_dim - c.n_rot;
+  const DType keys = w.split() ? w.wk_b.type : w.wkv_b.type, values = w.split() ? w.wv_b.type : w.wkv_b.type;
   CopyLayout l;
-  l.key_type = w.wkv_b.type == DType::F32 ? DType::F32 : DType::F16;
-  l.key_bytes = static_cast<size_t>(c.n_head * c.mla.kv_lora_rank) * row_bytes(l.key_type, nope);
+  l.key_type = keys == DType::F32 ? DType::F32 : DType::F16;
+  if (!w.split() || !is_float(keys))
+    l.key_bytes = static_cast<size_t>(c.n_head * c.mla.kv_lora_rank) * row_bytes(l.key_type, nope);
   l.value_at = (l.key_bytes + 63) / 64 * 64;
-  if (kernels::is_quantized_weight(w.wkv_b.type))
+  if (kernels::is_quantized_weight(values))
     l.value_bytes = static_cast<size_t>(c.n_head * c.head_dim_v) * row_bytes(DType::F16, c.mla.kv_lora_rank);
   return l;
 }
 
+// Row r of `m` (in any form) dequantized into `row`, through `file_row` [m.row_bytes].
+void read_row(const MatrixView& m, int64_t r, std::vector<uint8_t>& file_row, float* row) {
+  kernels::file_form_row(m, r, file_row.data());
+  dequantize_row(m.type, file_row.data(), row, m.cols);
+}
+
+// `cols` values as F16 at dst.
+void store_f16(const float* row_values, int64_t cols, uint8_t* dst) {
+  auto* out = reinterpret_cast<uint16_t*>(dst);
+  for (int64_t j = 0; j < cols; ++j) out[j] = f32_to_fp16(row_values[j]);
+}
+
+// The split form's copies (quantized tensors only; the float ones are views of the file's).
+void make_split_copies(const Config& c, MlaWeights& w, const CopyLayout& layout, uint8_t* out) {
+  const int64_t nope = c.head_dim - c.n_rot, L = c.mla.kv_lora_rank;
+  TANDEM_CHECK(w.wk_b.rows == c.n_head * L && w.wk_b.cols == nope, "attn_k_b has an unexpected shape");
+  TANDEM_CHECK(w.wv_b.rows == c.n_head * c.head_dim_v && w.wv_b.cols == L,
+               "attn_v_b has an unexpected shape");
+  std::vector<uint8_t> file_row(std::max(w.wk_b.row_bytes, w.wv_b.row_bytes));
+  std::vector<float> row(static_cast<size_t>(std::max(nope, L)));
+  if (layout.key_bytes == 0) {
+    w.wk_t = w.wk_b;
+  } else {
+    // At load only: attn_k_b's rows are already the transposed keys; only their type changes.
+    w.wk_t = MatrixView{};
+    w.wk_t.type = DType::F16;
+    w.wk_t.rows = c.n_head * L;
+    w.wk_t.cols = nope;
+    w.wk_t.row_bytes = row_bytes(DType::F16, nope);
+    w.wk_t.data = out;
+    for (int64_t r = 0; r < w.wk_t.rows; ++r) {
+      read_row(w.wk_b, r, file_row, row.data());
+      store_f16(row.data(), nope, out + static_cast<size_t>(r) * w.wk_t.row_bytes);
+    }
+  }
+  if (layout.value_bytes == 0) {
+    w.wv = w.wv_b;
+    return;
+  }
+  w.wv = MatrixView{};
+  w.wv.type = DType::F16;
+  w.wv.rows = c.n_head * c.head_dim_v;
+  w.wv.cols = L;
+  w.wv.row_bytes = row_bytes(DType::F16, L);
+  w.wv.data = out + layout.value_at;
+  for (int64_t r = 0; r < w.wv.rows; ++r) {
+    read_row(w.wv_b, r, file_row, row.data());
+    store_f16(row.data(), L, out + layout.value_at + static_cast<size_t>(r) * w.wv.row_bytes);
+  }
+}
+
 }  // namespace
+
+bool mla_rounds_latent(const MlaWeights& w) {
+  if (!w.split()) return kernels::is_quantized_weight(w.wkv_b.type);
+  return kernels::is_quantized_weight(w.wk_b.type) || kernels::is_quantized_weight(w.wv_b.type);
+}
 
 size_t mla_copy_bytes(const Config& c, const MlaWeights& w) {
   const CopyLayout l = copy_layout(c, w);
@@ -43,9 +106,10 @@ size_t mla_copy_bytes(const Config& c, const MlaWeights& w) {
 }
 
 void make_mla_copies(const Config& c, MlaWeights& w, uint8_t* out) {
+  const CopyLayout layout = copy_layout(c, w);
+  if (w.split()) return make_split_copies(c, w, layout, out);
   const int64_t nope = c.head_dim - c.n_rot, kv_b = nope + c.head_dim_v, L = c.mla.kv_lora_rank;
   TANDEM_CHECK(w.wkv_b.rows == c.n_head * kv_b && w.wkv_b.cols == L, "attn_kv_b has an unexpected shape");
-  const CopyLayout layout = copy_layout(c, w);
   MatrixView& k = w.wk_t;
   k = MatrixView{};
   k.type = layout.key_type;
@@ -68,12 +132,10 @@ void make_mla_copies(const Config& c, MlaWeights& w, uint8_t* out) {
   for (int64_t h = 0; h < c.n_head; ++h)
     for (int64_t i = 0; i < kv_b; ++i) {
       if (i >= nope && v.empty()) continue;
-      kernels::file_form_row(w.wkv_b, h * kv_b + i, file_row.data());
-      dequantize_row(w.wkv_b.type, file_row.data(), row.data(), L);
+      read_row(w.wkv_b, h * kv_b + i, file_row, row.data());
       if (i >= nope) {
-        auto* dst = reinterpret_cast<uint16_t*>(
-            out + layout.value_at + static_cast<size_t>(h * c.head_dim_v + i - nope) * v.row_bytes);
-        for (int64_t j = 0; j < L; ++j) dst[j] = f32_to_fp16(row[static_cast<size_t>(j)]);
+        store_f16(row.data(), L,
+                  out + layout.value_at + static_cast<size_t>(h * c.head_dim_v + i - nope) * v.row_bytes);
         continue;
       }
       for (int64_t j = 0; j < L; ++j) {
@@ -104,7 +166,7 @@ MlaProjection::MlaProjection(const Config& c, int64_t max_rows)
 void MlaProjection::project(const MlaWeights& w, const float* x, int64_t R, const float* cs, float* q,
                             float* k, ThreadPool& pool, kernels::MatmulScratch& scratch) {
   const int64_t nope = head_dim_ - n_rot_, kv_a = kv_lora_ + n_rot_;
-  const bool round_latent = kernels::is_quantized_weight(w.wkv_b.type);
+  const bool round_latent = mla_rounds_latent(w);
   TANDEM_CHECK(!w.wk_t.empty(), "latent attention without its key copy (Model::from_file)");
   if (q_lora_ > 0) {
     const kernels::MatmulOut outs[] = {{&w.wq_a, qa_.data()}, {&w.wkv_a, kva_.data()}};
@@ -149,8 +211,8 @@ void MlaProjection::expand(const MlaWeights& w, const float* latent, int64_t R, 
                            kernels::MatmulScratch& scratch) {
   const int64_t nope = head_dim_ - n_rot_, kv_b = nope + head_dim_v_;
   // Head h's values: rows [h * kv_b + nope, (h + 1) * kv_b) of attn_kv_b, or rows [h * head_dim_v,
-  // (h + 1) * head_dim_v) of its F16 copy; its latent outputs and its values lie at a row stride of all the
-  // heads'.
+  // (h + 1) * head_dim_v) of attn_v_b or of the F16 copy of either; its latent outputs and its values lie at
+  // a row stride of all the heads'.
   const bool copy = !w.wv.empty();
   TANDEM_CHECK(copy || !kernels::is_quantized_weight(w.wkv_b.type),
                "latent attention without its value copy (Model::from_file)");

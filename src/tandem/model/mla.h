@@ -18,6 +18,17 @@
 // A quantized attn_kv_b multiplies 8-bit activations wherever it runs as a matrix product (here and in the
 // reference): the expanded keys and values are W_k q8(c) and W_v q8(c), c rounded to Q8_0 blocks of 32. The
 // absorbed form keeps that rounding point: the cached latent is q8(c) when attn_kv_b is quantized.
+//
+// Recent converters write the up-projection split per head instead (attn_k_b: {nope, kv_lora_rank, n_head},
+// each head's key rows already transposed; attn_v_b: {kv_lora_rank, head_dim_v, n_head}, its value rows),
+// and may leave attn_kv_b out. They hold the same values in the layouts the products want: a float attn_k_b
+// (F32, F16) is MlaWeights::wk_t itself, a float attn_v_b is MlaWeights::wv itself (no copies); quantized
+// ones are copied to F16 as above (BF16 keys too). The rounding rules stay those of the joined form: F16
+// copies of quantized rows, and the cached latent rounded to q8(c) when the up-projection (either tensor) is
+// quantized. Where a file holds both forms the split one is used (mla_bind.cpp says why). A float file gives
+// the same bits in either form (an F16 attn_kv_b's keys copy to exactly attn_k_b's F16 values); a quantized
+// one differs by its quantization blocks, which run along kv_lora_rank in attn_kv_b and attn_v_b but along
+// the key's nope width in attn_k_b.
 #pragma once
 
 #include <cstdint>
@@ -30,16 +41,22 @@
 namespace tandem::model {
 
 // Binds layer `layer`'s latent attention tensors (attn_q or attn_q_a / attn_q_a_norm / attn_q_b, whichever
-// the file holds; attn_kv_a_mqa, attn_kv_a_norm, attn_kv_b).
+// the file holds; attn_kv_a_mqa, attn_kv_a_norm; attn_k_b and attn_v_b where the file holds them, else
+// attn_kv_b). A split tensor may have three dimensions (per head) or two (the heads' rows stacked).
 void bind_mla_layer(const ArchReader& r, const Config& c, int64_t layer, MlaWeights& w);
 
-// The copies of a layer's attn_kv_b (in any form) that its products multiply, made at load: MlaWeights::wk_t,
-// head h's key rows (W_k[h]: head_dim - n_rot rows of kv_lora_rank) transposed as its rows
-// [h * kv_lora_rank, (h + 1) * kv_lora_rank), F32 when attn_kv_b is F32, else F16; and where attn_kv_b is
-// quantized, MlaWeights::wv, the heads' value rows in F16 (head h's from row h * head_dim_v).
-// mla_copy_bytes: their size; make_mla_copies writes them to out (64-byte aligned) and sets the views.
+// What a layer's products multiply, set at load: MlaWeights::wk_t, head h's key rows (W_k[h]: head_dim -
+// n_rot rows of kv_lora_rank) transposed as its rows [h * kv_lora_rank, (h + 1) * kv_lora_rank): a copy of
+// attn_kv_b's, F32 when it is F32, else F16; attn_k_b itself when it is F32 or F16, else its F16 copy. And
+// MlaWeights::wv, the heads' value rows (head h's from row h * head_dim_v): an F16 copy of a quantized
+// attn_kv_b's or attn_v_b's, attn_v_b itself when it is not quantized, empty for a float attn_kv_b (its own
+// rows are multiplied). mla_copy_bytes: the copies' size; make_mla_copies writes them to out (64-byte
+// aligned) and sets the views.
 size_t mla_copy_bytes(const Config& c, const MlaWeights& w);
 void make_mla_copies(const Config& c, MlaWeights& w, uint8_t* out);
+// Whether the cached latent is rounded to Q8_0 blocks: the up-projection (attn_kv_b, or attn_k_b or
+// attn_v_b) is quantized.
+bool mla_rounds_latent(const MlaWeights& w);
 
 class MlaProjection {
  public:

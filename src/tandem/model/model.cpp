@@ -28,8 +28,8 @@ void repack_layer(const gguf::File& file, LayerWeights& l) {
   for (MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.ssm_in, &l.ssm_x,
                         &l.ssm_dt, &l.ssm_out})
     repack(file, *m);
-  // attn_kv_b stays in the file's form: latent attention multiplies copies of it, or its own float rows
-  // (model/mla.h).
+  // attn_kv_b, attn_k_b and attn_v_b stay in the file's form: latent attention multiplies copies of them, or
+  // their own float rows (model/mla.h).
   for (MatrixView* m : {&l.mla.wq, &l.mla.wq_a, &l.mla.wq_b, &l.mla.wkv_a}) repack(file, *m);
   for (MatrixView* m : {&l.moe.router, &l.moe.shared_gate, &l.moe.shared_up, &l.moe.shared_down})
     repack(file, *m);
@@ -72,7 +72,7 @@ void make_channel_minor(const Config& c, Weights& w, std::vector<float>& owner) 
   }
 }
 
-// Every latent attention layer's copies of attn_kv_b (model/mla.h; the MTP layers' too) into `owner`,
+// Every latent attention layer's copies of its up-projection (model/mla.h; the MTP layers' too) into `owner`,
 // which must not be resized afterwards.
 void make_mla_layer_copies(const Config& c, Weights& w, std::vector<uint8_t>& owner) {
   std::vector<MlaWeights*> layers;
@@ -111,7 +111,8 @@ size_t Model::weight_bytes_per_token() const {
     total += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.w_gate.bytes() + l.w_up.bytes() +
              l.w_down.bytes() + l.ssm_in.bytes() + l.ssm_x.bytes() + l.ssm_dt.bytes() + l.ssm_out.bytes() +
              l.ssm_conv1d.bytes() + l.ssm_a.bytes();
-    // Latent attention reads its copies of attn_kv_b, or of its float rows the keys' copy and the values.
+    // Latent attention reads its copies of attn_kv_b, or of its float rows the keys' copy and the values; of
+    // a split attn_k_b and attn_v_b, the tensors or their copies (wk_t and wv).
     total +=
         l.mla.wq.bytes() + l.mla.wq_a.bytes() + l.mla.wq_b.bytes() + l.mla.wkv_a.bytes() + l.mla.wk_t.bytes();
     if (!l.mla.empty())

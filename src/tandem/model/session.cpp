@@ -15,7 +15,8 @@ int64_t default_context(const Model& model, int64_t requested) {
 Session::Session(const Model& model, ThreadPool& pool, const SessionOptions& options)
     : forward_(model, pool, std::max<int64_t>(1, options.batch)),
       cache_(model.config().kv_geometry(), default_context(model, options.n_ctx), options.kv_type,
-             forward_.max_rows(), options.rollback ? cache::kDefaultRecurrentRollback : 0) {}
+             forward_.max_rows(), options.rollback ? cache::kDefaultRecurrentRollback : 0,
+             options.verify_rows) {}
 
 Session::Session(const Model& model, ThreadPool& pool, const SessionOptions& options, cache::KvStore& store)
     : forward_(model, pool, std::max<int64_t>(1, options.batch)),

@@ -21,6 +21,10 @@ struct SessionOptions {
   // recurrent state then skips the work that keeps rollbacks within reach, and refuses any other truncate
   // (cache::KvStoreOptions::recurrent_rollback 0). Other layers are unaffected. Ignored with a shared store.
   bool rollback = true;
+  // With rollback, the most rows of a verify window the caller runs (a drafter's depth + 1): a recurrent
+  // state keeps each such row's state, one state per row and sequence, so accepting part of a window needs no
+  // recomputation (cache::KvStoreOptions::recurrent_window). 0: as many as the rollback depth allows.
+  int64_t verify_rows = 0;
 };
 
 class Session {

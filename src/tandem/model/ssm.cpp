@@ -64,23 +64,6 @@ void SsmMixer::check_rows(std::span<const Row> rows, std::span<cache::KvCache* c
   }
 }
 
-namespace {
-
-using Slot = cache::RecurrentState::Slot;
-
-// Where the row at `pos` of a forward reads its state and writes the next one (RecurrentState::Append).
-Slot read_slot(const cache::RecurrentState::Append& plan, int64_t pos) {
-  const bool from_base =
-      (pos == plan.first && plan.first_reads_base) || (plan.new_base > plan.first && pos == plan.new_base);
-  return from_base ? Slot::kBase : Slot::kCurrent;
-}
-Slot write_slot(const cache::RecurrentState::Append& plan, int64_t pos) {
-  return plan.new_base > plan.first && plan.new_base < plan.end && pos + 1 == plan.new_base ? Slot::kBase
-                                                                                            : Slot::kCurrent;
-}
-
-}  // namespace
-
 void SsmMixer::replay(const LayerWeights& l, int64_t layer, cache::RecurrentState& st, Slot slot,
                       int64_t from, int64_t to, int64_t i0, int64_t i1) {
   const int64_t N = c_.ssm_d_inner, S = c_.ssm_d_state;
@@ -144,8 +127,8 @@ void SsmMixer::run(const LayerWeights& l, int64_t layer, std::span<const Row> ro
     kernels::SsmConvArgs a;
     a.d_inner = N;
     a.d_conv = K;
-    a.state_in = st.conv(layer, read_slot(plan, pos));
-    a.state_out = st.conv(layer, write_slot(plan, pos));
+    a.state_in = st.conv_at(layer, st.read_slot(pos));
+    a.state_out = st.conv_at(layer, st.write_slot(pos));
     a.x = xz_.data() + r * 2 * N;
     a.w = l.ssm_conv_t;
     a.b = l.ssm_conv1d_b.data;
@@ -172,8 +155,8 @@ void SsmMixer::run(const LayerWeights& l, int64_t layer, std::span<const Row> ro
     kernels::SsmScanArgs a;
     a.d_inner = N;
     a.d_state = S;
-    a.state_in = st.ssm(layer, read_slot(plan, pos));
-    a.state_out = st.ssm(layer, write_slot(plan, pos));
+    a.state_in = st.ssm_at(layer, st.read_slot(pos));
+    a.state_out = st.ssm_at(layer, st.write_slot(pos));
     a.x = xc_.data() + r * N;
     a.dt = dt_.data() + r * N;
     a.a = l.ssm_a_t;

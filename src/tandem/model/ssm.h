@@ -3,11 +3,12 @@
 // channel range across the team, each range in blocks of 64 channels and each block taking the rows in batch
 // order, so a sequence's rows see the state its previous row left (and a window's rows find the block's state
 // in the L1 cache). Before a sequence's first row, each layer carries out the plan its
-// RecurrentState recorded (cache/recurrent.h): after a rollback it brings the base state up to the accepted
-// length by replaying the kept inputs of the accepted rows through the same kernels (so the bits are those
-// decoding gave), or moves the base state forward; each row then keeps its inputs for later replays.
-// Workspace is allocated once for `max_rows`; run() does not allocate (except to track more sequences than
-// any batch before).
+// RecurrentState recorded (cache/recurrent.h): where a rollback found no kept state, it brings the base state
+// up to the accepted length by replaying the kept inputs of the accepted rows through the same kernels (so
+// the bits are those decoding gave), or moves the base state forward. Each row reads and writes the state
+// slots the plan names (a verify window's rows each write a slot of their own, so that accepting part of it
+// needs no replay) and keeps its inputs for later replays. Workspace is allocated once for `max_rows`; run()
+// does not allocate (except to track more sequences than any batch before).
 #pragma once
 
 #include <cstdint>

@@ -203,6 +203,15 @@ const std::vector<SynthPreset>& synth_presets() {
   return presets;
 }
 
+SynthPreset with_split_kv_b(const SynthPreset& preset) {
+  if (preset.arch != "deepseek2")
+    throw Error("a split attn_kv_b is written for deepseek2 presets only; '" + std::string(preset.name) +
+                "' is " + std::string(preset.arch));
+  SynthPreset p = preset;
+  p.mla.split_kv_b = true;
+  return p;
+}
+
 SynthPreset with_mtp_layers(const SynthPreset& preset, int64_t n_mtp) {
   if (n_mtp < 0)
     throw Error("the number of MTP layers must be 0 or more (got " + std::to_string(n_mtp) + ")");
@@ -386,6 +395,13 @@ struct LayerWriter {
   // An F32 router [row_scale.size(), cols] whose row e is scaled by row_scale[e] on top of the fan-in scale.
   std::function<void(const std::string& name, int64_t cols, std::vector<float> row_scale)> router;
   std::function<void(const std::string& name, int64_t cols, int64_t rows, int64_t n, int64_t layer)> experts;
+  // The rows `matrix` writes for a tensor of that name, width and scale.
+  std::function<RowGen(const std::string& name, int64_t cols, float scale)> rows;
+  // A stacked {cols, rows, n} tensor in the layer's matrix type, whose generator `make` builds when the
+  // tensor is written (so that what it holds lives only that long).
+  std::function<void(const std::string& name, int64_t cols, int64_t rows, int64_t n, int64_t layer,
+                     std::function<RowGen()> make)>
+      stacked;
 };
 
 // The router row scales of layer `layer` (SynthMoe::router_zipf): expert e's popularity rank is a permutation
@@ -398,6 +414,35 @@ std::vector<float> router_popularity(const SynthMoe& m, int64_t layer) {
         static_cast<float>(std::pow(1.0 + static_cast<double>(rank), -static_cast<double>(m.router_zipf)));
   }
   return popularity;
+}
+
+// Layer i's up-projection split per head as the reference's converter writes it (SynthMla::split_kv_b), with
+// the values attn_kv_b would hold: attn_k_b {nope, kv_lora_rank, n_head}, each head's key rows transposed,
+// and attn_v_b {kv_lora_rank, head_dim_v, n_head}, its value rows.
+void write_split_kv_b(const SynthPreset& p, const LayerWriter& lw, int64_t i) {
+  const std::string b = "blk." + std::to_string(i) + ".";
+  const int64_t L = p.mla.kv_lora_rank, nope = p.mla.key_length - p.mla.n_rot, dv = p.mla.value_length;
+  const int64_t per_head = nope + dv, n_head = p.n_head;
+  const RowGen joined =
+      lw.rows(b + "attn_kv_b.weight", L, static_cast<float>(std::sqrt(3.0 / static_cast<double>(L))));
+  lw.stacked(b + "attn_k_b.weight", nope, L, n_head, i, [=] {
+    auto keys = std::make_shared<std::vector<float>>(static_cast<size_t>(n_head * L * nope));
+    std::vector<float> row(static_cast<size_t>(L));
+    for (int64_t h = 0; h < n_head; ++h)
+      for (int64_t k = 0; k < nope; ++k) {
+        joined(h * per_head + k, row.data());
+        for (int64_t j = 0; j < L; ++j)
+          (*keys)[static_cast<size_t>((h * L + j) * nope + k)] = row[static_cast<size_t>(j)];
+      }
+    return RowGen([keys, nope](int64_t r, float* out) {
+      std::copy_n(keys->data() + static_cast<size_t>(r * nope), nope, out);
+    });
+  });
+  lw.stacked(b + "attn_v_b.weight", L, dv, n_head, i, [=] {
+    return RowGen([joined, per_head, nope, dv](int64_t r, float* out) {
+      joined(r / dv * per_head + nope + r % dv, out);
+    });
+  });
 }
 
 // The layers of qwen2moe and deepseek2 files, named as the reference's converter names them. Routers stay
@@ -432,8 +477,11 @@ void write_moe_layers(const SynthPreset& p, const LayerWriter& lw) {
       }
       lw.matrix(b + "attn_kv_a_mqa.weight", p.n_embd, mla.kv_lora_rank + mla.n_rot, i, fan_in(p.n_embd));
       lw.vec(b + "attn_kv_a_norm.weight", mla.kv_lora_rank, 0.1f, 1.0f);
-      lw.matrix(b + "attn_kv_b.weight", mla.kv_lora_rank,
-                p.n_head * (mla.key_length - mla.n_rot + mla.value_length), i, fan_in(mla.kv_lora_rank));
+      if (mla.split_kv_b)
+        write_split_kv_b(p, lw, i);
+      else
+        lw.matrix(b + "attn_kv_b.weight", mla.kv_lora_rank,
+                  p.n_head * (mla.key_length - mla.n_rot + mla.value_length), i, fan_in(mla.kv_lora_rank));
       lw.matrix(b + "attn_output.weight", p.n_head * mla.value_length, p.n_embd, i,
                 fan_in(p.n_head * mla.value_length));
     } else {
@@ -582,7 +630,18 @@ void write_synthetic_model(const SynthPreset& p, const FileType& ft, const std::
       emit_rows(pool, t, rows * n, cols, gen, sink);
     });
   };
-  if (moe && !jamba) write_moe_layers(p, LayerWriter{matrix, vec, router, experts});
+  const auto rows_of = [&](const std::string& name, int64_t cols, float scale) {
+    return uniform_rows(seed, name, cols, scale);
+  };
+  const auto stacked = [&](const std::string& name, int64_t cols, int64_t rows, int64_t n, int64_t layer,
+                           std::function<RowGen()> make) {
+    const DType t = matrix_type(ft, name, cols, layer, p.n_layer + p.n_mtp);
+    w.add_tensor(name, t, {cols, rows, n},
+                 [&pool, t, rows, n, cols, make = std::move(make)](const gguf::ByteSink& sink) {
+                   emit_rows(pool, t, rows * n, cols, make(), sink);
+                 });
+  };
+  if (moe && !jamba) write_moe_layers(p, LayerWriter{matrix, vec, router, experts, rows_of, stacked});
   const auto expert_layer = [&](int64_t layer) {
     return jamba && moe && layer % p.expert_period == p.expert_offset;
   };

@@ -37,6 +37,9 @@ struct SynthMla {
   float yarn_factor = 0.0f;
   int64_t yarn_original_context = 0;
   float yarn_log_multiplier = 0.0f;
+  // The up-projection split per head (attn_k_b and attn_v_b, as recent converters write it) instead of
+  // attn_kv_b; the same values either way.
+  bool split_kv_b = false;
 };
 
 struct SynthPreset {
@@ -87,6 +90,10 @@ DType matrix_type(const FileType& ft, std::string_view tensor, int64_t cols, int
 // `preset` with n_mtp MTP layers (SynthPreset::n_mtp); throws tandem::Error for a negative count or an
 // architecture other than deepseek2.
 SynthPreset with_mtp_layers(const SynthPreset& preset, int64_t n_mtp);
+
+// `preset` with its up-projection split per head (SynthMla::split_kv_b); throws tandem::Error for an
+// architecture other than deepseek2.
+SynthPreset with_split_kv_b(const SynthPreset& preset);
 
 // Writes a random-weight checkpoint. Rows are generated from (seed, tensor name, row), so the file does not
 // depend on the thread count. Quantization runs on `pool`.

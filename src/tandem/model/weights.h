@@ -31,13 +31,19 @@ struct MlaWeights {
   MatrixView wq_b;       // [n_head * head_dim, q_lora_rank]
   MatrixView wkv_a;      // [kv_lora_rank + n_rot, n_embd] (attn_kv_a_mqa): the latent, then the rotary key
   VectorView kv_a_norm;  // [kv_lora_rank]
-  MatrixView wkv_b;      // [n_head * (head_dim - n_rot + head_dim_v), kv_lora_rank]: per head, key nope part
-                         // then value
-  // Copies of wkv_b made at load (model/mla.h, make_mla_copies), owned by the Model; empty until
-  // Model::from_file makes them.
+  // The up-projection, in one of two forms (model/mla.h): joined, wkv_b; or split per head, wk_b and wv_b.
+  MatrixView wkv_b;  // [n_head * (head_dim - n_rot + head_dim_v), kv_lora_rank]: per head, key nope part then
+                     // value (attn_kv_b); empty in the split form
+  MatrixView wk_b;   // [n_head * kv_lora_rank, head_dim - n_rot]: per head, its key rows transposed
+                     // (attn_k_b); empty in the joined form
+  MatrixView wv_b;   // [n_head * head_dim_v, kv_lora_rank]: per head, its value rows (attn_v_b); empty in the
+                     // joined form
+  // What the products multiply (model/mla.h, make_mla_copies): views of the file's tensors or copies made at
+  // load, owned by the Model; empty until Model::from_file makes them.
   MatrixView wk_t;  // [n_head * kv_lora_rank, head_dim - n_rot]: per head, its key rows transposed (F32/F16)
-  MatrixView wv;    // [n_head * head_dim_v, kv_lora_rank]: the value rows in F16 where wkv_b is quantized;
-                    // else empty (wkv_b's own value rows are multiplied)
+  MatrixView wv;    // [n_head * head_dim_v, kv_lora_rank]: the value rows where they are not wkv_b's own
+                    // float rows; empty when they are
+  bool split() const { return !wk_b.empty(); }
   bool empty() const { return wkv_a.empty(); }
 };
 

@@ -24,6 +24,14 @@ void check_tree_target(const cache::Geometry& geometry, cache::KvType type) {
         "so an accepted path cannot move yet; use chains (--tree-nodes 0)");
 }
 
+void check_tree_source(const DraftSource& source) {
+  if (!source.target_layers().empty() && !source.follows_tree_rows())
+    throw Error(
+        "the " + std::string(source.kind()) +
+        " drafter reads the target's hidden states and drafts chains only (draft trees come from draft "
+        "models, n-gram lookup, EAGLE and DFlash drafters); use chains (--tree-nodes 0)");
+}
+
 size_t TreeBudget::choose(const Draft& draft, std::span<const double> cost) {
   const size_t d = draft.tokens.size();
   TANDEM_CHECK(draft.score.size() == d, "a tree budget needs a score per node");

@@ -1,6 +1,6 @@
 // What the speculative drivers (engine::generate_speculative for one sequence, engine::Scheduler for many)
-// share about draft trees beyond settling them (settle.h): which targets can verify them, and how many of a
-// proposed tree's nodes a round verifies.
+// share about draft trees beyond settling them (settle.h): which targets and drafters can verify and draft
+// them, and how many of a proposed tree's nodes a round verifies.
 //
 // The budget is EAGLE-2's reranking with Sequoia's budget from the cost curve: the n best-scored nodes of a
 // tree (a subtree: a child never scores above its parent and comes after it) are worth (1 + the n best
@@ -26,6 +26,11 @@ namespace tandem::speculative {
 // cannot verify draft trees: recurrent layers (their state follows one sequence, not a tree), anchored key
 // caches and latent caches (the accepted path's rows cannot move into place, KvCache::compact).
 void check_tree_target(const cache::Geometry& geometry, cache::KvType type);
+// Throws tandem::Error, saying what to pass instead, when `source` cannot draft trees that a driver verifies:
+// it reads the target's hidden states but does not follow a tree round's rows
+// (DraftSource::follows_tree_rows; the MTP layer), so its state after the round would hold rows of rejected
+// nodes.
+void check_tree_source(const DraftSource& source);
 
 // One sequence's node budget. Not thread safe; allocates only while its scratch grows to the largest tree.
 class TreeBudget {
