@@ -209,6 +209,33 @@ TEST(KvCodec, KeyBlocksScoreAsTheirRows) {
   }
 }
 
+// Every codec of keys: a run of a block's rows decoded in one call (a latent cache's values) has the bits of
+// decoding its rows one at a time, for any run and a row stride wider than the rows.
+TEST(KvCodec, BlockRowRunsDecodeAsTheirRows) {
+  for (int64_t dim : {8, 64, 48}) {
+    for (KvType t : kTypes) {
+      auto codec = KvCodec::create(t, dim, 2, 7, /*keys=*/true);
+      for (int64_t B : {16, 8, 5}) {
+        std::vector<uint8_t> block(codec->row_bytes() * static_cast<size_t>(B));
+        const auto xs = gaussian(static_cast<size_t>(B * dim), 9);
+        for (int64_t j = 0; j < B; ++j) codec->encode_in_block(xs.data() + j * dim, 1, block.data(), B, j);
+        std::vector<float> want(static_cast<size_t>(B * dim));
+        for (int64_t j = 0; j < B; ++j) codec->decode_in_block(block.data(), 1, B, j, want.data() + j * dim);
+        const int64_t stride = dim + 3;
+        for (int64_t off = 0; off < B; ++off)
+          for (int64_t n = 1; off + n <= B; n += 2) {
+            std::vector<float> got(static_cast<size_t>(n * stride), -1.0f);
+            codec->decode_rows_in_block(block.data(), 1, B, off, n, got.data(), stride);
+            for (int64_t r = 0; r < n; ++r)
+              ASSERT_EQ(
+                  std::memcmp(got.data() + r * stride, want.data() + (off + r) * dim, sizeof(float) * dim), 0)
+                  << kv_type_name(t) << " dim " << dim << " B " << B << " off " << off << " n " << n;
+          }
+      }
+    }
+  }
+}
+
 // Keys whose energy sits in one channel (as RoPE'd keys often do): the rotation spreads it, so 4-bit blocks
 // fit the rest far better.
 TEST(KvCodec, RotationHelpsWithOutlierChannels) {

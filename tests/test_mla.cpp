@@ -285,6 +285,17 @@ TEST(MlaProjection, PerThreadMatmulHasTheBitsOfMatmul) {
                 << "row " << r;
             ASSERT_EQ(got[static_cast<size_t>(r * kOutStride + kRows)], -1.0f);  // nothing past the row
           }
+          // In 16-row ranges under one call number (up to 4 rows quantized once on the thread for all
+          // ranges, after a product of another input on that thread): the same bits.
+          std::vector<float> ranged(static_cast<size_t>(R * kOutStride), -1.0f);
+          const uint64_t call = scratch.next_call();
+          for (int64_t o0 = 0; o0 < kRows; o0 += 16)
+            kernels::matmul_on_thread(w.row_range(o0, 16), xs.data(), kStride, R, ranged.data() + o0,
+                                      kOutStride, scratch, 1, call);
+          for (int64_t r = 0; r < R; ++r)
+            ASSERT_EQ(0, std::memcmp(ranged.data() + r * kOutStride, got.data() + r * kOutStride,
+                                     kRows * sizeof(float)))
+                << "row " << r << " in ranges";
         }
       }
 }

@@ -302,6 +302,40 @@ TEST(MoeModel, WindowAfterRollbackEqualsOneByOne) {
     }
 }
 
+// A decode step's latent attention (one run of rows, one latent head) splits its query heads into a share
+// per thread, evenly or not (four heads over three threads): every thread count gives the bits of one, for
+// decode steps and for a window after them.
+TEST(MoeModel, LatentAttentionSharesGiveTheBitsOfOneThread) {
+  for (const std::string& path : {deepseek2("deepseek2", "Q8_0"), deepseek2("deepseek2v3", "f32")}) {
+    SCOPED_TRACE(path);
+    auto model = tandem::model::Model::load(path);
+    const int64_t V = model->config().n_vocab;
+    std::vector<int32_t> prompt;
+    for (int32_t i = 0; i < 19; ++i) prompt.push_back((i * 29 + 3) % static_cast<int32_t>(V));
+    const std::vector<int32_t> window = {12, 400, 33};
+    const auto logits = [&](int threads) {
+      tandem::ThreadPool pool(threads);
+      tandem::model::Session s(*model, pool, tandem::model::SessionOptions{64});
+      s.eval(std::span<const int32_t>(prompt.data(), 4));
+      std::vector<float> out;
+      for (size_t i = 4; i < prompt.size(); ++i) {
+        const auto one = s.eval(std::span<const int32_t>(&prompt[i], 1));
+        out.insert(out.end(), one.begin(), one.end());
+      }
+      const auto w = s.eval(window, /*all_logits=*/true);
+      out.insert(out.end(), w.begin(), w.end());
+      return out;
+    };
+    const std::vector<float> want = logits(1);
+    for (int threads : {2, 3, 4}) {
+      const std::vector<float> got = logits(threads);
+      ASSERT_EQ(got.size(), want.size());
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * want.size()), 0)
+          << threads << " threads";
+    }
+  }
+}
+
 // A prompt whose first blocks another session of the store evaluated reuses them on the latent cache and
 // gets the bits of a fresh evaluation.
 TEST(MoeModel, LatentCachePrefixReuse) {
@@ -419,6 +453,63 @@ TEST(ExpertResidency, BudgetGivesTheSameBitsAsEverythingResident) {
     EXPECT_GT(s.resident_experts, 0);
     EXPECT_LT(s.resident_experts, s.experts);
     EXPECT_LE(s.resident_bytes, s.budget_bytes);
+  }
+}
+
+// Calls of few rows run all experts' products as tasks of two parallel regions; every row gets the bits of
+// the regions per expert, on either side of the boundary (1, 3 rows together; 8, 40 per expert either
+// way), with one and two threads, reading the file's experts or, under a budget, some resident copies, and
+// counting the same reads.
+TEST(MoeFfn, ExpertsInTwoRegionsEqualRegionsPerExpert) {
+  for (const std::string& path : {qwen2moe("f32"), qwen2moe("Q8_0"), deepseek2("deepseek2", "Q8_0"),
+                                  deepseek2("deepseek2v3", "Q8_0")}) {
+    SCOPED_TRACE(path);
+    auto model = tandem::model::Model::load(path);
+    const tandem::model::Config& c = model->config();
+    int64_t layer = 0;
+    while (!c.moe_layer(layer)) ++layer;
+    const tandem::model::MoeWeights& w = model->weights().layers[static_cast<size_t>(layer)].moe;
+    const int64_t D = c.n_embd, max_rows = 40;
+    std::vector<float> x(static_cast<size_t>(max_rows * D));
+    uint32_t seed = 12345;
+    for (float& v : x) {
+      seed = seed * 1664525u + 1013904223u;
+      v = static_cast<float>(seed >> 8) / static_cast<float>(1u << 23) - 1.0f;
+    }
+    // Every even expert of the layer resident: the rows meet copies and file views alike.
+    const tandem::model::ExpertBytes eb = tandem::model::expert_bytes(*model);
+    // Slots for half the layer's experts (each matrix of a slot rounded up to 64 bytes).
+    const size_t slots = static_cast<size_t>(c.moe.n_expert / 2);
+    ExpertResidency residency(*model, slots * (eb.per_expert + 192), /*rebalance_every=*/1000000);
+    for (int64_t e = 0; e < c.moe.n_expert; e += 2) residency.record(layer, e);
+    residency.rebalance();
+    ASSERT_TRUE(residency.resident(layer, 0));
+    ASSERT_FALSE(residency.resident(layer, 1));
+    for (int threads : {1, 2}) {
+      tandem::ThreadPool pool(threads);
+      const int64_t widest = std::max({D, c.moe.n_ff_expert, c.moe.n_ff_shared});
+      tandem::kernels::MatmulScratch scratch(threads, widest, max_rows);
+      for (ExpertResidency* r : {static_cast<ExpertResidency*>(nullptr), &residency}) {
+        for (int64_t n : {1, 3, 8, 40}) {
+          SCOPED_TRACE(::testing::Message()
+                       << threads << " threads, " << n << " rows, budget " << (r != nullptr));
+          tandem::model::MoeFfn together(c, max_rows), per_expert(c, max_rows);
+          per_expert.set_schedule(tandem::model::ExpertSchedule::kPerExpert);
+          std::vector<float> got(x.begin(), x.begin() + n * D), want = got;
+          const tandem::model::ResidencyStats s0 = residency.stats();
+          together.run(w, got.data(), n, pool, scratch, r, layer);
+          const tandem::model::ResidencyStats s1 = residency.stats();
+          per_expert.run(w, want.data(), n, pool, scratch, r, layer);
+          const tandem::model::ResidencyStats s2 = residency.stats();
+          ASSERT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * static_cast<size_t>(n * D)), 0);
+          EXPECT_EQ(s1.reads - s0.reads, s2.reads - s1.reads);
+          EXPECT_EQ(s1.resident_reads - s0.resident_reads, s2.resident_reads - s1.resident_reads);
+          if (r) {
+            EXPECT_GT(s1.reads, s0.reads);
+          }
+        }
+      }
+    }
   }
 }
 

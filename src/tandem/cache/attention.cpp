@@ -20,9 +20,13 @@ constexpr int64_t kPreparedFloats = 16384, kAccFloats = 8192;
 // at head size 64) stay in L1 beside the scores; one block a call is slower (docs/performance.md).
 constexpr int64_t kValueRunBlocks = 4;
 
+// Positions of one block a latent cache's values decode at a time (latent_values).
+constexpr int64_t kLatentDecodeRows = 16;
+
 // The values of a latent cache (Geometry::values_in_keys): each position's key row decoded once (anchor
-// added back) and its first dv elements weighed into every query that attends it, positions in order, so a
-// query's sum has the same bits alone or in a window.
+// added back; up to kLatentDecodeRows positions of one block per call, as the f16 keys' dimension-major
+// blocks read best) and its first dv elements weighed into every query that attends it, positions in order,
+// so a query's sum has the same bits alone or in a window.
 void latent_values(const KvCache& cache, int64_t layer, int64_t kv_head, int64_t n_q, int64_t nq,
                    int64_t first, int64_t last, int64_t span_last, const float* scores, int64_t scores_stride,
                    float* acc) {
@@ -30,17 +34,21 @@ void latent_values(const KvCache& cache, int64_t layer, int64_t kv_head, int64_t
   const KvCodec& kc = store.key_codec();
   const KeyAnchor* anchor = store.key_anchor();
   const BlockPool& pool = cache.pool_of(layer);
-  const int64_t B = store.block_size(), dv = store.value_dim();
-  float x[kMaxHeadDim];
-  for (int64_t pos = first; pos <= span_last; ++pos) {
+  const int64_t B = store.block_size(), dv = store.value_dim(), dk = kc.dim();
+  float xs[kLatentDecodeRows * kMaxHeadDim];
+  for (int64_t pos = first; pos <= span_last;) {
     const int32_t blk = cache.block_of(layer, pos);
-    kc.decode_in_block(pool.keys(blk, layer, kv_head), kv_head, B, pos % B, x);
-    if (anchor) anchor->add(pool.anchor(blk, layer, kv_head), x);
-    const int64_t j0 = pos <= last ? 0 : (pos - last) * n_q;  // the first query whose row reaches pos
-    for (int64_t j = j0; j < nq; ++j) {
-      const float p = scores[j * scores_stride + (pos - first)];
-      float* a = acc + j * dv;
-      for (int64_t d = 0; d < dv; ++d) a[d] += p * x[d];
+    const int64_t n = std::min({B - pos % B, span_last - pos + 1, kLatentDecodeRows});
+    kc.decode_rows_in_block(pool.keys(blk, layer, kv_head), kv_head, B, pos % B, n, xs, dk);
+    for (int64_t r = 0; r < n; ++r, ++pos) {
+      float* x = xs + r * dk;
+      if (anchor) anchor->add(pool.anchor(blk, layer, kv_head), x);
+      const int64_t j0 = pos <= last ? 0 : (pos - last) * n_q;  // the first query whose row reaches pos
+      for (int64_t j = j0; j < nq; ++j) {
+        const float p = scores[j * scores_stride + (pos - first)];
+        float* a = acc + j * dv;
+        for (int64_t d = 0; d < dv; ++d) a[d] += p * x[d];
+      }
     }
   }
 }

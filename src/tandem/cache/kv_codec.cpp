@@ -164,7 +164,7 @@ class F16Codec final : public KvCodec {
 class F16KeyCodec final : public KvCodec {
  public:
   explicit F16KeyCodec(int64_t dim)
-      : KvCodec(KvType::kF16, dim, static_cast<size_t>(dim) * 2, dim), rows_(dim) {}
+      : KvCodec(KvType::kF16, dim, static_cast<size_t>(dim) * 2, dim), rows_(dim), table_(half_table()) {}
   void encode(const float* x, int64_t head, uint8_t* row) const override { rows_.encode(x, head, row); }
   void decode(const uint8_t* row, int64_t head, float* x) const override { rows_.decode(row, head, x); }
   void prepare_query(const float* q, int64_t head, float* prepared) const override {
@@ -211,9 +211,19 @@ class F16KeyCodec final : public KvCodec {
       std::memcpy(h + 2 * i, block + 2 * static_cast<size_t>(i * block_rows + off), 2);
     rows_.decode(h, head, x);
   }
+  void decode_rows_in_block(const uint8_t* block, int64_t, int64_t block_rows, int64_t off, int64_t n,
+                            float* x, int64_t x_stride) const override {
+    // Dimension by dimension: a dimension's values of the n rows lie side by side (dimension-major), where
+    // one row at a time gathers two bytes from every dimension's run. The values are decode()'s.
+    for (int64_t i = 0; i < dim(); ++i) {
+      const uint8_t* run = block + 2 * static_cast<size_t>(i * block_rows + off);
+      for (int64_t r = 0; r < n; ++r) x[r * x_stride + i] = table_[load_u16(run + 2 * r)];
+    }
+  }
 
  private:
   F16Codec rows_;  // the row form: encode, decode, query preparation and the value side
+  const float* table_;
 };
 
 // Row: per block [f16 d][int8 q[b]].

@@ -132,6 +132,12 @@ class KvCodec {
     (void)block_rows;
     decode(block + static_cast<size_t>(off) * row_bytes(), head, x);
   }
+  // decode_in_block() of rows [off, off + n) of a block, row r into x + r * x_stride: one call for a run of
+  // positions, which a codec whose block is not row by row (the f16 keys') reads in its own order.
+  virtual void decode_rows_in_block(const uint8_t* block, int64_t head, int64_t block_rows, int64_t off,
+                                    int64_t n, float* x, int64_t x_stride) const {
+    for (int64_t r = 0; r < n; ++r) decode_in_block(block, head, block_rows, off + r, x + r * x_stride);
+  }
 
  protected:
   KvCodec(KvType type, int64_t dim, size_t row_bytes, int64_t prepared_size)

@@ -271,7 +271,7 @@ void matmul(const MatrixView& w, const float* x, int64_t n_rows, float* y, Threa
 }
 
 void matmul_on_thread(const MatrixView& w, const float* x, int64_t x_stride, int64_t n_rows, float* y,
-                      int64_t y_stride, MatmulScratch& scratch, int thread) {
+                      int64_t y_stride, MatmulScratch& scratch, int thread, uint64_t call) {
   if (n_rows <= 0 || w.rows <= 0) return;
   const int64_t N = w.rows, K = w.cols;
   if (!is_quantized_weight(w.type)) {
@@ -287,6 +287,14 @@ void matmul_on_thread(const MatrixView& w, const float* x, int64_t x_stride, int
   // The thread's own activations, kOwnActivationRows rows at a time (each row's result depends only on that
   // row, so the grouping changes no bits). They are refilled by the next matmul call (a new call number).
   ActSuper* act = scratch.own_activations(thread);
+  if (call != 0 && n_rows <= kOwnActivationRows) {
+    if (scratch.fill_own(thread, call))
+      for (int64_t r = 0; r < n_rows; ++r) qk.quantize_row(x + r * x_stride, K, form, act + r * ns);
+    quant_rows(qk, w, act, n_rows, y, y_stride, 0, N, scratch.unpack_buffer(thread),
+               scratch.file_row_buffer(thread), scratch.prefetch_reach());
+    return;
+  }
+  scratch.forget_own(thread);
   for (int64_t r0 = 0; r0 < n_rows; r0 += kOwnActivationRows) {
     const int64_t nr = std::min(kOwnActivationRows, n_rows - r0);
     for (int64_t r = 0; r < nr; ++r) qk.quantize_row(x + (r0 + r) * x_stride, K, form, act + r * ns);

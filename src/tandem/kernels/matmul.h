@@ -63,6 +63,9 @@ class MatmulScratch {
     last = call;
     return true;
   }
+  // Marks thread `thread`'s own activations as overwritten outside any call number (fill_own is then true for
+  // every number).
+  void forget_own(int thread) { own_[static_cast<size_t>(thread)].call = 0; }
   // A new call number for fill_own (on the calling thread, before the parallel region).
   uint64_t next_call() { return ++calls_; }
   // Grows the activation buffer (called outside the steady state only: the first call with more rows).
@@ -124,8 +127,13 @@ void encoder_matmul(const MatrixView& w, const float* x, int64_t n_rows, float* 
 // per attention head) run as one task each in a single region, rather than one region each. Row r of the
 // input at x + r * x_stride, its outputs at y + r * y_stride. Every row's result has the same bits as
 // matmul() gives it. w.cols <= scratch.max_cols() for quantized weights.
+// `call`: 0, or a number from scratch.next_call() (taken before the region) that the caller gives every task
+// of one input (the same x, rows and width, weights of one type and form; tasks of output-row ranges of one
+// matrix, or of several with that input): a thread then quantizes up to kOwnActivationRows rows of it once
+// for all its tasks with that number, not once per task. The input must not change while the number is in
+// use.
 void matmul_on_thread(const MatrixView& w, const float* x, int64_t x_stride, int64_t n_rows, float* y,
-                      int64_t y_stride, MatmulScratch& scratch, int thread);
+                      int64_t y_stride, MatmulScratch& scratch, int thread, uint64_t call = 0);
 
 // Scalar reference: dequantizes each weight row and accumulates in double. Tests compare kernels with it.
 void matmul_reference(const MatrixView& w, const float* x, int64_t n_rows, float* y);

@@ -394,23 +394,30 @@ void Forward::attention(std::span<const Row> rows, std::span<cache::KvCache* con
     }
     runs_.push_back({r, 1, tree});
   }
-  // One task per run and KV head.
+  // One task per run, KV head and share of its query heads. Fewer runs and KV heads than threads (a decode
+  // step of latent attention: one run, one latent head) split each head group into shares, so that every
+  // thread takes part; each share reads the cache rows again, but a head's result has the same bits in any
+  // share (attend_rows, attend_tree).
   const auto n_runs = static_cast<int64_t>(runs_.size());
+  const int64_t groups = n_runs * kv_heads;
+  const int64_t shares = std::clamp<int64_t>((pool_.size() + groups - 1) / groups, 1, group);
   const cache::WindowLayout layout{c.n_head * key_dim, key_dim, c.n_head * value_dim, value_dim};
-  pool_.parallel_for_dynamic(n_runs * kv_heads, 1, [&](int64_t t0, int64_t t1, int thread) {
+  pool_.parallel_for_dynamic(groups * shares, 1, [&](int64_t t0, int64_t t1, int thread) {
     float* scores = scores_.data() + thread * scores_stride_ * window_queries_;
     for (int64_t t = t0; t < t1; ++t) {
-      const Run& run = runs_[static_cast<size_t>(t / kv_heads)];
-      const int64_t kvh = t % kv_heads, h0 = kvh * group;
+      const Run& run = runs_[static_cast<size_t>(t / shares / kv_heads)];
+      const int64_t kvh = t / shares % kv_heads, share = t % shares;
+      const int64_t g0 = share * group / shares, n_q = (share + 1) * group / shares - g0;
+      const int64_t h0 = kvh * group + g0;
       const Row& row = rows[static_cast<size_t>(run.row)];
       const cache::KvCache& kv = *caches[static_cast<size_t>(row.seq)];
       const float* q = queries + run.row * c.n_head * key_dim + h0 * key_dim;
       float* dst = out + run.row * c.n_head * value_dim + h0 * value_dim;
       if (run.tree) {
-        cache::attend_tree(kv, layer, kvh, q, run.n, group, layout, run.tree->mask, tree_node(row),
+        cache::attend_tree(kv, layer, kvh, q, run.n, n_q, layout, run.tree->mask, tree_node(row),
                            first_of(row), params, scores, scores_stride_, dst);
       } else {
-        cache::attend_rows(kv, layer, kvh, q, run.n, group, layout, first_of(row), row.pos, params, scores,
+        cache::attend_rows(kv, layer, kvh, q, run.n, n_q, layout, first_of(row), row.pos, params, scores,
                            scores_stride_, dst);
       }
     }

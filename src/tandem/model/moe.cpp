@@ -19,6 +19,10 @@ int64_t best_of(const float* v, const uint8_t* taken, int64_t n) {
   return best;
 }
 
+// Output rows per task unit of run_products: whole 16-row tiles, as row_range takes matrices in row tiles.
+// (Results do not depend on it: every output row is computed alone.)
+constexpr int64_t kUnitRows = 16;
+
 }  // namespace
 
 float route(const MoeConfig& m, const float* logits, const float* bias, int32_t* experts, float* weights,
@@ -99,11 +103,21 @@ MoeFfn::MoeFfn(const Config& c, int64_t max_rows) : m_(c.moe), n_embd_(c.n_embd)
   ye_.resize(rows * embd);
   slot_out_.resize(rows * k * embd);
   shared_out_.resize(rows * embd);
+  const auto few = static_cast<size_t>(std::min(max_rows, kernels::kOwnActivationRows));
+  const auto f = static_cast<size_t>(m.n_ff_expert);
+  xs_.resize(few * k * embd);
+  gs_.resize(few * k * f);
+  us_.resize(few * k * f);
+  ys_.resize(few * k * embd);
+  // Two products per chosen expert (at most few * k of them) and two of the shared expert.
+  const size_t products = 2 * std::min(few * k, static_cast<size_t>(m.n_expert)) + 2;
+  products_.reserve(products);
+  first_unit_.reserve(products + 1);
 }
 
 void MoeFfn::run(const MoeWeights& w, float* x, int64_t n, ThreadPool& pool, kernels::MatmulScratch& scratch,
                  ExpertResidency* residency, int64_t layer) {
-  const int64_t E = m_.n_expert, K = m_.n_expert_used, D = n_embd_, F = m_.n_ff_expert;
+  const int64_t E = m_.n_expert, K = m_.n_expert_used, D = n_embd_;
   kernels::matmul(w.router, x, n, logits_.data(), pool, scratch);
   for (int64_t r = 0; r < n; ++r)
     gaps_[static_cast<size_t>(r)] = route(m_, logits_.data() + r * E, w.selection_bias.data,
@@ -121,6 +135,40 @@ void MoeFfn::run(const MoeWeights& w, float* x, int64_t n, ThreadPool& pool, ker
   for (int64_t e = E; e > 0; --e) offsets_[static_cast<size_t>(e)] = offsets_[static_cast<size_t>(e) - 1];
   offsets_[0] = 0;
 
+  // A call of few rows gives each expert a row or two, so each expert's products are small: a parallel
+  // region for each (a fork, a join and the activations quantized again) is paid twice per chosen expert and
+  // twice for the shared one, each for little work. Run as tasks of two regions, they pay it twice a layer.
+  // Larger calls keep a region per expert: there an expert's rows are quantized once for all threads and
+  // meet the direct kernels' widest passes, where tasks would quantize them again for every task and take
+  // them four at a time (matmul_on_thread).
+  if (schedule_ == ExpertSchedule::kAuto && n <= kernels::kOwnActivationRows)
+    run_together(w, x, n, pool, scratch, residency, layer);
+  else
+    run_per_expert(w, x, n, pool, scratch, residency, layer);
+
+  for (int64_t r = 0; r < n; ++r) {
+    float* o = x + r * D;
+    const bool gated = !w.shared_gate_inp.empty();
+    const float g = gated ? 1.0f / (1.0f + std::exp(-kernels::dot_f32(o, w.shared_gate_inp.data, D))) : 1.0f;
+    std::fill_n(o, D, 0.0f);
+    for (int64_t j = 0; j < K; ++j) {
+      const float wj = weights_[static_cast<size_t>(r * K + j)];
+      const float* y = slot_out_.data() + (r * K + j) * D;
+      for (int64_t i = 0; i < D; ++i) o[i] += wj * y[i];
+    }
+    if (w.shared_gate.empty()) continue;
+    const float* sh = shared_out_.data() + r * D;
+    if (gated) {
+      for (int64_t i = 0; i < D; ++i) o[i] += g * sh[i];
+    } else {
+      kernels::add_in_place(o, sh, D);
+    }
+  }
+}
+
+void MoeFfn::run_per_expert(const MoeWeights& w, const float* x, int64_t n, ThreadPool& pool,
+                            kernels::MatmulScratch& scratch, ExpertResidency* residency, int64_t layer) {
+  const int64_t E = m_.n_expert, K = m_.n_expert_used, D = n_embd_, F = m_.n_ff_expert;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t first = offsets_[static_cast<size_t>(e)],
                   count = offsets_[static_cast<size_t>(e) + 1] - first;
@@ -148,25 +196,85 @@ void MoeFfn::run(const MoeWeights& w, float* x, int64_t n, ThreadPool& pool, ker
       kernels::swiglu(gate_.data() + r * S, up_.data() + r * S, gate_.data() + r * S, S);
     kernels::matmul(w.shared_down, gate_.data(), n, shared_out_.data(), pool, scratch);
   }
+}
 
-  for (int64_t r = 0; r < n; ++r) {
-    float* o = x + r * D;
-    const bool gated = !w.shared_gate_inp.empty();
-    const float g = gated ? 1.0f / (1.0f + std::exp(-kernels::dot_f32(o, w.shared_gate_inp.data, D))) : 1.0f;
-    std::fill_n(o, D, 0.0f);
-    for (int64_t j = 0; j < K; ++j) {
-      const float wj = weights_[static_cast<size_t>(r * K + j)];
-      const float* y = slot_out_.data() + (r * K + j) * D;
-      for (int64_t i = 0; i < D; ++i) o[i] += wj * y[i];
-    }
-    if (w.shared_gate.empty()) continue;
-    const float* sh = shared_out_.data() + r * D;
-    if (gated) {
-      for (int64_t i = 0; i < D; ++i) o[i] += g * sh[i];
-    } else {
-      kernels::add_in_place(o, sh, D);
-    }
+void MoeFfn::run_together(const MoeWeights& w, const float* x, int64_t n, ThreadPool& pool,
+                          kernels::MatmulScratch& scratch, ExpertResidency* residency, int64_t layer) {
+  const int64_t E = m_.n_expert, K = m_.n_expert_used, D = n_embd_, F = m_.n_ff_expert, S = m_.n_ff_shared;
+  const auto views = [&](int64_t e) {
+    const auto i_e = static_cast<size_t>(e);
+    return residency ? residency->views(layer, e) : ExpertViews{w.gate[i_e], w.up[i_e], w.down[i_e]};
+  };
+  // Each expert's rows at its entries of slots_ (p = first .. first + count - 1), then its gate and up
+  // products over them; the shared expert's over all rows.
+  products_.clear();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t first = offsets_[static_cast<size_t>(e)],
+                  count = offsets_[static_cast<size_t>(e) + 1] - first;
+    if (count == 0) continue;
+    for (int64_t p = first; p < first + count; ++p)
+      std::copy_n(x + (slots_[static_cast<size_t>(p)] / K) * D, D, xs_.data() + p * D);
+    const ExpertViews v = views(e);
+    if (residency) residency->record(layer, e);
+    products_.push_back({v.gate, xs_.data() + first * D, D, count, gs_.data() + first * F, F, 0});
+    products_.push_back({v.up, xs_.data() + first * D, D, count, us_.data() + first * F, F, 0});
   }
+  const bool shared = !w.shared_gate.empty();
+  if (shared) {
+    products_.push_back({w.shared_gate, x, D, n, gate_.data(), S, 0});
+    products_.push_back({w.shared_up, x, D, n, up_.data(), S, 0});
+  }
+  run_products(pool, scratch);
+
+  for (int64_t p = 0; p < n * K; ++p)
+    kernels::swiglu(gs_.data() + p * F, us_.data() + p * F, gs_.data() + p * F, F);
+  if (shared)
+    for (int64_t r = 0; r < n; ++r)
+      kernels::swiglu(gate_.data() + r * S, up_.data() + r * S, gate_.data() + r * S, S);
+
+  products_.clear();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t first = offsets_[static_cast<size_t>(e)],
+                  count = offsets_[static_cast<size_t>(e) + 1] - first;
+    if (count == 0) continue;
+    products_.push_back({views(e).down, gs_.data() + first * F, F, count, ys_.data() + first * D, D, 0});
+  }
+  if (shared) products_.push_back({w.shared_down, gate_.data(), S, n, shared_out_.data(), D, 0});
+  run_products(pool, scratch);
+
+  for (int64_t p = 0; p < n * K; ++p)
+    std::copy_n(ys_.data() + p * D, D, slot_out_.data() + slots_[static_cast<size_t>(p)] * D);
+}
+
+void MoeFfn::run_products(ThreadPool& pool, kernels::MatmulScratch& scratch) {
+  // The output rows of all products end to end, in units of kUnitRows rows of one product, shared out as
+  // matmul_group shares its units: each thread streams a contiguous run of them, then steals from the
+  // others' tails. A task computes its rows of a product as a matrix of its own (row_range) on its thread;
+  // matmul_on_thread gives every row the bits matmul() gives it.
+  // Products of one input (an expert's gate and up) share a call number, so a thread quantizes each input
+  // once for all its tasks of it (matmul_on_thread).
+  first_unit_.clear();
+  int64_t units = 0;
+  const Product* prev = nullptr;
+  for (Product& p : products_) {
+    const bool same_input = prev && prev->x == p.x && prev->x_stride == p.x_stride && prev->rows == p.rows &&
+                            prev->w.cols == p.w.cols && prev->w.type == p.w.type && prev->w.form == p.w.form;
+    p.call = same_input ? prev->call : scratch.next_call();
+    prev = &p;
+    first_unit_.push_back(units);
+    units += (p.w.rows + kUnitRows - 1) / kUnitRows;
+  }
+  first_unit_.push_back(units);
+  pool.parallel_for_stealing(units, 1, [&](int64_t u0, int64_t u1, int thread) {
+    for (size_t i = 0; i < products_.size(); ++i) {
+      const int64_t first = first_unit_[i], b = std::max(u0, first), e = std::min(u1, first_unit_[i + 1]);
+      if (b >= e) continue;
+      const Product& p = products_[i];
+      const int64_t o0 = (b - first) * kUnitRows, o1 = std::min(p.w.rows, (e - first) * kUnitRows);
+      kernels::matmul_on_thread(p.w.row_range(o0, o1 - o0), p.x, p.x_stride, p.rows, p.y + o0, p.y_stride,
+                                scratch, thread, p.call);
+    }
+  });
 }
 
 }  // namespace tandem::model

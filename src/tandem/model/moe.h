@@ -5,6 +5,10 @@
 // routed to it, reading only its own weights. Every matmul row's result depends only on that row
 // (kernels/matmul.h), and each row sums its experts' outputs in the order of its top-k slots, so a row gets
 // the same bits alone, in a verify window or in a prefill batch.
+//
+// Calls of few rows (decode, short windows) run the gate and up products of all chosen experts and of the
+// shared expert as tasks of one parallel region, then all down products in a second one; larger calls run
+// each expert's products in regions of their own (MoeFfn::run says why). Both give the same bits.
 #pragma once
 
 #include <cstdint>
@@ -57,6 +61,12 @@ ExpertBytes expert_bytes(const Model& model);
 float route(const MoeConfig& m, const float* logits, const float* bias, int32_t* experts, float* weights,
             float* scores);
 
+// How MoeFfn::run schedules the experts' products. The results are the same bits either way.
+enum class ExpertSchedule {
+  kAuto,       // calls of up to kernels::kOwnActivationRows rows in two regions per layer, larger per expert
+  kPerExpert,  // every call per expert (for tests that compare the two)
+};
+
 // The workspace of the MoE layers of one forward, allocated once for `max_rows` rows.
 class MoeFfn {
  public:
@@ -75,8 +85,31 @@ class MoeFfn {
   const int32_t* chosen() const { return chosen_.data(); }
   const float* gaps() const { return gaps_.data(); }
 
+  void set_schedule(ExpertSchedule s) { schedule_ = s; }
+
  private:
+  // One product of a few-row call: y = x w^T over `rows` rows, run by output rows in tasks (run_products).
+  struct Product {
+    MatrixView w;
+    const float* x;
+    int64_t x_stride;
+    int64_t rows;
+    float* y;
+    int64_t y_stride;
+    uint64_t call;  // matmul_on_thread's: shared by the products of one input (run_products)
+  };
+  // The routed experts' and the shared expert's products of a call of at most kernels::kOwnActivationRows
+  // rows, in two parallel regions (gate and up, then down), into slot_out_ and shared_out_.
+  void run_together(const MoeWeights& w, const float* x, int64_t n, ThreadPool& pool,
+                    kernels::MatmulScratch& scratch, ExpertResidency* residency, int64_t layer);
+  // The same, one expert at a time in regions of their own.
+  void run_per_expert(const MoeWeights& w, const float* x, int64_t n, ThreadPool& pool,
+                      kernels::MatmulScratch& scratch, ExpertResidency* residency, int64_t layer);
+  // products_ as the tasks of one parallel region.
+  void run_products(ThreadPool& pool, kernels::MatmulScratch& scratch);
+
   MoeConfig m_;
+  ExpertSchedule schedule_ = ExpertSchedule::kAuto;
   int64_t n_embd_ = 0;
   std::vector<float> logits_;      // [max_rows, n_expert]
   std::vector<float> scores_;      // [n_expert]
@@ -90,6 +123,13 @@ class MoeFfn {
   std::vector<float> ye_;          // [max_rows, n_embd] one expert's output rows
   std::vector<float> slot_out_;    // [max_rows * n_expert_used, n_embd] each slot's expert output
   std::vector<float> shared_out_;  // [max_rows, n_embd]
+  // run_together's, for few = min(max_rows, kOwnActivationRows) rows, each expert's rows at its entries of
+  // slots_:
+  std::vector<float> xs_;            // [few * n_expert_used, n_embd] the routed rows
+  std::vector<float> gs_, us_;       // [few * n_expert_used, n_ff_expert] their gate and up outputs
+  std::vector<float> ys_;            // [few * n_expert_used, n_embd] their down outputs
+  std::vector<Product> products_;    // one region's products (capacity reserved)
+  std::vector<int64_t> first_unit_;  // [products_.size() + 1] each product's first task unit
 };
 
 }  // namespace tandem::model
