@@ -1,5 +1,6 @@
 // What the suites of models with Mamba layers share (pure Mamba and hybrids with attention): random prompts,
-// the recurrent state of a session, verify windows and accept/reject rounds checked against plain decoding.
+// the recurrent state of a session, verify windows, accept/reject rounds and speculative greedy decoding
+// checked against plain decoding.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,8 +14,14 @@
 #include <vector>
 
 #include "tandem/cache/recurrent.h"
+#include "tandem/engine/generate.h"
+#include "tandem/engine/generate_speculative.h"
+#include "tandem/model/expert_residency.h"
 #include "tandem/model/model.h"
 #include "tandem/model/session.h"
+#include "tandem/speculative/draft_model.h"
+#include "tandem/speculative/ngram.h"
+#include "tandem/speculative/replay.h"
 #include "tandem/util/thread_pool.h"
 
 namespace tandem::mamba_fixture {
@@ -101,6 +108,60 @@ inline void accept_reject_rounds_equal_plain(model::Session& spec, model::Sessio
   const std::vector<float> from_spec(a.begin(), a.end());
   const auto b = plain.eval(probe, true);
   EXPECT_EQ(std::memcmp(from_spec.data(), b.data(), b.size() * sizeof(float)), 0);
+}
+
+inline std::vector<int32_t> plain_greedy(const model::Model& m, ThreadPool& pool,
+                                         const model::SessionOptions& options,
+                                         std::span<const int32_t> prompt, int64_t n) {
+  model::Session s(m, pool, options);
+  engine::GenerateOptions g;
+  g.max_tokens = n;
+  g.sampling.temperature = 0.0f;
+  std::vector<int32_t> out;
+  engine::generate(
+      s, prompt, g, [&](int32_t t) { return out.push_back(t), true; }, nullptr);
+  return out;
+}
+
+// Speculative greedy decoding of n tokens over `target` drafted by each of `draft` (another model), `ngram`
+// and `replay` (whose reference this sets to plain greedy output) at depths 1, 3 and 8 equals plain greedy
+// decoding, on three random prompts of `vocab` tokens that repeat themselves (for the n-gram drafter to
+// find). Every replay round drafts, so each rollback lands in the last verify window: nothing is replayed.
+// Some drafts are accepted and some refused. residency, when not null, is set on every speculative session.
+inline void expect_speculative_greedy_equals_plain(
+    const model::Model& target, ThreadPool& pool, const model::SessionOptions& options, std::mt19937& rng,
+    int32_t vocab, int64_t n, speculative::DraftModelSource& draft, speculative::NgramSource& ngram,
+    speculative::ReplaySource& replay, model::ExpertResidency* residency = nullptr) {
+  speculative::DraftSource* sources[] = {&draft, &ngram, &replay};
+  engine::SpecStats total;
+  for (int p = 0; p < 3; ++p) {
+    auto prompt = random_tokens(rng, 6, vocab);
+    prompt.insert(prompt.end(), prompt.begin(), prompt.end());
+    const auto plain = plain_greedy(target, pool, options, prompt, n);
+    std::vector<int32_t> reference = prompt;
+    reference.insert(reference.end(), plain.begin(), plain.end());
+    replay.set_reference(reference);
+    for (speculative::DraftSource* source : sources) {
+      for (int depth : {1, 3, 8}) {
+        model::Session s(target, pool, options);
+        if (residency) s.forward().set_expert_residency(residency);
+        engine::SpecOptions o;
+        o.generate.max_tokens = n;
+        o.generate.sampling.temperature = 0.0f;
+        o.draft_max = depth;
+        o.use_gate = false;
+        std::vector<int32_t> out;
+        total.add(engine::generate_speculative(
+            s, *source, prompt, o, [&](int32_t t) { return out.push_back(t), true; }, nullptr));
+        ASSERT_EQ(out, plain) << source->kind() << " depth " << depth;
+        if (source == &replay) {
+          EXPECT_EQ(s.cache().recurrent()->replayed_rows(), 0) << "depth " << depth;
+        }
+      }
+    }
+  }
+  EXPECT_GT(total.accepted, 0);
+  EXPECT_LT(total.accepted, total.drafted);
 }
 
 }  // namespace tandem::mamba_fixture

@@ -34,6 +34,7 @@ namespace tandem {
 namespace {
 
 using mamba_fixture::accept_reject_rounds_equal_plain;
+using mamba_fixture::expect_speculative_greedy_equals_plain;
 using mamba_fixture::random_tokens;
 using mamba_fixture::state_of;
 using mamba_fixture::windows_equal_one_by_one;
@@ -485,18 +486,6 @@ TEST_F(Mamba, CachePoolWithoutRollbackResumesAtSnapshots) {
   EXPECT_EQ(caches.reusable(third), static_cast<int64_t>(second.size()));
 }
 
-std::vector<int32_t> plain_greedy(const model::Model& m, ThreadPool& pool, std::span<const int32_t> prompt,
-                                  int64_t n) {
-  model::Session s(m, pool, options());
-  engine::GenerateOptions g;
-  g.max_tokens = n;
-  g.sampling.temperature = 0.0f;
-  std::vector<int32_t> out;
-  engine::generate(
-      s, prompt, g, [&](int32_t t) { return out.push_back(t), true; }, nullptr);
-  return out;
-}
-
 // Speculative greedy decoding over a recurrent target (drafting with the other mamba file, or by n-gram
 // lookup) equals plain greedy decoding at every depth the cache keeps.
 TEST_F(Mamba, SpeculativeGreedyEqualsPlainGreedy) {
@@ -506,36 +495,7 @@ TEST_F(Mamba, SpeculativeGreedyEqualsPlainGreedy) {
   speculative::DraftModelSource draft(*f32_, *q8_, pool, options());
   speculative::NgramSource ngram({1, 4});
   speculative::ReplaySource replay(0.7, 512, 3);
-  speculative::DraftSource* sources[] = {&draft, &ngram, &replay};
-  engine::SpecStats total;
-  for (int p = 0; p < 3; ++p) {
-    auto prompt = random_tokens(rng, 6, 512);
-    prompt.insert(prompt.end(), prompt.begin(), prompt.end());  // repeats for the n-gram drafter to find
-    const auto plain = plain_greedy(*q8_, pool, prompt, kTokens);
-    std::vector<int32_t> reference = prompt;
-    reference.insert(reference.end(), plain.begin(), plain.end());
-    replay.set_reference(reference);
-    for (speculative::DraftSource* source : sources) {
-      for (int depth : {1, 3, 8}) {
-        model::Session s(*q8_, pool, options());
-        engine::SpecOptions o;
-        o.generate.max_tokens = kTokens;
-        o.generate.sampling.temperature = 0.0f;
-        o.draft_max = depth;
-        o.use_gate = false;
-        std::vector<int32_t> out;
-        total.add(engine::generate_speculative(
-            s, *source, prompt, o, [&](int32_t t) { return out.push_back(t), true; }, nullptr));
-        ASSERT_EQ(out, plain) << source->kind() << " depth " << depth;
-        // Every round drafts, so each rollback lands in the last verify window: nothing is replayed.
-        if (source == &replay) {
-          EXPECT_EQ(s.cache().recurrent()->replayed_rows(), 0) << "depth " << depth;
-        }
-      }
-    }
-  }
-  EXPECT_GT(total.accepted, 0);
-  EXPECT_LT(total.accepted, total.drafted);
+  expect_speculative_greedy_equals_plain(*q8_, pool, options(), rng, 512, kTokens, draft, ngram, replay);
 }
 
 // `tandem synth` writes mamba checkpoints (the mamba-1.4b preset for benchmarks); the small preset loads with

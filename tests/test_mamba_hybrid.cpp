@@ -41,6 +41,7 @@ namespace tandem {
 namespace {
 
 using mamba_fixture::accept_reject_rounds_equal_plain;
+using mamba_fixture::expect_speculative_greedy_equals_plain;
 using mamba_fixture::random_tokens;
 using mamba_fixture::state_of;
 using mamba_fixture::windows_equal_one_by_one;
@@ -431,18 +432,6 @@ TEST_P(Hybrid, PlainDecodingWithoutRollbackGivesTheSameBits) {
   }
 }
 
-std::vector<int32_t> plain_greedy(const model::Model& m, ThreadPool& pool, std::span<const int32_t> prompt,
-                                  int64_t n) {
-  model::Session s(m, pool, options());
-  engine::GenerateOptions g;
-  g.max_tokens = n;
-  g.sampling.temperature = 0.0f;
-  std::vector<int32_t> out;
-  engine::generate(
-      s, prompt, g, [&](int32_t t) { return out.push_back(t), true; }, nullptr);
-  return out;
-}
-
 TEST_P(Hybrid, SpeculativeGreedyEqualsPlainGreedy) {
   ThreadPool pool(1);
   std::mt19937 rng(5);
@@ -451,43 +440,15 @@ TEST_P(Hybrid, SpeculativeGreedyEqualsPlainGreedy) {
   speculative::DraftModelSource draft(f32(), target, pool, options());
   speculative::NgramSource ngram({1, 4});
   speculative::ReplaySource replay(0.7, target.config().n_vocab, 3);
-  speculative::DraftSource* sources[] = {&draft, &ngram, &replay};
   // With experts, half of them resident and rebalanced every few reads, so copies come and go between and
   // within speculative rounds.
   std::unique_ptr<model::ExpertResidency> residency;
   if (target.config().moe.n_expert > 0)
     residency =
         std::make_unique<model::ExpertResidency>(target, model::expert_bytes(target).routed_all / 2, 7);
-  engine::SpecStats total;
-  for (int p = 0; p < 3; ++p) {
-    auto prompt = random_tokens(rng, 6, static_cast<int32_t>(target.config().n_vocab));
-    prompt.insert(prompt.end(), prompt.begin(), prompt.end());  // repeats for the n-gram drafter to find
-    const auto plain = plain_greedy(target, pool, prompt, kTokens);
-    std::vector<int32_t> reference = prompt;
-    reference.insert(reference.end(), plain.begin(), plain.end());
-    replay.set_reference(reference);
-    for (speculative::DraftSource* source : sources) {
-      for (int depth : {1, 3, 8}) {
-        model::Session s(target, pool, options());
-        if (residency) s.forward().set_expert_residency(residency.get());
-        engine::SpecOptions o;
-        o.generate.max_tokens = kTokens;
-        o.generate.sampling.temperature = 0.0f;
-        o.draft_max = depth;
-        o.use_gate = false;
-        std::vector<int32_t> out;
-        total.add(engine::generate_speculative(
-            s, *source, prompt, o, [&](int32_t t) { return out.push_back(t), true; }, nullptr));
-        ASSERT_EQ(out, plain) << source->kind() << " depth " << depth;
-        // Every round drafts, so each rollback lands in the last verify window: nothing is replayed.
-        if (source == &replay) {
-          EXPECT_EQ(s.cache().recurrent()->replayed_rows(), 0) << "depth " << depth;
-        }
-      }
-    }
-  }
-  EXPECT_GT(total.accepted, 0);
-  EXPECT_LT(total.accepted, total.drafted);
+  expect_speculative_greedy_equals_plain(target, pool, options(), rng,
+                                         static_cast<int32_t>(target.config().n_vocab), kTokens, draft, ngram,
+                                         replay, residency.get());
   if (residency) {
     EXPECT_GT(residency->stats().resident_reads, 0u);
   }
