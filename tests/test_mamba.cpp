@@ -34,8 +34,10 @@ namespace tandem {
 namespace {
 
 using mamba_fixture::accept_reject_rounds_equal_plain;
+using mamba_fixture::accepting_part_of_a_window_needs_no_replay;
 using mamba_fixture::expect_speculative_greedy_equals_plain;
 using mamba_fixture::random_tokens;
+using mamba_fixture::same_bits;
 using mamba_fixture::state_of;
 using mamba_fixture::windows_equal_one_by_one;
 
@@ -159,10 +161,6 @@ TEST_F(Mamba, RollbackKeepsAWindowOfStatesAndTheRowInputs) {
   EXPECT_TRUE(st.append().row_states);
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 // A window of w rows keeps each row's state: accepting k of them (rollback to first + k, every k < w) makes
 // row k's state current at once, bit for bit the state of decoding the k tokens one by one, and the next
 // forward replays nothing and continues exactly as plain decoding.
@@ -170,33 +168,7 @@ TEST_F(Mamba, AcceptingPartOfAWindowRestoresItsRowStateWithoutReplay) {
   ThreadPool pool(2);
   std::mt19937 rng(17);
   const model::Model& m = *q8_;
-  const auto V = static_cast<int32_t>(m.config().n_vocab);
-  const auto prompt = random_tokens(rng, 7, V);
-  for (const int w : {2, 5, 9}) {
-    for (int k = 0; k < w; ++k) {
-      model::Session spec(m, pool, options()), plain(m, pool, options());
-      spec.eval(prompt);
-      for (int32_t t : prompt) plain.eval(std::span<const int32_t>(&t, 1));
-      const auto draft = random_tokens(rng, static_cast<size_t>(w), V);
-      const cache::RecurrentState& st = *spec.cache().recurrent();
-      const int64_t replayed = st.replayed_rows();
-      spec.eval(draft, true);
-      spec.truncate(spec.length() - w + k);
-      for (int i = 0; i < k; ++i)
-        plain.eval(std::span<const int32_t>(draft).subspan(static_cast<size_t>(i), 1));
-      ASSERT_EQ(spec.length(), plain.length());
-      // The rollback itself restored the state (state_of checks current() == length()).
-      ASSERT_TRUE(same_bits(state_of(spec), state_of(plain))) << k << " of " << w;
-      const auto next = random_tokens(rng, 2, V);
-      const auto a = spec.eval(next, true);
-      const std::vector<float> got(a.begin(), a.end());
-      EXPECT_EQ(st.append().replay_to, st.append().replay_from);
-      EXPECT_EQ(st.replayed_rows(), replayed) << k << " of " << w << ": the next forward replayed rows";
-      const auto b = plain.eval(next, true);
-      ASSERT_EQ(std::memcmp(got.data(), b.data(), b.size() * sizeof(float)), 0) << k << " of " << w;
-      ASSERT_TRUE(same_bits(state_of(spec), state_of(plain))) << k << " of " << w;
-    }
-  }
+  accepting_part_of_a_window_needs_no_replay(m, pool, options(), rng);
 }
 
 // The owner announces its longest verify window (a drafter's depth + 1): the state keeps that many row states

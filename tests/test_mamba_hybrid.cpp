@@ -41,6 +41,7 @@ namespace tandem {
 namespace {
 
 using mamba_fixture::accept_reject_rounds_equal_plain;
+using mamba_fixture::accepting_part_of_a_window_needs_no_replay;
 using mamba_fixture::expect_speculative_greedy_equals_plain;
 using mamba_fixture::random_tokens;
 using mamba_fixture::state_of;
@@ -357,35 +358,7 @@ TEST_P(Hybrid, AcceptingPartOfAWindowNeedsNoReplay) {
   ThreadPool pool(2);
   std::mt19937 rng(17);
   const model::Model& m = q8();
-  const auto V = static_cast<int32_t>(m.config().n_vocab);
-  const auto prompt = random_tokens(rng, 7, V);
-  for (const int w : {2, 5, 9}) {
-    for (int k = 0; k < w; ++k) {
-      model::Session spec(m, pool, options()), plain(m, pool, options());
-      spec.eval(prompt);
-      for (int32_t t : prompt) plain.eval(std::span<const int32_t>(&t, 1));
-      const auto draft = random_tokens(rng, static_cast<size_t>(w), V);
-      const cache::RecurrentState& st = *spec.cache().recurrent();
-      const int64_t replayed = st.replayed_rows();
-      spec.eval(draft, true);
-      spec.truncate(spec.length() - w + k);
-      for (int i = 0; i < k; ++i)
-        plain.eval(std::span<const int32_t>(draft).subspan(static_cast<size_t>(i), 1));
-      ASSERT_EQ(spec.length(), plain.length());
-      std::vector<float> a = state_of(spec), b = state_of(plain);
-      ASSERT_EQ(a.size(), b.size());
-      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << k << " of " << w;
-      const auto next = random_tokens(rng, 2, V);
-      const auto l = spec.eval(next, true);
-      const std::vector<float> got(l.begin(), l.end());
-      EXPECT_EQ(st.replayed_rows(), replayed) << k << " of " << w << ": the next forward replayed rows";
-      const auto e = plain.eval(next, true);
-      ASSERT_EQ(std::memcmp(got.data(), e.data(), e.size() * sizeof(float)), 0) << k << " of " << w;
-      a = state_of(spec);
-      b = state_of(plain);
-      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << k << " of " << w;
-    }
-  }
+  accepting_part_of_a_window_needs_no_replay(m, pool, options(), rng);
 }
 
 // Plain decoding in a sequence set up without rollback (its Mamba layers keep one state and replay nothing)
