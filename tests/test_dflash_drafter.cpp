@@ -5,7 +5,6 @@
 // is refused by another target and another kind; a drafter of a reduced draft vocabulary keeps greedy output
 // and drafts only its tokens; training repeats bit for bit for a fixed seed.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -18,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "drafter_fixture.h"
 #include "tandem/engine/generate.h"
 #include "tandem/engine/generate_speculative.h"
 #include "tandem/model/model.h"
@@ -32,11 +32,13 @@
 namespace tandem::speculative {
 namespace {
 
-constexpr int64_t kTokens = 48;
-
-std::string target_path() {
-  return testing::shared_path("models/stories260K.gguf");
-}
+using drafter_fixture::expect_greedy_equals_plain_at_every_depth;
+using drafter_fixture::golden_prompts;
+using drafter_fixture::private_temp_file;
+using drafter_fixture::run;
+using drafter_fixture::sample_first_tokens;
+using drafter_fixture::tap_capture;
+using drafter_fixture::target_path;
 
 DflashTrainOptions small_options(const model::Model& m, int64_t steps) {
   auto tok = tokenizer::Tokenizer::from_gguf(m.file());
@@ -54,60 +56,14 @@ DflashTrainOptions small_options(const model::Model& m, int64_t steps) {
   return o;
 }
 
+using Trained = drafter_fixture::Trained<DflashTrainResult>;
+
 // Threads: one, so that the tests keep their pace on a machine whose cores are shared.
-struct Trained {
-  std::unique_ptr<model::Model> target;
-  std::unique_ptr<ThreadPool> pool;
-  DflashTrainResult result;
-  std::string checkpoint;
-};
-
 Trained& trained() {
-  static Trained* t = [] {
-    auto* r = new Trained;
-    r->target = model::Model::load(target_path());
-    r->pool = std::make_unique<ThreadPool>(1);
-    r->result = train_dflash(*r->target, *r->pool, small_options(*r->target, 60));
-    r->result.info.target_file_hash = file_fingerprint(target_path());
-    r->checkpoint = ::testing::TempDir() + std::to_string(getpid()) + "_dflash_drafter_test.gguf";
-    std::vector<train::Param*> params = r->result.source->drafter().params();
-    train::save_drafter(r->checkpoint, r->result.info, params);
-    return r;
-  }();
+  static Trained* t = drafter_fixture::train_and_save<DflashTrainResult>(
+      1, "dflash_drafter_test.gguf",
+      [](const auto& m, auto& pool) { return train_dflash(m, pool, small_options(m, 60)); });
   return *t;
-}
-
-std::vector<std::vector<int32_t>> golden_prompts() {
-  std::vector<std::vector<int32_t>> prompts;
-  std::ifstream in(testing::shared_path("golden/stories260K.public.jsonl"));
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty())
-      prompts.push_back(nlohmann::json::parse(line).at("prompt_ids").get<std::vector<int32_t>>());
-  return prompts;
-}
-
-std::vector<int32_t> run(const model::Model& m, ThreadPool& pool, DraftSource* source,
-                         std::span<const int32_t> prompt, int depth, engine::SpecStats* stats = nullptr,
-                         int tree_nodes = 0) {
-  model::Session s(m, pool, model::SessionOptions{});
-  std::vector<int32_t> out;
-  const auto keep = [&](int32_t t) { return out.push_back(t), true; };
-  if (source == nullptr) {
-    engine::GenerateOptions g;
-    g.max_tokens = kTokens;
-    g.sampling.temperature = 0.0f;
-    engine::generate(s, prompt, g, keep, nullptr);
-    return out;
-  }
-  engine::SpecOptions o;
-  o.generate.max_tokens = kTokens;
-  o.generate.sampling.temperature = 0.0f;
-  o.draft_max = depth;
-  o.use_gate = false;
-  o.tree_nodes = tree_nodes;
-  const engine::SpecStats st = engine::generate_speculative(s, *source, prompt, o, keep, nullptr);
-  if (stats) *stats = st;
-  return out;
 }
 
 TEST(DflashDrafter, GreedyOutputEqualsPlainGreedyAtEveryDepth) {
@@ -115,17 +71,7 @@ TEST(DflashDrafter, GreedyOutputEqualsPlainGreedyAtEveryDepth) {
   auto source = DflashDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool,
                                         model::default_context(*t.target, 0));
   EXPECT_EQ(source->drafter().config().block, 8);
-  int64_t accepted = 0;
-  for (const auto& prompt : golden_prompts()) {
-    const std::vector<int32_t> plain = run(*t.target, *t.pool, nullptr, prompt, 0);
-    for (int depth = 1; depth <= 8; ++depth) {
-      engine::SpecStats st;
-      EXPECT_EQ(run(*t.target, *t.pool, source.get(), prompt, depth, &st), plain)
-          << "depth " << depth << ", prompt of " << prompt.size() << " tokens";
-      accepted += st.accepted;
-    }
-  }
-  EXPECT_GT(accepted, 0) << "the trained drafter never had a draft accepted";
+  expect_greedy_equals_plain_at_every_depth(*t.target, *t.pool, *source);
 }
 
 // A reduced draft vocabulary of 128 of the target's 512 tokens: the loaded drafter's head has that many rows
@@ -139,7 +85,7 @@ TEST(DflashDrafter, ReducedVocabularyKeepsGreedyOutputAndDraftsOnlyItsTokens) {
   r.info.target_file_hash = file_fingerprint(target_path());
   const std::vector<int32_t> ids = r.info.draft_vocab;
   ASSERT_EQ(ids.size(), 128u);
-  const std::string path = ::testing::TempDir() + std::to_string(getpid()) + "_dflash_reduced_test.gguf";
+  const std::string path = private_temp_file("dflash_reduced_test.gguf");
   std::vector<train::Param*> params = r.source->drafter().params();
   train::save_drafter(path, r.info, params);
   auto source = DflashDraftSource::load(path, *t.target, file_fingerprint(target_path()), *t.pool,
@@ -185,12 +131,7 @@ TEST(DflashDrafter, LoadedCheckpointDraftsLikeTheTrainedOne) {
 // Feeds `source` the target's taps of text[0 .. n - 2] from one plain forward, as a fresh generation would.
 void feed_taps(const Trained& t, DflashDraftSource& source, std::span<const int32_t> text) {
   model::Session s(*t.target, *t.pool, model::SessionOptions{});
-  const auto layers = source.target_layers();
-  const model::CaptureFn fn = [&](int64_t layer, const float* h, int64_t rows) {
-    for (int64_t l : layers)
-      if (l == layer)
-        source.on_target_hidden(layer, {h, static_cast<size_t>(rows * t.target->config().n_embd)}, rows, 0);
-  };
+  const model::CaptureFn fn = tap_capture(*t.target, source);
   s.eval(text.first(text.size() - 1), false, &fn);
 }
 
@@ -428,22 +369,13 @@ TEST(DflashDrafter, SampledFirstTokenFollowsTheTargetDistribution) {
       if (uncertain) prompt = g, p = candidate;
     }
     ASSERT_GE(p.size(), 4u) << tree_nodes << " nodes";
-    std::map<int32_t, int> counts;
-    engine::SpecStats total;
-    for (int seed = 0; seed < kRuns; ++seed) {
-      engine::SpecOptions o;
-      o.generate.max_tokens = 4;
-      o.generate.sampling = params;
-      o.generate.sampling.seed = 1000 + static_cast<uint64_t>(seed);
-      o.draft_max = 4;
-      o.use_gate = false;
-      o.tree_nodes = tree_nodes;
-      int32_t first = -1;
-      s.truncate(0);
-      total.add(engine::generate_speculative(
-          s, src, prompt, o, [&](int32_t x) { return first = x, false; }, nullptr));
-      ++counts[first];
-    }
+    engine::SpecOptions o;
+    o.generate.max_tokens = 4;
+    o.generate.sampling = params;
+    o.draft_max = 4;
+    o.use_gate = false;
+    o.tree_nodes = tree_nodes;
+    const auto [counts, total] = sample_first_tokens(s, src, prompt, o, 1000, kRuns);
     EXPECT_GT(total.accepted, 0) << tree_nodes << " nodes";
     EXPECT_LT(total.accepted, total.drafted) << tree_nodes << " nodes";
     EXPECT_EQ(total.tree_rounds, tree_nodes > 0 ? kRuns : 0);

@@ -13,17 +13,13 @@
 #include "tandem/train/optimizer.h"
 #include "tandem/util/error.h"
 #include "tandem/util/thread_pool.h"
+#include "train_fixture.h"
 
 namespace {
 
 using namespace tandem::train;
-
-std::vector<float> randn(int64_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using tandem::train::fixture::expect_gradients_match_differences;
+using tandem::train::fixture::randn;
 
 void fill_frozen(DflashDrafter& m, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -127,27 +123,7 @@ TEST(TrainDflash, WholeDrafterGradient) {
   DflashDrafter m(cfg, task.len, task.rows());
   m.init(3);
   fill_frozen(m, 4);
-  m.forward_backward(b.view, c);
-  constexpr float kStep = 1e-2f;
-  int checked = 0;
-  for (Param* p : m.params()) {
-    if (!p->trainable()) continue;
-    const std::vector<float> analytic = p->grad;
-    std::mt19937 pick(11);
-    for (int t = 0; t < 10; ++t) {
-      const size_t i = pick() % p->value.size();
-      const float saved = p->value[i];
-      p->value[i] = saved + kStep;
-      const double up = m.forward_backward(b.view, c, false).loss;
-      p->value[i] = saved - kStep;
-      const double down = m.forward_backward(b.view, c, false).loss;
-      p->value[i] = saved;
-      const double numeric = (up - down) / (2.0 * kStep), a = analytic[i];
-      EXPECT_LE(std::abs(a - numeric), 2e-3 + 1e-2 * std::max(std::abs(a), std::abs(numeric)))
-          << p->name << "[" << i << "]: analytic " << a << ", numeric " << numeric;
-      ++checked;
-    }
-  }
+  const int checked = expect_gradients_match_differences(m, b.view, c, 10);
   EXPECT_EQ(checked, 10 * (3 + 2 * 9 + 1));  // fc, context norm, mask embedding, 2 layers, output norm
 }
 

@@ -8,7 +8,6 @@
 // and cache equal a fresh drafter's on the committed text, and sampled tree rounds keep the first token's
 // distribution (chi-square).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -23,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "drafter_fixture.h"
 #include "tandem/engine/generate.h"
 #include "tandem/engine/generate_speculative.h"
 #include "tandem/gguf/reader.h"
@@ -42,16 +42,13 @@
 namespace tandem::speculative {
 namespace {
 
-constexpr int64_t kTokens = 48;
-
-// A file in the temporary directory that no other process running these tests at the same time uses.
-std::string private_temp_file(const std::string& name) {
-  return ::testing::TempDir() + std::to_string(getpid()) + "_" + name;
-}
-
-std::string target_path() {
-  return testing::shared_path("models/stories260K.gguf");
-}
+using drafter_fixture::expect_greedy_equals_plain_at_every_depth;
+using drafter_fixture::golden_prompts;
+using drafter_fixture::private_temp_file;
+using drafter_fixture::run;
+using drafter_fixture::sample_first_tokens;
+using drafter_fixture::tap_capture;
+using drafter_fixture::target_path;
 
 EagleTrainOptions small_options(const model::Model& m, int64_t steps) {
   auto tok = tokenizer::Tokenizer::from_gguf(m.file());
@@ -66,25 +63,12 @@ EagleTrainOptions small_options(const model::Model& m, int64_t steps) {
   return o;
 }
 
-struct Trained {
-  std::unique_ptr<model::Model> target;
-  std::unique_ptr<ThreadPool> pool;
-  EagleTrainResult result;
-  std::string checkpoint;
-};
+using Trained = drafter_fixture::Trained<EagleTrainResult>;
 
 Trained& trained() {
-  static Trained* t = [] {
-    auto* r = new Trained;
-    r->target = model::Model::load(target_path());
-    r->pool = std::make_unique<ThreadPool>(2);
-    r->result = train_eagle(*r->target, *r->pool, small_options(*r->target, 40));
-    r->result.info.target_file_hash = file_fingerprint(target_path());
-    r->checkpoint = private_temp_file("eagle_drafter_test.gguf");
-    std::vector<train::Param*> params = r->result.source->drafter().params();
-    train::save_drafter(r->checkpoint, r->result.info, params);
-    return r;
-  }();
+  static Trained* t = drafter_fixture::train_and_save<EagleTrainResult>(
+      2, "eagle_drafter_test.gguf",
+      [](const auto& m, auto& pool) { return train_eagle(m, pool, small_options(m, 40)); });
   return *t;
 }
 
@@ -93,72 +77,22 @@ Trained& trained() {
 constexpr int64_t kDraftVocab = 128;
 
 Trained& reduced() {
-  static Trained* t = [] {
-    auto* r = new Trained;
-    r->target = model::Model::load(target_path());
-    r->pool = std::make_unique<ThreadPool>(2);
-    EagleTrainOptions o = small_options(*r->target, 40);
-    o.draft_vocab = kDraftVocab;
-    std::shared_ptr<tokenizer::Tokenizer> tok = tokenizer::Tokenizer::from_gguf(r->target->file());
-    o.is_eog = [tok](int32_t id) { return tok->is_eog(id); };
-    r->result = train_eagle(*r->target, *r->pool, o);
-    r->result.info.target_file_hash = file_fingerprint(target_path());
-    r->checkpoint = private_temp_file("eagle_reduced_test.gguf");
-    std::vector<train::Param*> params = r->result.source->drafter().params();
-    train::save_drafter(r->checkpoint, r->result.info, params);
-    return r;
-  }();
+  static Trained* t = drafter_fixture::train_and_save<EagleTrainResult>(
+      2, "eagle_reduced_test.gguf", [](const auto& m, auto& pool) {
+        EagleTrainOptions o = small_options(m, 40);
+        o.draft_vocab = kDraftVocab;
+        std::shared_ptr<tokenizer::Tokenizer> tok = tokenizer::Tokenizer::from_gguf(m.file());
+        o.is_eog = [tok](int32_t id) { return tok->is_eog(id); };
+        return train_eagle(m, pool, o);
+      });
   return *t;
-}
-
-std::vector<std::vector<int32_t>> golden_prompts() {
-  std::vector<std::vector<int32_t>> prompts;
-  std::ifstream in(testing::shared_path("golden/stories260K.public.jsonl"));
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty())
-      prompts.push_back(nlohmann::json::parse(line).at("prompt_ids").get<std::vector<int32_t>>());
-  return prompts;
-}
-
-std::vector<int32_t> run(const model::Model& m, ThreadPool& pool, DraftSource* source,
-                         std::span<const int32_t> prompt, int depth, engine::SpecStats* stats = nullptr,
-                         int tree_nodes = 0) {
-  model::Session s(m, pool, model::SessionOptions{});
-  std::vector<int32_t> out;
-  const auto keep = [&](int32_t t) { return out.push_back(t), true; };
-  if (source == nullptr) {
-    engine::GenerateOptions g;
-    g.max_tokens = kTokens;
-    g.sampling.temperature = 0.0f;
-    engine::generate(s, prompt, g, keep, nullptr);
-    return out;
-  }
-  engine::SpecOptions o;
-  o.generate.max_tokens = kTokens;
-  o.generate.sampling.temperature = 0.0f;
-  o.draft_max = depth;
-  o.use_gate = false;
-  o.tree_nodes = tree_nodes;
-  const engine::SpecStats st = engine::generate_speculative(s, *source, prompt, o, keep, nullptr);
-  if (stats) *stats = st;
-  return out;
 }
 
 TEST(EagleDrafter, GreedyOutputEqualsPlainGreedyAtEveryDepth) {
   Trained& t = trained();
   auto source = EagleDraftSource::load(t.checkpoint, *t.target, file_fingerprint(target_path()), *t.pool,
                                        model::default_context(*t.target, 0));
-  int64_t accepted = 0;
-  for (const auto& prompt : golden_prompts()) {
-    const std::vector<int32_t> plain = run(*t.target, *t.pool, nullptr, prompt, 0);
-    for (int depth = 1; depth <= 8; ++depth) {
-      engine::SpecStats st;
-      EXPECT_EQ(run(*t.target, *t.pool, source.get(), prompt, depth, &st), plain)
-          << "depth " << depth << ", prompt of " << prompt.size() << " tokens";
-      accepted += st.accepted;
-    }
-  }
-  EXPECT_GT(accepted, 0) << "the trained drafter never had a draft accepted";
+  expect_greedy_equals_plain_at_every_depth(*t.target, *t.pool, *source);
 }
 
 TEST(EagleDrafter, TreeEqualsChainEqualsPlainGreedyOnEveryPublicPrompt) {
@@ -198,12 +132,7 @@ TEST(EagleDrafter, OneBranchTreeIsTheChain) {
   DraftSettings settings;
   settings.sampling.temperature = 0.0f;
   source->begin(prompt, settings);
-  const auto layers = source->target_layers();
-  const model::CaptureFn fn = [&](int64_t layer, const float* h, int64_t rows) {
-    for (int64_t l : layers)
-      if (l == layer)
-        source->on_target_hidden(layer, {h, static_cast<size_t>(rows * t.target->config().n_embd)}, rows, 0);
-  };
+  const model::CaptureFn fn = tap_capture(*t.target, *source);
   s.eval(std::span<const int32_t>(prompt).first(prompt.size() - 1), false, &fn);
   Draft chain, tree;
   source->propose(prompt, 6, chain);
@@ -263,12 +192,7 @@ class CheckedEagle final : public DraftSource {
     // A fresh source fed by a plain forward over the committed text but its last token.
     fresh_.begin(committed, settings_);
     model::Session s(target_, pool_, model::SessionOptions{});
-    const auto layers = fresh_.target_layers();
-    const model::CaptureFn fn = [&](int64_t layer, const float* h, int64_t rows) {
-      for (int64_t l : layers)
-        if (l == layer)
-          fresh_.on_target_hidden(layer, {h, static_cast<size_t>(rows * target_.config().n_embd)}, rows, 0);
-    };
+    const model::CaptureFn fn = tap_capture(target_, fresh_);
     s.eval(committed.first(static_cast<size_t>(n - 1)), false, &fn);
     const std::span<const float> a = used_.tap_store().rows(0, n - 1), b = fresh_.tap_store().rows(0, n - 1);
     ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "taps after round " << rounds_;
@@ -344,17 +268,11 @@ TEST(EagleDrafter, SampledTreesKeepTheFirstTokensDistribution) {
   sampling::Sampler sampler(params);
   sampling::Distribution p;
   std::vector<int32_t> prompt;
-  const auto layers = source->target_layers();
   for (size_t n = 5; n < text.size() && prompt.empty(); ++n) {
     const std::span<const int32_t> head(text.data(), n);
     model::Session s(*t.target, *t.pool, model::SessionOptions{});
     source->begin(head, {});
-    const model::CaptureFn fn = [&](int64_t layer, const float* h, int64_t rows) {
-      for (int64_t l : layers)
-        if (l == layer)
-          source->on_target_hidden(layer, {h, static_cast<size_t>(rows * t.target->config().n_embd)}, rows,
-                                   0);
-    };
+    const model::CaptureFn fn = tap_capture(*t.target, *source);
     s.eval(head.first(n - 1), false, &fn);
     Draft tree;
     source->propose_tree(head, 8, 4, tree);
@@ -366,22 +284,14 @@ TEST(EagleDrafter, SampledTreesKeepTheFirstTokensDistribution) {
     }
   }
   ASSERT_FALSE(prompt.empty());
-  std::map<int32_t, int> counts;
-  engine::SpecStats total;
-  for (int seed = 0; seed < kRuns; ++seed) {
-    engine::SpecOptions o;
-    o.generate.max_tokens = 6;
-    o.generate.sampling = params;
-    o.generate.sampling.seed = 5000 + static_cast<uint64_t>(seed);
-    o.draft_max = 4;
-    o.use_gate = false;
-    o.tree_nodes = 8;
-    std::vector<int32_t> out;
-    model::Session run_session(*t.target, *t.pool, model::SessionOptions{});
-    total.add(engine::generate_speculative(
-        run_session, *source, prompt, o, [&](int32_t x) { return out.push_back(x), false; }, nullptr));
-    ++counts[out.at(0)];
-  }
+  engine::SpecOptions o;
+  o.generate.max_tokens = 6;
+  o.generate.sampling = params;
+  o.draft_max = 4;
+  o.use_gate = false;
+  o.tree_nodes = 8;
+  model::Session run_session(*t.target, *t.pool, model::SessionOptions{});
+  const auto [counts, total] = sample_first_tokens(run_session, *source, prompt, o, 5000, kRuns);
   EXPECT_EQ(total.tree_rounds, kRuns);
   EXPECT_GT(total.accepted, 0);
   EXPECT_LT(total.accepted, total.drafted);
@@ -463,12 +373,7 @@ TEST(EagleDrafter, ProbeProposalLeavesTheCacheAsItWas) {
   const std::vector<int32_t> prompt = golden_prompts().front();
   model::Session s(*t.target, *t.pool, model::SessionOptions{});
   src.begin(prompt, {});
-  const auto layers = src.target_layers();
-  const model::CaptureFn fn = [&](int64_t layer, const float* h, int64_t rows) {
-    for (int64_t l : layers)
-      if (l == layer)
-        src.on_target_hidden(layer, {h, static_cast<size_t>(rows * t.target->config().n_embd)}, rows, 0);
-  };
+  const model::CaptureFn fn = tap_capture(*t.target, src);
   s.eval(prompt, false, &fn);
   EXPECT_EQ(src.tap_store().length(), static_cast<int64_t>(prompt.size()));
   std::vector<int32_t> committed = prompt;
@@ -828,21 +733,12 @@ TEST(EagleDrafter, ReducedVocabularySampledFirstTokenFollowsTheTargetDistributio
   EXPECT_GT(p_outside, 0) << "the target's p lies inside the draft vocabulary: q = 0 is never tested";
 
   constexpr int kRuns = 1200;
-  std::map<int32_t, int> counts;
-  engine::SpecStats total;
-  for (int seed = 0; seed < kRuns; ++seed) {
-    engine::SpecOptions o;
-    o.generate.max_tokens = 4;
-    o.generate.sampling = params;
-    o.generate.sampling.seed = 1000 + static_cast<uint64_t>(seed);
-    o.draft_max = 4;
-    o.use_gate = false;
-    int32_t first = -1;
-    s.truncate(0);
-    total.add(engine::generate_speculative(
-        s, src, prompt, o, [&](int32_t x) { return first = x, false; }, nullptr));
-    ++counts[first];
-  }
+  engine::SpecOptions o;
+  o.generate.max_tokens = 4;
+  o.generate.sampling = params;
+  o.draft_max = 4;
+  o.use_gate = false;
+  const auto [counts, total] = sample_first_tokens(s, src, prompt, o, 1000, kRuns);
   EXPECT_GT(total.accepted, 0);
   EXPECT_LT(total.accepted, total.drafted);
   const testing::ChiSquare c = testing::chi_square(p.ids, p.probs, counts, kRuns);
@@ -854,12 +750,7 @@ TEST(EagleDrafter, ReducedVocabularySampledFirstTokenFollowsTheTargetDistributio
   ds.sampling = params;
   src.begin(prompt, ds);
   s.truncate(0);
-  const auto layers = src.target_layers();
-  const model::CaptureFn fn = [&](int64_t layer, const float* h, int64_t rows) {
-    for (int64_t l : layers)
-      if (l == layer)
-        src.on_target_hidden(layer, {h, static_cast<size_t>(rows * t.target->config().n_embd)}, rows, 0);
-  };
+  const model::CaptureFn fn = tap_capture(*t.target, src);
   s.eval(prompt, false, &fn);
   std::vector<int32_t> committed = prompt;
   committed.push_back(p.ids.front());

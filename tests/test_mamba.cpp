@@ -16,6 +16,7 @@
 
 #include <unistd.h>
 
+#include "mamba_fixture.h"
 #include "tandem/engine/cache_pool.h"
 #include "tandem/engine/generate.h"
 #include "tandem/engine/generate_speculative.h"
@@ -31,6 +32,14 @@
 
 namespace tandem {
 namespace {
+
+using mamba_fixture::accept_reject_rounds_equal_plain;
+using mamba_fixture::accepting_part_of_a_window_needs_no_replay;
+using mamba_fixture::expect_speculative_greedy_equals_plain;
+using mamba_fixture::random_tokens;
+using mamba_fixture::same_bits;
+using mamba_fixture::state_of;
+using mamba_fixture::windows_equal_one_by_one;
 
 class Mamba : public ::testing::Test {
  protected:
@@ -54,30 +63,6 @@ model::SessionOptions options() {
   return o;
 }
 
-std::vector<int32_t> random_tokens(std::mt19937& rng, size_t n, int32_t vocab) {
-  std::uniform_int_distribution<int32_t> d(3, vocab - 1);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = d(rng);
-  return t;
-}
-
-// Every recurrent layer's conv and scan state after the sequence's current length (as a forward leaves it:
-// a rollback's state is rebuilt by the next forward).
-std::vector<float> state_of(const model::Session& s) {
-  const cache::RecurrentState* st = const_cast<model::Session&>(s).cache().recurrent();
-  std::vector<float> out;
-  EXPECT_EQ(st->current(), s.length());
-  const auto conv = static_cast<size_t>((st->d_conv() - 1) * st->d_inner());
-  const auto ssm = static_cast<size_t>(st->d_inner() * st->d_state());
-  for (int64_t l = 0; l < s.model().config().n_layer; ++l) {
-    out.insert(out.end(), st->conv(l, cache::RecurrentState::Slot::kCurrent),
-               st->conv(l, cache::RecurrentState::Slot::kCurrent) + conv);
-    out.insert(out.end(), st->ssm(l, cache::RecurrentState::Slot::kCurrent),
-               st->ssm(l, cache::RecurrentState::Slot::kCurrent) + ssm);
-  }
-  return out;
-}
-
 TEST_F(Mamba, ConfigAndStateSize) {
   const model::Config& c = f32_->config();
   EXPECT_EQ(c.arch, "mamba");
@@ -99,24 +84,8 @@ TEST_F(Mamba, WindowsEqualOneByOneDecodingBitForBit) {
   ThreadPool pool(2);
   std::mt19937 rng(7);
   for (const model::Model* m : {f32_, q8_}) {
-    const auto V = static_cast<size_t>(m->config().n_vocab);
-    const auto tokens = random_tokens(rng, 40, static_cast<int32_t>(V));
-    model::Session plain(*m, pool, options());
-    std::vector<float> expected;
-    for (int32_t t : tokens) {
-      const auto l = plain.eval(std::span<const int32_t>(&t, 1));
-      expected.insert(expected.end(), l.begin(), l.end());
-    }
-    for (size_t w : {size_t{2}, size_t{5}, size_t{8}, size_t{40}}) {
-      model::Session window(*m, pool, options());
-      for (size_t b = 0; b < tokens.size(); b += w) {
-        const size_t n = std::min(w, tokens.size() - b);
-        const auto l = window.eval(std::span<const int32_t>(tokens).subspan(b, n), true);
-        ASSERT_EQ(std::memcmp(l.data(), expected.data() + b * V, n * V * sizeof(float)), 0)
-            << "window of " << w << " at " << b;
-      }
-      EXPECT_EQ(state_of(window), state_of(plain)) << "window of " << w;
-    }
+    const auto tokens = random_tokens(rng, 40, static_cast<int32_t>(m->config().n_vocab));
+    ASSERT_NO_FATAL_FAILURE(windows_equal_one_by_one(*m, pool, options(), tokens, {2, 5, 8, 40}));
   }
 }
 
@@ -127,34 +96,8 @@ TEST_F(Mamba, StateAfterAnyAcceptRejectSequenceEqualsPlainDecoding) {
   ThreadPool pool(2);
   std::mt19937 rng(11);
   const model::Model& m = *q8_;
-  const auto V = static_cast<int32_t>(m.config().n_vocab);
   model::Session spec(m, pool, options()), plain(m, pool, options());
-  const auto prompt = random_tokens(rng, 9, V);
-  spec.eval(prompt);
-  plain.eval(prompt);
-  std::uniform_int_distribution<int> width(1, 9);
-  for (int round = 0; round < 30; ++round) {
-    const int w = width(rng);
-    const int k = std::uniform_int_distribution<int>(0, w)(rng);
-    const auto draft = random_tokens(rng, static_cast<size_t>(w), V);
-    const int64_t base = spec.length();
-    spec.eval(draft, true);
-    spec.truncate(base + k);
-    if (k > 0) plain.eval(std::span<const int32_t>(draft).first(static_cast<size_t>(k)), true);
-    ASSERT_EQ(spec.length(), plain.length());
-    // One more token on both: its logits and the state after it come from the rebuilt state.
-    const int32_t next = random_tokens(rng, 1, V)[0];
-    const auto a = spec.eval(std::span<const int32_t>(&next, 1));
-    const std::vector<float> from_spec(a.begin(), a.end());
-    const auto b = plain.eval(std::span<const int32_t>(&next, 1));
-    ASSERT_EQ(std::memcmp(from_spec.data(), b.data(), b.size() * sizeof(float)), 0) << "round " << round;
-    ASSERT_EQ(state_of(spec), state_of(plain)) << "round " << round << ": " << k << " of " << w;
-  }
-  const auto probe = random_tokens(rng, 3, V);
-  const auto a = spec.eval(probe, true);
-  const std::vector<float> from_spec(a.begin(), a.end());
-  const auto b = plain.eval(probe, true);
-  EXPECT_EQ(std::memcmp(from_spec.data(), b.data(), b.size() * sizeof(float)), 0);
+  accept_reject_rounds_equal_plain(spec, plain, rng, 30);
 }
 
 // Rollbacks reach `depth` positions back however the rows came: in one prompt chunk longer than the depth
@@ -218,10 +161,6 @@ TEST_F(Mamba, RollbackKeepsAWindowOfStatesAndTheRowInputs) {
   EXPECT_TRUE(st.append().row_states);
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 // A window of w rows keeps each row's state: accepting k of them (rollback to first + k, every k < w) makes
 // row k's state current at once, bit for bit the state of decoding the k tokens one by one, and the next
 // forward replays nothing and continues exactly as plain decoding.
@@ -229,33 +168,7 @@ TEST_F(Mamba, AcceptingPartOfAWindowRestoresItsRowStateWithoutReplay) {
   ThreadPool pool(2);
   std::mt19937 rng(17);
   const model::Model& m = *q8_;
-  const auto V = static_cast<int32_t>(m.config().n_vocab);
-  const auto prompt = random_tokens(rng, 7, V);
-  for (const int w : {2, 5, 9}) {
-    for (int k = 0; k < w; ++k) {
-      model::Session spec(m, pool, options()), plain(m, pool, options());
-      spec.eval(prompt);
-      for (int32_t t : prompt) plain.eval(std::span<const int32_t>(&t, 1));
-      const auto draft = random_tokens(rng, static_cast<size_t>(w), V);
-      const cache::RecurrentState& st = *spec.cache().recurrent();
-      const int64_t replayed = st.replayed_rows();
-      spec.eval(draft, true);
-      spec.truncate(spec.length() - w + k);
-      for (int i = 0; i < k; ++i)
-        plain.eval(std::span<const int32_t>(draft).subspan(static_cast<size_t>(i), 1));
-      ASSERT_EQ(spec.length(), plain.length());
-      // The rollback itself restored the state (state_of checks current() == length()).
-      ASSERT_TRUE(same_bits(state_of(spec), state_of(plain))) << k << " of " << w;
-      const auto next = random_tokens(rng, 2, V);
-      const auto a = spec.eval(next, true);
-      const std::vector<float> got(a.begin(), a.end());
-      EXPECT_EQ(st.append().replay_to, st.append().replay_from);
-      EXPECT_EQ(st.replayed_rows(), replayed) << k << " of " << w << ": the next forward replayed rows";
-      const auto b = plain.eval(next, true);
-      ASSERT_EQ(std::memcmp(got.data(), b.data(), b.size() * sizeof(float)), 0) << k << " of " << w;
-      ASSERT_TRUE(same_bits(state_of(spec), state_of(plain))) << k << " of " << w;
-    }
-  }
+  accepting_part_of_a_window_needs_no_replay(m, pool, options(), rng);
 }
 
 // The owner announces its longest verify window (a drafter's depth + 1): the state keeps that many row states
@@ -545,18 +458,6 @@ TEST_F(Mamba, CachePoolWithoutRollbackResumesAtSnapshots) {
   EXPECT_EQ(caches.reusable(third), static_cast<int64_t>(second.size()));
 }
 
-std::vector<int32_t> plain_greedy(const model::Model& m, ThreadPool& pool, std::span<const int32_t> prompt,
-                                  int64_t n) {
-  model::Session s(m, pool, options());
-  engine::GenerateOptions g;
-  g.max_tokens = n;
-  g.sampling.temperature = 0.0f;
-  std::vector<int32_t> out;
-  engine::generate(
-      s, prompt, g, [&](int32_t t) { return out.push_back(t), true; }, nullptr);
-  return out;
-}
-
 // Speculative greedy decoding over a recurrent target (drafting with the other mamba file, or by n-gram
 // lookup) equals plain greedy decoding at every depth the cache keeps.
 TEST_F(Mamba, SpeculativeGreedyEqualsPlainGreedy) {
@@ -566,36 +467,7 @@ TEST_F(Mamba, SpeculativeGreedyEqualsPlainGreedy) {
   speculative::DraftModelSource draft(*f32_, *q8_, pool, options());
   speculative::NgramSource ngram({1, 4});
   speculative::ReplaySource replay(0.7, 512, 3);
-  speculative::DraftSource* sources[] = {&draft, &ngram, &replay};
-  engine::SpecStats total;
-  for (int p = 0; p < 3; ++p) {
-    auto prompt = random_tokens(rng, 6, 512);
-    prompt.insert(prompt.end(), prompt.begin(), prompt.end());  // repeats for the n-gram drafter to find
-    const auto plain = plain_greedy(*q8_, pool, prompt, kTokens);
-    std::vector<int32_t> reference = prompt;
-    reference.insert(reference.end(), plain.begin(), plain.end());
-    replay.set_reference(reference);
-    for (speculative::DraftSource* source : sources) {
-      for (int depth : {1, 3, 8}) {
-        model::Session s(*q8_, pool, options());
-        engine::SpecOptions o;
-        o.generate.max_tokens = kTokens;
-        o.generate.sampling.temperature = 0.0f;
-        o.draft_max = depth;
-        o.use_gate = false;
-        std::vector<int32_t> out;
-        total.add(engine::generate_speculative(
-            s, *source, prompt, o, [&](int32_t t) { return out.push_back(t), true; }, nullptr));
-        ASSERT_EQ(out, plain) << source->kind() << " depth " << depth;
-        // Every round drafts, so each rollback lands in the last verify window: nothing is replayed.
-        if (source == &replay) {
-          EXPECT_EQ(s.cache().recurrent()->replayed_rows(), 0) << "depth " << depth;
-        }
-      }
-    }
-  }
-  EXPECT_GT(total.accepted, 0);
-  EXPECT_LT(total.accepted, total.drafted);
+  expect_speculative_greedy_equals_plain(*q8_, pool, options(), rng, 512, kTokens, draft, ngram, replay);
 }
 
 // `tandem synth` writes mamba checkpoints (the mamba-1.4b preset for benchmarks); the small preset loads with

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "mamba_fixture.h"
 #include "tandem/engine/generate.h"
 #include "tandem/engine/generate_speculative.h"
 #include "tandem/gguf/reader.h"
@@ -38,6 +39,13 @@
 
 namespace tandem {
 namespace {
+
+using mamba_fixture::accept_reject_rounds_equal_plain;
+using mamba_fixture::accepting_part_of_a_window_needs_no_replay;
+using mamba_fixture::expect_speculative_greedy_equals_plain;
+using mamba_fixture::random_tokens;
+using mamba_fixture::state_of;
+using mamba_fixture::windows_equal_one_by_one;
 
 constexpr const char* kDense = "tiny-jamba-d64";
 constexpr const char* kMoe = "tiny-jamba-moe-d64";
@@ -96,31 +104,6 @@ model::SessionOptions options(cache::KvType kv = cache::KvType::kF16) {
   o.n_ctx = 256;
   o.kv_type = kv;
   return o;
-}
-
-std::vector<int32_t> random_tokens(std::mt19937& rng, size_t n, int32_t vocab) {
-  std::uniform_int_distribution<int32_t> d(3, vocab - 1);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = d(rng);
-  return t;
-}
-
-// Every recurrent layer's conv and scan state after the sequence's current length (as a forward leaves it:
-// a rollback's state is rebuilt by the next forward).
-std::vector<float> state_of(model::Session& s) {
-  const cache::RecurrentState* st = s.cache().recurrent();
-  std::vector<float> out;
-  EXPECT_EQ(st->current(), s.length());
-  const auto conv = static_cast<size_t>((st->d_conv() - 1) * st->d_inner());
-  const auto ssm = static_cast<size_t>(st->d_inner() * st->d_state());
-  for (int64_t l = 0; l < s.model().config().n_layer; ++l) {
-    if (!s.model().config().recurrent(l)) continue;
-    out.insert(out.end(), st->conv(l, cache::RecurrentState::Slot::kCurrent),
-               st->conv(l, cache::RecurrentState::Slot::kCurrent) + conv);
-    out.insert(out.end(), st->ssm(l, cache::RecurrentState::Slot::kCurrent),
-               st->ssm(l, cache::RecurrentState::Slot::kCurrent) + ssm);
-  }
-  return out;
 }
 
 TEST_F(HybridModel, LayersKeepTheirOwnCacheKinds) {
@@ -353,24 +336,8 @@ TEST_P(Hybrid, WindowsEqualOneByOneDecodingBitForBit) {
   ThreadPool pool(2);
   std::mt19937 rng(7);
   for (const model::Model* m : {&f32(), &q8()}) {
-    const auto V = static_cast<size_t>(m->config().n_vocab);
-    const auto tokens = random_tokens(rng, 33, static_cast<int32_t>(V));
-    model::Session plain(*m, pool, options());
-    std::vector<float> expected;
-    for (int32_t t : tokens) {
-      const auto l = plain.eval(std::span<const int32_t>(&t, 1));
-      expected.insert(expected.end(), l.begin(), l.end());
-    }
-    for (size_t w : {size_t{3}, size_t{8}, size_t{33}}) {
-      model::Session window(*m, pool, options());
-      for (size_t b = 0; b < tokens.size(); b += w) {
-        const size_t n = std::min(w, tokens.size() - b);
-        const auto l = window.eval(std::span<const int32_t>(tokens).subspan(b, n), true);
-        ASSERT_EQ(std::memcmp(l.data(), expected.data() + b * V, n * V * sizeof(float)), 0)
-            << "window of " << w << " at " << b;
-      }
-      EXPECT_EQ(state_of(window), state_of(plain)) << "window of " << w;
-    }
+    const auto tokens = random_tokens(rng, 33, static_cast<int32_t>(m->config().n_vocab));
+    ASSERT_NO_FATAL_FAILURE(windows_equal_one_by_one(*m, pool, options(), tokens, {3, 8, 33}));
   }
 }
 
@@ -380,34 +347,8 @@ TEST_P(Hybrid, AcceptRejectRoundsEqualPlainDecoding) {
   ThreadPool pool(2);
   std::mt19937 rng(11);
   const model::Model& m = q8();
-  const auto V = static_cast<int32_t>(m.config().n_vocab);
   model::Session spec(m, pool, options()), plain(m, pool, options());
-  const auto prompt = random_tokens(rng, 9, V);
-  spec.eval(prompt);
-  plain.eval(prompt);
-  std::uniform_int_distribution<int> width(1, 9);
-  for (int round = 0; round < 25; ++round) {
-    const int w = width(rng);
-    const int k = std::uniform_int_distribution<int>(0, w)(rng);
-    const auto draft = random_tokens(rng, static_cast<size_t>(w), V);
-    const int64_t base = spec.length();
-    spec.eval(draft, true);
-    spec.truncate(base + k);
-    if (k > 0) plain.eval(std::span<const int32_t>(draft).first(static_cast<size_t>(k)), true);
-    ASSERT_EQ(spec.length(), plain.length());
-    // One more token on both: its logits and the state after it come from the rebuilt state.
-    const int32_t next = random_tokens(rng, 1, V)[0];
-    const auto a = spec.eval(std::span<const int32_t>(&next, 1));
-    const std::vector<float> from_spec(a.begin(), a.end());
-    const auto b = plain.eval(std::span<const int32_t>(&next, 1));
-    ASSERT_EQ(std::memcmp(from_spec.data(), b.data(), b.size() * sizeof(float)), 0) << "round " << round;
-    ASSERT_EQ(state_of(spec), state_of(plain)) << "round " << round << ": " << k << " of " << w;
-  }
-  const auto probe = random_tokens(rng, 3, V);
-  const auto a = spec.eval(probe, true);
-  const std::vector<float> from_spec(a.begin(), a.end());
-  const auto b = plain.eval(probe, true);
-  EXPECT_EQ(std::memcmp(from_spec.data(), b.data(), b.size() * sizeof(float)), 0);
+  accept_reject_rounds_equal_plain(spec, plain, rng, 25);
 }
 
 // A verify window keeps each row's Mamba state: accepting k of its w rows (every k < w) restores row k's
@@ -417,35 +358,7 @@ TEST_P(Hybrid, AcceptingPartOfAWindowNeedsNoReplay) {
   ThreadPool pool(2);
   std::mt19937 rng(17);
   const model::Model& m = q8();
-  const auto V = static_cast<int32_t>(m.config().n_vocab);
-  const auto prompt = random_tokens(rng, 7, V);
-  for (const int w : {2, 5, 9}) {
-    for (int k = 0; k < w; ++k) {
-      model::Session spec(m, pool, options()), plain(m, pool, options());
-      spec.eval(prompt);
-      for (int32_t t : prompt) plain.eval(std::span<const int32_t>(&t, 1));
-      const auto draft = random_tokens(rng, static_cast<size_t>(w), V);
-      const cache::RecurrentState& st = *spec.cache().recurrent();
-      const int64_t replayed = st.replayed_rows();
-      spec.eval(draft, true);
-      spec.truncate(spec.length() - w + k);
-      for (int i = 0; i < k; ++i)
-        plain.eval(std::span<const int32_t>(draft).subspan(static_cast<size_t>(i), 1));
-      ASSERT_EQ(spec.length(), plain.length());
-      std::vector<float> a = state_of(spec), b = state_of(plain);
-      ASSERT_EQ(a.size(), b.size());
-      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << k << " of " << w;
-      const auto next = random_tokens(rng, 2, V);
-      const auto l = spec.eval(next, true);
-      const std::vector<float> got(l.begin(), l.end());
-      EXPECT_EQ(st.replayed_rows(), replayed) << k << " of " << w << ": the next forward replayed rows";
-      const auto e = plain.eval(next, true);
-      ASSERT_EQ(std::memcmp(got.data(), e.data(), e.size() * sizeof(float)), 0) << k << " of " << w;
-      a = state_of(spec);
-      b = state_of(plain);
-      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << k << " of " << w;
-    }
-  }
+  accepting_part_of_a_window_needs_no_replay(m, pool, options(), rng);
 }
 
 // Plain decoding in a sequence set up without rollback (its Mamba layers keep one state and replay nothing)
@@ -492,18 +405,6 @@ TEST_P(Hybrid, PlainDecodingWithoutRollbackGivesTheSameBits) {
   }
 }
 
-std::vector<int32_t> plain_greedy(const model::Model& m, ThreadPool& pool, std::span<const int32_t> prompt,
-                                  int64_t n) {
-  model::Session s(m, pool, options());
-  engine::GenerateOptions g;
-  g.max_tokens = n;
-  g.sampling.temperature = 0.0f;
-  std::vector<int32_t> out;
-  engine::generate(
-      s, prompt, g, [&](int32_t t) { return out.push_back(t), true; }, nullptr);
-  return out;
-}
-
 TEST_P(Hybrid, SpeculativeGreedyEqualsPlainGreedy) {
   ThreadPool pool(1);
   std::mt19937 rng(5);
@@ -512,43 +413,15 @@ TEST_P(Hybrid, SpeculativeGreedyEqualsPlainGreedy) {
   speculative::DraftModelSource draft(f32(), target, pool, options());
   speculative::NgramSource ngram({1, 4});
   speculative::ReplaySource replay(0.7, target.config().n_vocab, 3);
-  speculative::DraftSource* sources[] = {&draft, &ngram, &replay};
   // With experts, half of them resident and rebalanced every few reads, so copies come and go between and
   // within speculative rounds.
   std::unique_ptr<model::ExpertResidency> residency;
   if (target.config().moe.n_expert > 0)
     residency =
         std::make_unique<model::ExpertResidency>(target, model::expert_bytes(target).routed_all / 2, 7);
-  engine::SpecStats total;
-  for (int p = 0; p < 3; ++p) {
-    auto prompt = random_tokens(rng, 6, static_cast<int32_t>(target.config().n_vocab));
-    prompt.insert(prompt.end(), prompt.begin(), prompt.end());  // repeats for the n-gram drafter to find
-    const auto plain = plain_greedy(target, pool, prompt, kTokens);
-    std::vector<int32_t> reference = prompt;
-    reference.insert(reference.end(), plain.begin(), plain.end());
-    replay.set_reference(reference);
-    for (speculative::DraftSource* source : sources) {
-      for (int depth : {1, 3, 8}) {
-        model::Session s(target, pool, options());
-        if (residency) s.forward().set_expert_residency(residency.get());
-        engine::SpecOptions o;
-        o.generate.max_tokens = kTokens;
-        o.generate.sampling.temperature = 0.0f;
-        o.draft_max = depth;
-        o.use_gate = false;
-        std::vector<int32_t> out;
-        total.add(engine::generate_speculative(
-            s, *source, prompt, o, [&](int32_t t) { return out.push_back(t), true; }, nullptr));
-        ASSERT_EQ(out, plain) << source->kind() << " depth " << depth;
-        // Every round drafts, so each rollback lands in the last verify window: nothing is replayed.
-        if (source == &replay) {
-          EXPECT_EQ(s.cache().recurrent()->replayed_rows(), 0) << "depth " << depth;
-        }
-      }
-    }
-  }
-  EXPECT_GT(total.accepted, 0);
-  EXPECT_LT(total.accepted, total.drafted);
+  expect_speculative_greedy_equals_plain(target, pool, options(), rng,
+                                         static_cast<int32_t>(target.config().n_vocab), kTokens, draft, ngram,
+                                         replay, residency.get());
   if (residency) {
     EXPECT_GT(residency->stats().resident_reads, 0u);
   }

@@ -12,17 +12,13 @@
 #include "tandem/train/eagle.h"
 #include "tandem/train/optimizer.h"
 #include "tandem/util/thread_pool.h"
+#include "train_fixture.h"
 
 namespace {
 
 using namespace tandem::train;
-
-std::vector<float> randn(int64_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using tandem::train::fixture::expect_gradients_match_differences;
+using tandem::train::fixture::randn;
 
 // A synthetic next-token task. Each sequence counts from a random start by a stride s in {1, 2, 3, 5}
 // (mod vocab). The tap features at position i carry token i and the stride (fixed random codes plus noise);
@@ -176,25 +172,7 @@ TEST_P(WholeDrafterGradient, MatchesFiniteDifferences) {
   EagleDrafter m(cfg, task.rows());
   m.init(3);
   fill_frozen(m, 4);
-  m.forward_backward(b.view, c);
-  constexpr float kStep = 1e-2f;
-  for (Param* p : m.params()) {
-    if (!p->trainable()) continue;
-    const std::vector<float> analytic = p->grad;
-    std::mt19937 pick(11);
-    for (int t = 0; t < 12; ++t) {
-      const size_t i = pick() % p->value.size();
-      const float saved = p->value[i];
-      p->value[i] = saved + kStep;
-      const double up = m.forward_backward(b.view, c, false).loss;
-      p->value[i] = saved - kStep;
-      const double down = m.forward_backward(b.view, c, false).loss;
-      p->value[i] = saved;
-      const double numeric = (up - down) / (2.0 * kStep), a = analytic[i];
-      EXPECT_LE(std::abs(a - numeric), 2e-3 + 1e-2 * std::max(std::abs(a), std::abs(numeric)))
-          << p->name << "[" << i << "]: analytic " << a << ", numeric " << numeric;
-    }
-  }
+  expect_gradients_match_differences(m, b.view, c, 12);
 }
 
 INSTANTIATE_TEST_SUITE_P(TrainEagle, WholeDrafterGradient, ::testing::Values(1, 3, -2));

@@ -18,20 +18,15 @@
 #include "tandem/train/param.h"
 #include "tandem/util/error.h"
 #include "tandem/util/thread_pool.h"
+#include "train_fixture.h"
 
 namespace {
 
 using namespace tandem::train;
+using tandem::train::fixture::randn;
 
 constexpr float kStep = 1e-2f;
 constexpr double kAbsTol = 2e-3, kRelTol = 1e-2;
-
-std::vector<float> randn(int64_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 double project(const std::vector<float>& y, const std::vector<float>& r) {
   double s = 0;

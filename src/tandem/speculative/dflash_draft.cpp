@@ -115,13 +115,13 @@ DflashDraftBatch::DflashDraftBatch(const train::DflashConfig& config, ThreadPool
 DflashDraftSource::DflashDraftSource(std::unique_ptr<train::DflashDrafter> drafter, std::vector<int32_t> taps,
                                      ThreadPool& pool, int64_t n_ctx, const model::Model& target,
                                      DflashDraftBatch* batch)
-    : drafter_(std::move(drafter)),
+    : TapDraftSource(std::move(taps), drafter->config().n_taps, drafter->config().d, n_ctx, "DFlash"),
+      drafter_(std::move(drafter)),
       cfg_(drafter_->config()),
       vocab_(target, cfg_.draft_vocab, cfg_.d),
       compute_(pool),
       n_ctx_(n_ctx),
-      kv_width_(cfg_.n_kv_head * cfg_.head_dim),
-      taps_(std::move(taps), cfg_.n_taps, cfg_.d, n_ctx, "DFlash") {
+      kv_width_(cfg_.n_kv_head * cfg_.head_dim) {
   if (batch != nullptr) {
     const train::DflashConfig& b = batch->config();
     if (b.d != cfg_.d || b.n_head != cfg_.n_head || b.n_kv_head != cfg_.n_kv_head ||
@@ -195,21 +195,9 @@ size_t DflashDraftSource::weight_bytes() const {
 }
 
 void DflashDraftSource::begin(std::span<const int32_t> /*prompt*/, const DraftSettings& settings) {
-  sampler_ = sampling::Sampler(settings.sampling);
-  tree_.begin(settings.sampling, tree_branch);
-  sequence_ = settings.sequence_id;
+  begin_generation(settings, tree_branch);
   len_ = 0;
   ctx_len_ = 0;
-  taps_.truncate(0);
-}
-
-void DflashDraftSource::on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
-                                         int64_t first_pos) {
-  taps_.capture(layer, hidden, n_rows, first_pos);
-}
-
-void DflashDraftSource::set_taps(int64_t first_pos, std::span<const float> rows) {
-  taps_.set(first_pos, rows);
 }
 
 void DflashDraftSource::extend_context(std::span<const Span> spans, Rows& w) {

@@ -20,8 +20,7 @@
 #include "tandem/kernels/matmul.h"
 #include "tandem/model/model.h"
 #include "tandem/speculative/draft_source.h"
-#include "tandem/speculative/dynamic_tree.h"
-#include "tandem/speculative/tap_store.h"
+#include "tandem/speculative/tap_draft_source.h"
 #include "tandem/speculative/target_vocab.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/dflash.h"
@@ -45,7 +44,7 @@ void copy_target_weights(const model::Model& target, train::DflashDrafter& draft
 
 class DflashDraftBatch;
 
-class DflashDraftSource final : public DraftSource {
+class DflashDraftSource final : public TapDraftSource {
  public:
   // drafter: trained or loaded; taps: the target layers it reads, in training order. n_ctx: the longest
   // sequence (positions) the source will see. The target's token embedding and output head (its rows of the
@@ -76,9 +75,6 @@ class DflashDraftSource final : public DraftSource {
   // forward on this source's weights (the batch's sources hold the same drafter), each block attending to its
   // own sequence's context.
   void propose_batch(std::span<const DraftRequest> requests) override;
-  std::span<const int64_t> target_layers() const override { return taps_.target_layers(); }
-  void on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
-                        int64_t first_pos) override;
 
   // A tree from the same one block forward: the chain of each row's most probable token, and beside a
   // chain node a sibling (its row's second token, a leaf) where the row is unsure: the row's best token
@@ -87,21 +83,12 @@ class DflashDraftSource final : public DraftSource {
   // cumulative probability, deterministic at any temperature. The block's rows do not depend on the tokens
   // drafted before them, so a sibling costs no drafter work.
   void propose_tree(std::span<const int32_t> committed, int max_nodes, int max_depth, Draft& out) override;
-  // The taps of a tree round's verify forward follow the accepted path (TapStore::compact).
-  bool follows_tree_rows() const override { return true; }
-  void on_tree_kept(int64_t base, std::span<const int32_t> rows) override { taps_.compact(base, rows); }
 
   int tree_branch = 2;      // children of one node, at most
   float tree_cover = 0.8f;  // probability mass a node's children cover before the branch limit
 
-  // Sets the captured taps of rows at positions first_pos .. (rows [n, n_taps * d], the tap layers side by
-  // side in order), as on_target_hidden would from a target forward.
-  void set_taps(int64_t first_pos, std::span<const float> rows);
   train::DflashDrafter& drafter() { return *drafter_; }
   const TargetVocab& vocab() const { return vocab_; }
-  std::span<const int32_t> taps() const { return taps_.layers(); }
-  // The captured taps (rows past the committed text are forgotten when a round settles).
-  const TapStore& tap_store() const { return taps_; }
   // Bytes of weights the source holds beyond the target's: the drafter's parameter values, the Q8_0 copies
   // made for drafting and the gathered head rows of a reduced draft vocabulary.
   size_t weight_bytes() const;
@@ -183,10 +170,7 @@ class DflashDraftSource final : public DraftSource {
   train::Compute compute_;
   int64_t n_ctx_;
   int64_t kv_width_;
-  sampling::Sampler sampler_{sampling::Params{}};
-  uint64_t sequence_ = 0;
 
-  TapStore taps_;                          // [n_ctx, n_taps * d] the target's captured taps by position
   std::vector<std::vector<float>> k_, v_;  // per layer [n_ctx + block, n_kv_head * head_dim], roped keys
   int64_t ctx_len_ = 0;                    // context rows cached
   int64_t len_ = 0;                        // rows in the key caches (context, then a proposal's block)
@@ -194,7 +178,6 @@ class DflashDraftSource final : public DraftSource {
   Rows rows_;
   std::vector<int32_t> history_;
   std::vector<float> full_;  // [vocab] one draft's logits by target id (-inf outside the draft vocabulary)
-  DynamicTree tree_;         // propose_tree: the tree being drafted
 };
 
 // The DFlash drafter's batched forward, shared by the sources of a driver with several sequences

@@ -148,13 +148,13 @@ EagleDraftBatch::EagleDraftBatch(const train::EagleConfig& config, ThreadPool& p
 EagleDraftSource::EagleDraftSource(std::unique_ptr<train::EagleDrafter> drafter, std::vector<int32_t> taps,
                                    ThreadPool& pool, int64_t n_ctx, const model::Model& target,
                                    EagleDraftBatch* batch)
-    : drafter_(std::move(drafter)),
+    : TapDraftSource(std::move(taps), drafter->config().n_taps, drafter->config().d, n_ctx, "EAGLE"),
+      drafter_(std::move(drafter)),
       cfg_(drafter_->config()),
       compute_(pool),
       n_ctx_(n_ctx),
       kv_width_(cfg_.n_kv_head * cfg_.head_dim),
-      vocab_(target, cfg_.draft_vocab, cfg_.d, !cfg_.train_head),
-      taps_(std::move(taps), cfg_.n_taps, cfg_.d, n_ctx, "EAGLE") {
+      vocab_(target, cfg_.draft_vocab, cfg_.d, !cfg_.train_head) {
   if (cfg_.vocab != vocab_.vocab())
     throw Error("the EAGLE drafter's vocabulary of " + std::to_string(cfg_.vocab) +
                 " tokens differs from the target's " + std::to_string(vocab_.vocab()) +
@@ -234,21 +234,9 @@ std::unique_ptr<EagleDraftSource> EagleDraftSource::load(const std::string& path
 }
 
 void EagleDraftSource::begin(std::span<const int32_t> /*prompt*/, const DraftSettings& settings) {
-  sampler_ = sampling::Sampler(settings.sampling);
-  tree_.begin(settings.sampling, tree_branch);
-  sequence_ = settings.sequence_id;
+  begin_generation(settings, tree_branch);
   len_ = 0;
   real_len_ = 0;
-  taps_.truncate(0);
-}
-
-void EagleDraftSource::on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
-                                        int64_t first_pos) {
-  taps_.capture(layer, hidden, n_rows, first_pos);
-}
-
-void EagleDraftSource::set_taps(int64_t first_pos, std::span<const float> rows) {
-  taps_.set(first_pos, rows);
 }
 
 void EagleDraftSource::forward(int64_t n, const float* given_g, const int32_t* next_ids, bool want_logits) {
@@ -529,10 +517,6 @@ void EagleDraftSource::propose_tree(std::span<const int32_t> committed, int max_
     }
   }
   tree_.propose(max_nodes, out);
-}
-
-void EagleDraftSource::on_tree_kept(int64_t base, std::span<const int32_t> rows) {
-  taps_.compact(base, rows);
 }
 
 void EagleDraftSource::propose_batch(std::span<const DraftRequest> requests) {

@@ -21,8 +21,7 @@
 #include "tandem/kernels/matmul.h"
 #include "tandem/model/model.h"
 #include "tandem/speculative/draft_source.h"
-#include "tandem/speculative/dynamic_tree.h"
-#include "tandem/speculative/tap_store.h"
+#include "tandem/speculative/tap_draft_source.h"
 #include "tandem/speculative/target_vocab.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/eagle.h"
@@ -71,7 +70,7 @@ std::string eagle_cost_key(const std::string& drafter_path);
 double measure_eagle_draft_cost(EagleDraftSource& source, double decode_seconds, int64_t context = 64,
                                 int depth = 6, int rounds = 7);
 
-class EagleDraftSource final : public DraftSource {
+class EagleDraftSource final : public TapDraftSource {
  public:
   // drafter: trained or loaded; taps: the target layers it reads, in training order. n_ctx: the longest
   // sequence (positions) the source will see. The target's token embedding and output head (its rows of the
@@ -95,9 +94,6 @@ class EagleDraftSource final : public DraftSource {
   // Every request's source is an EagleDraftSource of this one's batch. Each drafting step is one forward of
   // a row per sequence still drafting, on this source's weights (the batch's sources hold the same drafter).
   void propose_batch(std::span<const DraftRequest> requests) override;
-  std::span<const int64_t> target_layers() const override { return taps_.target_layers(); }
-  void on_target_hidden(int64_t layer, std::span<const float> hidden, int64_t n_rows,
-                        int64_t first_pos) override;
 
   // An EAGLE-2 style dynamic tree (dynamic_tree.h), as DraftModelSource::propose_tree grows one: level by
   // level, the frontier nodes (at most tree_expand) of highest cumulative probability are evaluated in one
@@ -108,22 +104,13 @@ class EagleDraftSource final : public DraftSource {
   // the max_nodes best nodes, scored and deterministic at any temperature. The tree's rows are dropped when
   // the round settles, as a chain's draft rows are.
   void propose_tree(std::span<const int32_t> committed, int max_nodes, int max_depth, Draft& out) override;
-  // The taps of a tree round's verify forward follow the accepted path (TapStore::compact).
-  bool follows_tree_rows() const override { return true; }
-  void on_tree_kept(int64_t base, std::span<const int32_t> rows) override;
 
   int tree_branch = 2;      // children of one node, at most
   int tree_expand = 4;      // nodes one drafter forward evaluates, at most (at most 64)
   float tree_cover = 0.8f;  // probability mass a node's children cover before the branch limit
 
-  // Sets the captured taps of rows at positions first_pos .. (rows [n, n_taps * d], the tap layers side by
-  // side in order), as on_target_hidden would from a target forward.
-  void set_taps(int64_t first_pos, std::span<const float> rows);
   train::EagleDrafter& drafter() { return *drafter_; }
   const TargetVocab& vocab() const { return vocab_; }
-  std::span<const int32_t> taps() const { return taps_.layers(); }
-  // The captured taps (rows past the committed text are forgotten when a round settles).
-  const TapStore& tap_store() const { return taps_; }
   int64_t n_ctx() const { return n_ctx_; }
 
   // The output hidden state (before the final norm) of the last row the latest proposal ran, [d].
@@ -203,8 +190,6 @@ class EagleDraftSource final : public DraftSource {
   train::Compute compute_;
   int64_t n_ctx_;
   int64_t kv_width_;
-  sampling::Sampler sampler_{sampling::Params{}};
-  uint64_t sequence_ = 0;
 
   // Weights, borrowed from drafter_, and the target's embedding and head (or the drafter's own head).
   const train::Param *fc_, *emb_norm_, *hidden_norm_, *wq_, *wk_, *wv_, *wo_, *ffn_norm_, *w_gate_, *w_up_,
@@ -212,7 +197,6 @@ class EagleDraftSource final : public DraftSource {
   TargetVocab vocab_;
   MatrixView head_;  // [head rows, d]
 
-  TapStore taps_;             // [n_ctx, n_taps * d] the target's captured taps by position
   std::vector<float> k_, v_;  // [n_ctx, n_kv_head * head_dim] the first layer's cache, roped keys
   std::vector<PlainLayer> plain_;
   int64_t len_ = 0;       // rows in the cache
@@ -223,7 +207,6 @@ class EagleDraftSource final : public DraftSource {
   std::vector<float> logits_;  // [vocab] the latest draft's logits by target id (-inf outside the draft
                                // vocabulary)
   std::vector<int32_t> history_;
-  DynamicTree tree_;                // propose_tree: the tree being drafted
   std::vector<float> tree_hidden_;  // [n_ctx, d] propose_tree: each evaluated node's output hidden state
   std::vector<float> tree_g_;       // [tree_expand, d] a tree forward's given hidden states
   std::vector<float> tree_root_;    // [d] the last real row's output hidden state
