@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -467,6 +468,83 @@ TEST(SchedulerSpec, ASequenceWhoseDrafterRecoversDraftsAgain) {
   EXPECT_GT(d->off, 0u);
   EXPECT_GT(d->probing, 0u);
   EXPECT_GT(stats.accepted, 20u);
+}
+
+// Proposes each request's own continuation (the target's greedy output after its prompt): every draft is
+// accepted.
+class ScriptedDraft final : public speculative::DraftSource {
+ public:
+  explicit ScriptedDraft(const std::vector<std::vector<int32_t>>& fulls) : fulls_(fulls) {}
+  std::string_view kind() const override { return "scripted"; }
+  void begin(std::span<const int32_t> prompt, const speculative::DraftSettings&) override {
+    full_ = nullptr;
+    for (const auto& f : fulls_)
+      if (f.size() >= prompt.size() && std::equal(prompt.begin(), prompt.end(), f.begin())) full_ = &f;
+  }
+  void propose(std::span<const int32_t> committed, int max_depth, speculative::Draft& out) override {
+    out.clear();
+    if (!full_) return;
+    for (size_t at = committed.size(); at < full_->size() && static_cast<int>(out.tokens.size()) < max_depth;
+         ++at)
+      out.tokens.push_back((*full_)[at]);
+  }
+  void accept(std::span<const int32_t>, int) override {}
+
+ private:
+  const std::vector<std::vector<int32_t>>& fulls_;
+  const std::vector<int32_t>* full_ = nullptr;
+};
+
+// Sequences that decide in the same step are priced on the forward as planned so far: the rows granted to
+// the sequences before them included. Extra rows are free up to 4 rows and cost 4 steps each past that, so
+// with two streams the first one's window of 2 drafts fills the free rows (2 decode rows + 2 drafts) and the
+// second one, priced on those 4 rows, drafts nothing while the first runs (priced on 2 rows, as if the first
+// had drafted nothing, its window would look free too). Once the first has finished, the second drafts alone.
+TEST(SchedulerSpec, LaterSequencesArePricedOnEarlierGrants) {
+  Fixture f;
+  model::Graph graph(*f.model, f.pool, model::GraphOptions{32, 16});
+  const std::vector<engine::Request> reqs = {request({1, 403, 407, 261, 378}, 30),
+                                             request({1, 300, 311, 290}, 30)};
+  const auto run = [&](const engine::SchedulerOptions& o, engine::DraftFactory drafts,
+                       engine::SchedulerStats* stats) {
+    engine::SlotCachePool caches(f.model->config(), kCtx, cache::KvType::kF16, 2);
+    Scheduler s(graph, caches, nullptr, o, std::move(drafts));
+    std::vector<std::shared_ptr<engine::Stream>> streams;
+    for (engine::Request r : reqs) {
+      Scheduler::Admit a{};
+      streams.push_back(s.submit(std::move(r), a));
+      EXPECT_EQ(a, Scheduler::Admit::kOk);
+    }
+    std::vector<std::vector<int32_t>> out;
+    for (auto& st : streams) out.push_back(st ? collect(*st) : std::vector<int32_t>{});
+    s.stop();
+    if (stats) *stats = s.stats();
+    return out;
+  };
+  const auto plain = run({2, 4, 32, 0}, {}, nullptr);
+  ASSERT_EQ(plain.size(), 2u);
+  std::vector<std::vector<int32_t>> fulls;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_EQ(plain[i].size(), 30u);
+    fulls.push_back(reqs[i].prompt);
+    fulls.back().insert(fulls.back().end(), plain[i].begin(), plain[i].end());
+  }
+
+  engine::SchedulerOptions o{2, 4, 32, 2};
+  o.costs.verify = {1.0, 1.0, 1.0, 1.0, 1.0, 5.0, 9.0, 13.0, 17.0};
+  o.gate.timing_samples = 1 << 30;  // the curve above, whatever the machine's timings
+  o.gate.probe_interval = o.gate.max_probe_interval = 1 << 20;
+  engine::SchedulerStats stats;
+  EXPECT_EQ(run(
+                o, [&] { return std::make_unique<ScriptedDraft>(fulls); }, &stats),
+            plain);
+  const auto* d = drafter(stats, "scripted");
+  ASSERT_NE(d, nullptr);
+  // The first sequence drafts 2 per step (3 tokens) through about 10 shared steps; the second is off in each.
+  EXPECT_GE(d->off, 8u);
+  EXPECT_EQ(d->probing, 0u);
+  EXPECT_GT(d->drafting, d->off);
+  EXPECT_EQ(stats.accepted, stats.drafted);
 }
 
 // Forwards every call to `inner` and logs its proposals (committed length, depth asked, tokens) under the

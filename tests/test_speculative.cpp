@@ -17,6 +17,7 @@
 #include "tandem/gguf/reader.h"
 #include "tandem/model/model.h"
 #include "tandem/speculative/calibration.h"
+#include "tandem/speculative/cost_curve.h"
 #include "tandem/speculative/draft_model.h"
 #include "tandem/speculative/gate.h"
 #include "tandem/speculative/ngram.h"
@@ -185,7 +186,10 @@ TEST(SpeculativeGate, TimedForwardsReplaceTheCalibratedCosts) {
   gate.record_forward(1, 0.010);
   gate.record_forward(2, 0.0135);
   EXPECT_NEAR(gate.costs().verify_cost(2), 1.35, 1e-9);
-  EXPECT_NEAR(gate.costs().verify_cost(3), 1.10, 1e-12);
+  // 3 rows, not timed, cost no less than the 2 timed ones (the calibrated 1.10 would be a dip); wider
+  // windows keep the calibration, which lies above.
+  EXPECT_NEAR(gate.costs().verify_cost(3), 1.35, 1e-9);
+  EXPECT_NEAR(gate.costs().verify_cost(9), 1.40, 1e-12);
   EXPECT_EQ(gate.best_depth(1), 0);
   // One stalled one-row forward (1 s) moves the mean by the weight times at most twice it.
   gate.record_forward(1, 1.0);
@@ -194,6 +198,41 @@ TEST(SpeculativeGate, TimedForwardsReplaceTheCalibratedCosts) {
   gate.record_forward(3, 0.5);
   gate.record_forward(2, -1.0);
   EXPECT_NEAR(gate.costs().verify_cost(2), 0.0135 / (0.010 + s.timing_weight * 0.020), 1e-9);
+}
+
+// Timings never make a wider forward look cheaper than a narrower one: a timed ratio below the one of fewer
+// rows is pooled with it (their mean), and the calibrated entries between timed row counts are clamped
+// between them. When the timings recover, the calibrated curve comes back.
+TEST(SpeculativeGate, TimedCostsStayMonotone) {
+  GateSettings s;
+  s.timing_samples = 1;
+  CostModel c;
+  c.verify = {1.0, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2};
+  Gate gate(s, c, 5);  // times 1..6 rows
+  gate.record_forward(1, 1.0);
+  gate.record_forward(2, 1.5);
+  gate.record_forward(3, 1.3);  // a dip: pooled with 2 rows
+  gate.record_forward(5, 1.7);
+  const auto& v = gate.costs().verify;
+  EXPECT_NEAR(v[2], 1.4, 1e-12);
+  EXPECT_NEAR(v[3], 1.4, 1e-12);
+  EXPECT_NEAR(v[4], 1.6, 1e-12);  // calibrated, between the timed 1.4 and 1.7
+  EXPECT_NEAR(v[5], 1.7, 1e-12);
+  EXPECT_NEAR(v[6], 2.0, 1e-12);
+  for (size_t r = 2; r < v.size(); ++r) EXPECT_GE(v[r], v[r - 1]) << r;
+  // 4 rows timed low: the calibrated entry is not used, and the fit pools it with its neighbours.
+  gate.record_forward(4, 1.0);
+  for (size_t r = 2; r < v.size(); ++r) EXPECT_GE(v[r], v[r - 1]) << r;
+  EXPECT_NEAR(v[2], (1.5 + 1.3 + 1.0) / 3, 1e-12);
+  // The timings recover (weight 0.1 of the newest): the dips go, and 3 rows are back above 2.
+  for (int i = 0; i < 200; ++i) {
+    gate.record_forward(1, 1.0);
+    gate.record_forward(3, 1.55);
+    gate.record_forward(4, 1.6);
+  }
+  EXPECT_NEAR(v[2], 1.5, 1e-9);
+  EXPECT_NEAR(v[3], 1.55, 1e-6);
+  EXPECT_NEAR(v[4], 1.6, 1e-6);
 }
 
 // A position the gate has not drafted to assumes the acceptance of the one before it, not the prior's: after
@@ -410,6 +449,87 @@ TEST(SpeculativeVocabulary, RefusesAModelWithAnotherVocabulary) {
   }
 }
 
+// Pool-adjacent violators: a monotone input comes back unchanged, and each run that breaks the order becomes
+// its mean (the least-squares non-decreasing fit), merging backwards as far as needed.
+TEST(SpeculativeCostCurve, NondecreasingFitRemovesDips) {
+  const std::vector<double> monotone = {1.0, 1.26, 1.26, 1.35, 2.28, 4.15};
+  EXPECT_EQ(nondecreasing(monotone), monotone);
+  EXPECT_TRUE(nondecreasing(std::vector<double>{}).empty());
+  // The curve of the report: cost(3) dipped under cost(2).
+  const auto fit = nondecreasing(std::vector<double>{1.0, 1.26, 1.09, 1.35});
+  ASSERT_EQ(fit.size(), 4u);
+  EXPECT_DOUBLE_EQ(fit[0], 1.0);
+  EXPECT_NEAR(fit[1], (1.26 + 1.09) / 2, 1e-12);
+  EXPECT_NEAR(fit[2], (1.26 + 1.09) / 2, 1e-12);
+  EXPECT_DOUBLE_EQ(fit[3], 1.35);
+  // A low value after a merged block merges with it as well: 3, 1 -> 2, 2; then 0 -> all of them, 4/3.
+  const auto back = nondecreasing(std::vector<double>{1.0, 3.0, 1.0, 0.0, 5.0});
+  const std::vector<double> want = {1.0, 4.0 / 3, 4.0 / 3, 4.0 / 3, 5.0};
+  ASSERT_EQ(back.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(back[i], want[i], 1e-12) << i;
+  // The fit keeps the sum (least squares with weights 1) and is monotone.
+  const std::vector<double> noisy = {1.0, 1.3, 1.1, 1.5, 1.4, 1.45, 2.0, 1.9, 3.0};
+  const auto f = nondecreasing(noisy);
+  double a = 0, b = 0;
+  for (size_t i = 0; i < noisy.size(); ++i) {
+    a += noisy[i];
+    b += f[i];
+    if (i > 0) {
+      EXPECT_GE(f[i], f[i - 1]);
+    }
+  }
+  EXPECT_NEAR(a, b, 1e-12);
+}
+
+TEST(SpeculativeCostCurve, WidthsAreDenseThenSparse) {
+  EXPECT_EQ(calibration_widths(1), (std::vector<int>{1}));
+  EXPECT_EQ(calibration_widths(4), (std::vector<int>{1, 2, 3, 4}));
+  EXPECT_EQ(calibration_widths(17),
+            (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}));
+  EXPECT_EQ(calibration_widths(40),
+            (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 32, 40}));
+  EXPECT_EQ(calibration_widths(64),
+            (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 32, 48, 64}));
+  EXPECT_EQ(calibration_widths(100).back(), 100);
+  EXPECT_THROW(calibration_widths(0), Error);
+}
+
+// The dense curve is linear between measured widths and hits them exactly; past its end the cost model
+// follows the last measured segment, not the last two (interpolated) entries, and never falls.
+TEST(SpeculativeCostCurve, InterpolatesAndExtrapolatesAlongTheLastSegment) {
+  const std::vector<int> widths = {1, 2, 4, 8};
+  const std::vector<double> costs = {1.0, 1.2, 1.6, 3.0};
+  const auto v = interpolate_curve(widths, costs);
+  ASSERT_EQ(v.size(), 9u);
+  const std::vector<double> want = {1.0, 1.0, 1.2, 1.4, 1.6, 1.95, 2.3, 2.65, 3.0};
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(v[i], want[i], 1e-12) << i;
+  EXPECT_DOUBLE_EQ(v[8], 3.0);
+  EXPECT_THROW(interpolate_curve(std::vector<int>{2, 3}, std::vector<double>{1.0, 1.1}), Error);
+  EXPECT_THROW(interpolate_curve(std::vector<int>{1, 3, 3}, std::vector<double>{1.0, 1.1, 1.2}), Error);
+  EXPECT_THROW(interpolate_curve(std::vector<int>{1, 2}, std::vector<double>{1.0}), Error);
+
+  Calibration cal;
+  cal.verify = v;
+  cal.widths = widths;
+  const CostModel c = cal.cost_model();
+  EXPECT_EQ(c.extrapolate_from, 4);
+  EXPECT_NEAR(c.verify_cost(12), 3.0 + 4 * 0.35, 1e-12);
+  // Entries replaced after interpolation (a noisy last pair) do not move the slope: 4 -> 8 still rules.
+  CostModel noisy = c;
+  noisy.verify[7] = 2.99;
+  EXPECT_NEAR(noisy.verify_cost(10), 3.0 + 2 * 0.35, 1e-12);
+  // Without measured widths, the last two entries, as before; a falling end extrapolates flat.
+  CostModel plain;
+  plain.verify = {1.0, 1.0, 1.3, 1.5};
+  EXPECT_NEAR(plain.verify_cost(5), 1.9, 1e-12);
+  plain.verify = {1.0, 1.0, 1.3, 1.2};
+  EXPECT_NEAR(plain.verify_cost(6), 1.2, 1e-12);
+  // A gate built on the curve extends it along the same segment.
+  Gate gate(GateSettings{}, c, 12);
+  EXPECT_NEAR(gate.costs().verify_cost(13), 3.0 + 5 * 0.35, 1e-12);
+  EXPECT_NEAR(gate.costs().verify_cost(20), 3.0 + 12 * 0.35, 1e-12);
+}
+
 TEST(SpeculativeCalibration, CacheRoundTripPerKey) {
   const auto dir = std::filesystem::temp_directory_path() / ("tandem-calib-" + std::to_string(::getpid()));
   const std::string path = (dir / "calibration.json").string();
@@ -419,6 +539,7 @@ TEST(SpeculativeCalibration, CacheRoundTripPerKey) {
   c.threads = 2;
   c.decode_seconds = 0.01;
   c.verify = {1, 1, 1.1, 1.25};
+  c.widths = {1, 2, 3};
   c.draft_per_token = {{"d1", 0.2}};
   store_calibration(path, c);
   Calibration other = c;
@@ -429,6 +550,7 @@ TEST(SpeculativeCalibration, CacheRoundTripPerKey) {
   const auto back = load_calibration(path, "abc", "cpu x", 2);
   ASSERT_TRUE(back.has_value());
   EXPECT_EQ(back->verify, c.verify);
+  EXPECT_EQ(back->widths, c.widths);
   EXPECT_DOUBLE_EQ(back->cost_model("d1").draft_per_token, 0.2);
   EXPECT_DOUBLE_EQ(back->cost_model("").draft_per_token, 0.0);
   EXPECT_EQ(load_calibration(path, "abc", "cpu x", 4)->verify, other.verify);
@@ -447,9 +569,27 @@ TEST(SpeculativeCalibration, FingerprintAndMeasurement) {
   o.repeats = 2;
   const Calibration c = calibrate(*m, path, m.get(), path, pool, o);
   ASSERT_EQ(c.verify.size(), 5u);
+  EXPECT_EQ(c.widths, (std::vector<int>{1, 2, 3, 4}));
   EXPECT_EQ(c.verify[1], 1.0);
   for (double v : c.verify) EXPECT_GE(v, 1.0);
+  for (size_t r = 2; r < c.verify.size(); ++r) EXPECT_GE(c.verify[r], c.verify[r - 1]) << r;
   EXPECT_GT(c.draft_per_token.at(file_fingerprint(path)), 0.0);
+  // Past 16 rows the widths are sparse; the curve is dense and monotone to the widest one.
+  o.max_rows = 30;
+  o.repeats = 1;
+  ASSERT_GE(m->config().n_ctx_train, o.context + o.max_rows + 1);
+  const Calibration wide = calibrate(*m, path, nullptr, "", pool, o);
+  EXPECT_EQ(calibrated_rows(*m, o), 30);
+  ASSERT_EQ(wide.verify.size(), 31u);
+  EXPECT_EQ(wide.widths, calibration_widths(30));
+  for (size_t r = 2; r < wide.verify.size(); ++r) EXPECT_GE(wide.verify[r], wide.verify[r - 1]) << r;
+  // Between 16 and 24 rows, on the line between them.
+  EXPECT_NEAR(wide.verify[20], 0.5 * (wide.verify[16] + wide.verify[24]), 1e-9);
+  EXPECT_EQ(wide.cost_model().extrapolate_from, 24);
+  // A model trained on a short context keeps the windows inside it.
+  CalibrateOptions tight = o;
+  tight.context = static_cast<int>(m->config().n_ctx_train) - 10;
+  EXPECT_EQ(calibrated_rows(*m, tight), 9);
 }
 
 }  // namespace

@@ -239,10 +239,13 @@ void bench_serve(const BenchServeOptions& o) {
   }
   const std::string cache_path = speculative::calibration_file_path();
   auto cal = speculative::cached_calibration(o.model.model_path, pool.size());
-  if (!cal || (draft && !cal->draft_per_token.count(draft_hash))) {
+  // Up to the widest forward the scheduler runs, as serve does.
+  speculative::CalibrateOptions co;
+  co.max_rows = static_cast<int>(std::min<int64_t>(o.rows, co.max_rows));
+  const bool narrow =
+      cal && static_cast<int>(cal->verify.size()) - 1 < speculative::calibrated_rows(*model, co);
+  if (!cal || narrow || (draft && !cal->draft_per_token.count(draft_hash))) {
     std::fprintf(stderr, "calibrating verify costs on this machine (cached in %s)...\n", cache_path.c_str());
-    speculative::CalibrateOptions co;
-    co.max_rows = static_cast<int>(std::min<int64_t>(o.rows, 17));
     co.repeats = 3;
     cal = speculative::calibrate(*model, o.model.model_path, draft.get(), o.draft_model, pool, co);
     speculative::store_calibration(cache_path, *cal);

@@ -22,7 +22,10 @@ void add_calibrate_command(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   add_model_options(*cmd, o->model);
   cmd->add_option("--draft-model", o->draft_model, "Also measure this draft model's decode cost per token");
-  cmd->add_option("--max-rows", o->calibrate.max_rows, "Largest window measured, in rows (default 17)");
+  cmd->add_option(
+      "--max-rows", o->calibrate.max_rows,
+      "Widest forward measured, in rows: every row count to 16, then 24, 32, 48 and 64 where below "
+      "it, and this one (default 64)");
   cmd->add_option(
       "--repeats", o->calibrate.repeats,
       "Timings per row count, each paired with a one-row forward; the median ratio is kept (default 5)");
@@ -37,9 +40,12 @@ void add_calibrate_command(CLI::App& app) {
     speculative::store_calibration(path, c);
     std::printf("model %s (%s), CPU %s, %d threads: one-row forward %.3f ms\n", o->model.model_path.c_str(),
                 c.model_hash.c_str(), c.cpu.c_str(), c.threads, 1e3 * c.decode_seconds);
+    // The measured widths, after the monotone fit; the row counts between them are interpolated.
     std::printf("rows  cost (x one row)  cost per row\n");
-    for (size_t r = 1; r < c.verify.size(); ++r)
+    for (int w : c.widths) {
+      const auto r = static_cast<size_t>(w);
       std::printf("%4zu  %16.3f  %12.3f\n", r, c.verify[r], c.verify[r] / static_cast<double>(r));
+    }
     for (const auto& [hash, cost] : c.draft_per_token)
       std::printf("draft model %s (%s): %.3f of a target decode step per drafted token\n",
                   o->draft_model.c_str(), hash.c_str(), cost);

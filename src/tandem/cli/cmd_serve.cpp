@@ -356,11 +356,15 @@ void serve(const ServeOptions& o) {
     // counts not yet timed, the verify costs measured on this machine (measured now and cached when missing).
     const std::string cache_path = speculative::calibration_file_path();
     auto cal = speculative::cached_calibration(o.model.model_path, pool.size());
-    if (!cal || (draft && !cal->draft_per_token.count(draft_hash))) {
+    // Up to the widest forward the scheduler runs: its windows are priced on the rows the forward already
+    // carries, which with many streams reach far past one sequence's window.
+    speculative::CalibrateOptions co;
+    co.max_rows = static_cast<int>(std::min<int64_t>(o.rows, co.max_rows));
+    const bool narrow =
+        cal && static_cast<int>(cal->verify.size()) - 1 < speculative::calibrated_rows(*model, co);
+    if (!cal || narrow || (draft && !cal->draft_per_token.count(draft_hash))) {
       std::fprintf(stderr, "serve: calibrating verify costs on this machine (cached in %s)...\n",
                    cache_path.c_str());
-      speculative::CalibrateOptions co;
-      co.max_rows = static_cast<int>(std::min<int64_t>(o.rows, 17));
       co.repeats = 3;
       cal = speculative::calibrate(*model, o.model.model_path, draft.get(), o.draft_model, pool, co);
       try {

@@ -249,9 +249,12 @@ speculative::Gate::Decision Scheduler::choose_depth(Sequence& s, int64_t budget_
   d = std::min(d, s.req.max_tokens - s.generated - 1);
   d = std::max<int64_t>(d, 0);
   round_cost_.assign(static_cast<size_t>(d) + 1, 1.0);
+  // A deeper window never costs less than a shallower one: the ratios mix timed row counts with calibrated
+  // ones, and a dip between them would make the marginal rows look free.
   for (int64_t k = 1; k <= d; ++k)
     round_cost_[static_cast<size_t>(k)] =
-        costs_.round_cost(static_cast<int>(k), static_cast<int>(base_rows), sharing);
+        std::max(round_cost_[static_cast<size_t>(k - 1)],
+                 costs_.round_cost(static_cast<int>(k), static_cast<int>(base_rows), sharing));
   // With no room for a window the gate still counts the round, so its probes stay on schedule.
   return s.gate->decide_priced(round_cost_);
 }
@@ -458,8 +461,8 @@ void Scheduler::budget_tree(Sequence& s, int64_t base_rows, int sharing) {
   // Verifying n nodes adds n rows to the forward; the drafting is spent either way.
   tree_cost_.assign(d.tokens.size() + 1, 1.0);
   const auto base = static_cast<int>(base_rows);
-  for (size_t n = 1; n < tree_cost_.size(); ++n)
-    tree_cost_[n] = costs_.rows_cost(static_cast<int>(n), base, sharing);
+  for (size_t n = 1; n < tree_cost_.size(); ++n)  // never less for more nodes, as for chains
+    tree_cost_[n] = std::max(tree_cost_[n - 1], costs_.rows_cost(static_cast<int>(n), base, sharing));
   const size_t keep = s.tree_budget.choose(d, tree_cost_);
   if (keep == 0)
     d.clear();

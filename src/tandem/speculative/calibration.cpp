@@ -18,6 +18,7 @@
 #include "tandem/kernels/cpu_target.h"
 #include "tandem/model/session.h"
 #include "tandem/sampling/rng.h"
+#include "tandem/speculative/cost_curve.h"
 #include "tandem/util/error.h"
 
 namespace tandem::speculative {
@@ -85,6 +86,9 @@ CostModel Calibration::cost_model(const std::string& draft_hash) const {
   CostModel c;
   c.verify = verify;
   if (c.verify.size() < 2) c.verify = {1.0, 1.0};
+  // Past the curve's end, along its last measured segment.
+  if (widths.size() >= 2 && static_cast<size_t>(widths.back()) + 1 == c.verify.size())
+    c.extrapolate_from = widths[widths.size() - 2];
   if (!draft_hash.empty()) {
     auto it = draft_per_token.find(draft_hash);
     if (it != draft_per_token.end()) c.draft_per_token = it->second;
@@ -129,7 +133,7 @@ std::string cpu_model_name() {
 
 std::string machine_key() {
   // Bump kKernelRevision whenever kernel (or calibration) changes move the verify cost curve.
-  constexpr int kKernelRevision = 56;
+  constexpr int kKernelRevision = 57;
   return cpu_model_name() + " | " + std::string(kernels::target_name(kernels::best_target())) + " r" +
          std::to_string(kKernelRevision);
 }
@@ -156,6 +160,7 @@ std::optional<Calibration> load_calibration(const std::string& path, const std::
       c.threads = threads;
       c.decode_seconds = e.value("decode_seconds", 0.0);
       c.verify = e.at("verify").get<std::vector<double>>();
+      if (e.contains("widths")) c.widths = e["widths"].get<std::vector<int>>();
       if (e.contains("draft_per_token"))
         c.draft_per_token = e["draft_per_token"].get<std::map<std::string, double>>();
       if (c.verify.size() < 2) return std::nullopt;
@@ -193,6 +198,7 @@ void store_calibration(const std::string& path, const Calibration& c) {
                      {"threads", c.threads},
                      {"decode_seconds", c.decode_seconds},
                      {"verify", c.verify},
+                     {"widths", c.widths},
                      {"draft_per_token", drafts}});
   j["entries"] = std::move(entries);
   std::error_code ec;
@@ -223,6 +229,13 @@ std::vector<double> paired_window_costs(const std::function<void(int)>& run_rows
   return costs;
 }
 
+int calibrated_rows(const model::Model& target, const CalibrateOptions& o) {
+  // The measured windows sit after the context; a model trained on a shorter context keeps them inside it.
+  const int64_t trained = target.config().n_ctx_train;
+  if (trained <= 0) return std::max(1, o.max_rows);
+  return static_cast<int>(std::clamp<int64_t>(trained - o.context - 1, 1, std::max(1, o.max_rows)));
+}
+
 Calibration calibrate(const model::Model& target, const std::string& target_path, const model::Model* draft,
                       const std::string& draft_path, ThreadPool& pool, const CalibrateOptions& o) {
   if (o.max_rows < 1 || o.context < 1 || o.repeats < 1)
@@ -232,11 +245,12 @@ Calibration calibrate(const model::Model& target, const std::string& target_path
   c.cpu = machine_key();
   c.threads = pool.size();
 
+  const int max_rows = calibrated_rows(target, o);
   model::SessionOptions so;
-  so.n_ctx = o.context + o.max_rows + 1;
-  so.batch = std::max<int64_t>(256, o.max_rows);
+  so.n_ctx = o.context + max_rows + 1;
+  so.batch = std::max<int64_t>(256, max_rows);
   model::Session session(target, pool, so);
-  const auto tokens = filler_tokens(o.context + o.max_rows, session.n_vocab());
+  const auto tokens = filler_tokens(o.context + max_rows, session.n_vocab());
   const std::span<const int32_t> all(tokens);
   session.eval(all.first(static_cast<size_t>(o.context)));
   const std::span<const int32_t> window = all.subspan(static_cast<size_t>(o.context));
@@ -246,13 +260,14 @@ Calibration calibrate(const model::Model& target, const std::string& target_path
     session.truncate(o.context);
   };
   run_rows(1);  // warm up caches and thread team
-  std::vector<int> widths;
-  for (int r = 2; r <= o.max_rows; ++r) widths.push_back(r);
+  c.widths = calibration_widths(max_rows);
   std::vector<double> one_row;
-  const std::vector<double> costs = paired_window_costs(run_rows, widths, o.repeats, &one_row);
+  const std::vector<double> measured =
+      paired_window_costs(run_rows, std::span<const int>(c.widths).subspan(1), o.repeats, &one_row);
   c.decode_seconds = median(one_row);
-  c.verify.assign(static_cast<size_t>(std::max(2, o.max_rows + 1)), 1.0);
-  for (size_t i = 0; i < widths.size(); ++i) c.verify[static_cast<size_t>(widths[i])] = costs[i];
+  std::vector<double> costs = {1.0};
+  costs.insert(costs.end(), measured.begin(), measured.end());
+  c.verify = interpolate_curve(c.widths, nondecreasing(costs));
 
   if (draft) {
     model::Session ds(*draft, pool, so);

@@ -3,6 +3,16 @@
 // cached in a JSON file, one entry per (target file, CPU model, threads).
 //
 // Cache file: $XDG_CACHE_HOME/tandem/calibration.json, else $HOME/.cache/tandem/calibration.json.
+// Entries are keyed by machine_key(), which carries a revision: a change to what calibration measures or how
+// (such as the widths below, or the monotone fit) bumps it, so entries measured the older way are no longer
+// found and are measured again; an older build still reads the file (it ignores keys it does not know).
+//
+// Verify curve. Calibration times the row counts calibration_widths(max_rows) gives (every count to 16, then
+// sparse ones up to max_rows; cost_curve.h), fits the measured costs to a non-decreasing curve
+// (make_nondecreasing: timing noise must not make a wider forward look cheaper) and stores the dense curve
+// verify[1 .. max_rows], linear between the measured widths, with the measured widths beside it ("widths").
+// Row counts past max_rows extend the last measured segment (CostModel::extrapolate_from).
+//
 // Model identity: file_fingerprint(), a 64-bit hash of the file's size and three 1 MiB samples (head, middle,
 // tail), in hex. It reads at most 3 MiB, so it is quick for any model; two files that agree on size and all
 // three samples are treated as the same model.
@@ -30,6 +40,9 @@ struct Calibration {
   int threads = 0;
   double decode_seconds = 0;   // one-row target forward (median)
   std::vector<double> verify;  // [rows] cost relative to one row; index 0 unused, verify[1] == 1
+  // The row counts measured, ascending from 1, the last one verify.size() - 1; the others of verify[] are
+  // interpolated. Empty: every row count was measured.
+  std::vector<int> widths;
   std::map<std::string, double> draft_per_token;  // draft model fingerprint -> its decode cost / target's
 
   // The gate's cost model; draft_hash names a calibrated draft model ("" for drafters of negligible cost).
@@ -53,10 +66,12 @@ std::optional<Calibration> cached_calibration(const std::string& model_path, int
 void store_calibration(const std::string& path, const Calibration& calibration);
 
 struct CalibrateOptions {
-  int max_rows = 17;  // verify windows measured: 1..max_rows rows
-  int context = 64;   // tokens in the cache before the measured forwards
-  int repeats = 5;    // each row count is timed this often, after a one-row forward each time; the median
-                      // ratio is kept
+  // Widest forward measured, in rows: calibration_widths(max_rows) are timed (at most the model's training
+  // context less `context` and one row, when the model states one).
+  int max_rows = 64;
+  int context = 64;  // tokens in the cache before the measured forwards
+  int repeats = 5;   // each row count is timed this often, after a one-row forward each time; the median
+                     // ratio is kept
 };
 
 // Window costs relative to one row, measured in pairs: each repeat times every width right after a one-row
@@ -67,6 +82,10 @@ struct CalibrateOptions {
 // widths still times one).
 std::vector<double> paired_window_costs(const std::function<void(int)>& run_rows, std::span<const int> widths,
                                         int repeats, std::vector<double>* one_row = nullptr);
+
+// The widest forward calibrate() measures for `target` with these options: max_rows, or less for a model
+// trained on a shorter context. A cached curve narrower than this was measured with smaller options.
+int calibrated_rows(const model::Model& target, const CalibrateOptions& options);
 
 // Measures the target (and, when given, a draft model) with `pool`. model_path/draft_path name the files for
 // the fingerprints.

@@ -1,7 +1,9 @@
 #include "tandem/speculative/gate.h"
 
 #include <algorithm>
+#include <limits>
 
+#include "tandem/speculative/cost_curve.h"
 #include "tandem/speculative/verify.h"
 #include "tandem/util/error.h"
 
@@ -12,7 +14,9 @@ double CostModel::verify_cost(int rows) const {
   const int n = static_cast<int>(verify.size()) - 1;  // largest measured row count
   if (rows <= n) return verify[static_cast<size_t>(rows)];
   if (n < 2) return static_cast<double>(rows);  // nothing measured beyond one row: assume linear
-  const double slope = std::max(0.0, verify[static_cast<size_t>(n)] - verify[static_cast<size_t>(n - 1)]);
+  const int from = extrapolate_from >= 1 && extrapolate_from < n ? extrapolate_from : n - 1;
+  const double rise = verify[static_cast<size_t>(n)] - verify[static_cast<size_t>(from)];
+  const double slope = std::max(0.0, rise / static_cast<double>(n - from));
   return verify[static_cast<size_t>(n)] + slope * (rows - n);
 }
 
@@ -54,6 +58,10 @@ Gate::Gate(const GateSettings& s, CostModel costs, int max_depth, int min_depth)
     for (size_t r = 1; r < rows; ++r) verify[r] = costs_.verify_cost(static_cast<int>(r));
     costs_.verify = std::move(verify);
   }
+  calibrated_ = costs_.verify;
+  fit_.reserve(rows);
+  fit_sums_.reserve(rows);
+  fit_sizes_.reserve(rows);
   mean_seconds_.assign(rows, 0.0);
   timings_.assign(rows, 0);
   accepted_.assign(static_cast<size_t>(max_depth), s.prior_accepted);
@@ -180,9 +188,28 @@ void Gate::record_forward(int rows, double seconds) {
   mean = timings_[r] == 0 ? seconds : mean + settings_.timing_weight * (std::min(seconds, 3 * mean) - mean);
   ++timings_[r];
   if (timings_[1] < settings_.timing_samples) return;
-  for (size_t n = 2; n < mean_seconds_.size(); ++n)
-    if (timings_[n] >= settings_.timing_samples)
-      costs_.verify[n] = std::max(1.0, mean_seconds_[n] / mean_seconds_[1]);
+  const auto timed = [&](size_t n) {
+    return n == 1 || (n < mean_seconds_.size() && timings_[n] >= settings_.timing_samples);
+  };
+  fit_.clear();
+  for (size_t n = 1; n < mean_seconds_.size(); ++n)
+    if (timed(n)) fit_.push_back(n == 1 ? 1.0 : std::max(1.0, mean_seconds_[n] / mean_seconds_[1]));
+  make_nondecreasing(fit_, fit_sums_, fit_sizes_);
+  // Rebuilt from the calibrated curve each time, so a ratio that once dipped leaves no trace once its
+  // timings recover. Right to left: a calibrated entry no higher than the next timed ratio; then left to
+  // right: no lower than the entry before (the timed ones already are).
+  double above = std::numeric_limits<double>::infinity();
+  size_t next_fit = fit_.size();
+  for (size_t n = costs_.verify.size() - 1; n >= 1; --n) {
+    if (timed(n)) {
+      above = fit_[--next_fit];
+      costs_.verify[n] = above;
+    } else {
+      costs_.verify[n] = std::min(calibrated_[n], above);
+    }
+  }
+  for (size_t n = 2; n < costs_.verify.size(); ++n)
+    costs_.verify[n] = std::max(costs_.verify[n], costs_.verify[n - 1]);
 }
 
 void Probe::start() {

@@ -31,7 +31,11 @@
 // its seconds per forward (weight `timing_weight` for the newest), and once one row and r rows both have
 // `timing_samples` timings, verify_cost(r) is their ratio instead of the calibrated one. Row counts not
 // timed keep the calibration's ratio, and so does every row count while plain rounds are too few to time one
-// row.
+// row. The mix is kept non-decreasing in the rows: timings of neighbouring row counts are noisy and taken at
+// different moments, and a dip would make a deeper round look cheaper than a shallower one. The timed ratios
+// (one row counting as 1) are fitted by make_nondecreasing (cost_curve.h), and each calibrated entry between
+// two timed row counts is clamped between their fitted ratios (the timings describe the machine now, the
+// calibration another moment), then raised to at least the entry before it.
 #pragma once
 
 #include <cstddef>
@@ -61,8 +65,13 @@ struct GateSettings {
 // What a round costs, in units of one plain (one-row) target decode step.
 struct CostModel {
   // verify[r] = cost of a target forward over r rows (index 0 unused, verify[1] == 1). Rows past the end are
-  // extrapolated linearly from the last two entries.
+  // extrapolated linearly along the last measured segment: the line through verify[extrapolate_from] and the
+  // last entry (never decreasing), or through the last two entries when extrapolate_from is 0 or out of
+  // range. A calibrated curve is dense between sparse measured widths (calibration.h), and the last two
+  // entries of such a curve lie on its last measured segment anyway; extrapolate_from keeps that segment when
+  // the entries are extended or replaced by timings.
   std::vector<double> verify;
+  int extrapolate_from = 0;
   double draft_per_token = 0.0;  // drafter cost of one proposed token
 
   double verify_cost(int rows) const;
@@ -130,6 +139,10 @@ class Gate {
 
   GateSettings settings_;
   CostModel costs_;
+  std::vector<double> calibrated_;  // costs_.verify before any timing replaced an entry
+  std::vector<double> fit_;         // the timed ratios in row order, then fitted; reserved once
+  std::vector<double> fit_sums_;    // make_nondecreasing()'s workspace, reserved once
+  std::vector<size_t> fit_sizes_;
   std::vector<double> mean_seconds_;  // [rows]: running mean of the timed forwards over that many rows
   std::vector<int> timings_;          // [rows]: how many were timed
   int max_depth_, min_depth_;
