@@ -270,7 +270,7 @@ TEST(MlaProjection, PerThreadMatmulHasTheBitsOfMatmul) {
           if (w.form != WeightForm::kFile) kernels::repack_rows(w.form, type, kCols, bytes.data(), w.bytes());
         }
         kernels::MatmulScratch scratch(pool.size(), kCols, kMaxRows, target);
-        for (int64_t R : {1, 3, 16}) {
+        for (int64_t R : {1, 3, 5, 8, 16}) {
           SCOPED_TRACE("rows " + std::to_string(R));
           const std::vector<float> x = normal_floats(R * kCols, static_cast<uint32_t>(500 + R));
           std::vector<float> want(static_cast<size_t>(R * kRows));
@@ -285,8 +285,8 @@ TEST(MlaProjection, PerThreadMatmulHasTheBitsOfMatmul) {
                 << "row " << r;
             ASSERT_EQ(got[static_cast<size_t>(r * kOutStride + kRows)], -1.0f);  // nothing past the row
           }
-          // In 16-row ranges under one call number (up to 4 rows quantized once on the thread for all
-          // ranges, after a product of another input on that thread): the same bits.
+          // In 16-row ranges under one call number (the rows quantized once on the thread for all ranges,
+          // after a product of another input on that thread): the same bits.
           std::vector<float> ranged(static_cast<size_t>(R * kOutStride), -1.0f);
           const uint64_t call = scratch.next_call();
           for (int64_t o0 = 0; o0 < kRows; o0 += 16)

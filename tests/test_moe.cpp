@@ -456,9 +456,10 @@ TEST(ExpertResidency, BudgetGivesTheSameBitsAsEverythingResident) {
   }
 }
 
-// Calls of few rows run all experts' products as tasks of two parallel regions; every row gets the bits of
-// the regions per expert, on either side of the boundary (1, 3 rows together; 8, 40 per expert either
-// way), with one and two threads, reading the file's experts or, under a budget, some resident copies, and
+// Calls of up to a window's rows run all experts' products as tasks of two parallel regions; every row gets
+// the bits of the regions per expert, on either side of the boundary (1 to 16 rows together, through each
+// row class and more than kOwnActivationRows rows per product; 17, 40 per expert either way), with one and
+// two threads, reading the file's experts or, under a budget, some resident copies, and
 // counting the same reads.
 TEST(MoeFfn, ExpertsInTwoRegionsEqualRegionsPerExpert) {
   for (const std::string& path : {qwen2moe("f32"), qwen2moe("Q8_0"), deepseek2("deepseek2", "Q8_0"),
@@ -490,7 +491,7 @@ TEST(MoeFfn, ExpertsInTwoRegionsEqualRegionsPerExpert) {
       const int64_t widest = std::max({D, c.moe.n_ff_expert, c.moe.n_ff_shared});
       tandem::kernels::MatmulScratch scratch(threads, widest, max_rows);
       for (ExpertResidency* r : {static_cast<ExpertResidency*>(nullptr), &residency}) {
-        for (int64_t n : {1, 3, 8, 40}) {
+        for (int64_t n : {1, 3, 5, 8, 12, 16, 17, 40}) {
           SCOPED_TRACE(::testing::Message()
                        << threads << " threads, " << n << " rows, budget " << (r != nullptr));
           tandem::model::MoeFfn together(c, max_rows), per_expert(c, max_rows);
@@ -510,6 +511,42 @@ TEST(MoeFfn, ExpertsInTwoRegionsEqualRegionsPerExpert) {
         }
       }
     }
+  }
+}
+
+// A window's tasks are dealt out by their work: with 2 and 16 threads no thread's initial share of the down
+// products holds more than an equal share and one tile more, though the shared expert's tiles carry all
+// 16 rows and a routed expert's a row or two.
+TEST(MoeFfn, WindowTasksAreSharedByTheirWork) {
+  auto model = tandem::model::Model::load(deepseek2("deepseek2", "Q8_0"));
+  const tandem::model::Config& c = model->config();
+  int64_t layer = 0;
+  while (!c.moe_layer(layer)) ++layer;
+  const tandem::model::MoeWeights& w = model->weights().layers[static_cast<size_t>(layer)].moe;
+  ASSERT_FALSE(w.shared_gate.empty());
+  const int64_t D = c.n_embd, n = tandem::kernels::kMaxWindowRows;
+  std::vector<float> x(static_cast<size_t>(n * D));
+  uint32_t seed = 777;
+  for (float& v : x) {
+    seed = seed * 1664525u + 1013904223u;
+    v = static_cast<float>(seed >> 8) / static_cast<float>(1u << 23) - 1.0f;
+  }
+  tandem::ThreadPool pool(1);
+  tandem::kernels::MatmulScratch scratch(1, std::max({D, c.moe.n_ff_expert, c.moe.n_ff_shared}), n);
+  tandem::model::MoeFfn ffn(c, n);
+  ffn.run(w, x.data(), n, pool, scratch);
+  // The down products' work: every slot's row through D outputs, and every row through the shared expert's.
+  const int64_t total = (n * c.moe.n_expert_used + n) * D, biggest_tile = n * 16;
+  for (int threads : {2, 16}) {
+    SCOPED_TRACE(threads);
+    const std::vector<int64_t> shares = ffn.initial_shares(threads);
+    ASSERT_EQ(shares.size(), static_cast<size_t>(threads));
+    int64_t sum = 0;
+    for (int64_t s : shares) {
+      sum += s;
+      EXPECT_LE(s, total / threads + biggest_tile);
+    }
+    EXPECT_EQ(sum, total);
   }
 }
 

@@ -25,7 +25,7 @@ MatmulScratch::MatmulScratch(int n_threads, int64_t max_cols, int64_t max_rows, 
   unpacked_.resize(supers_ * static_cast<size_t>(n_threads));
   file_rows_.resize(supers_ * kFileRowBytesPerSuper * static_cast<size_t>(n_threads));
   own_.resize(static_cast<size_t>(n_threads));
-  for (OwnActivations& own : own_) own.act.resize(supers_ * static_cast<size_t>(kOwnActivationRows));
+  for (OwnActivations& own : own_) own.act.resize(supers_ * static_cast<size_t>(kMaxWindowRows));
   reserve_rows(max_rows);
 }
 
@@ -284,10 +284,12 @@ void matmul_on_thread(const MatrixView& w, const float* x, int64_t x_stride, int
   const QuantKernels& qk = quant_kernels(scratch.target());
   const ActForm form = activation_form(qk, w);
   const int64_t ns = super_count(K);
-  // The thread's own activations, kOwnActivationRows rows at a time (each row's result depends only on that
-  // row, so the grouping changes no bits). They are refilled by the next matmul call (a new call number).
+  // The thread's own activations: under a call number all rows of a window at once, kept for the call's
+  // other tasks on this thread and multiplied in matmul()'s passes; otherwise kOwnActivationRows rows at a
+  // time (each row's result depends only on that row, so the grouping changes no bits). They are refilled by
+  // the next matmul call (a new call number).
   ActSuper* act = scratch.own_activations(thread);
-  if (call != 0 && n_rows <= kOwnActivationRows) {
+  if (call != 0 && n_rows <= kMaxWindowRows) {
     if (scratch.fill_own(thread, call))
       for (int64_t r = 0; r < n_rows; ++r) qk.quantize_row(x + r * x_stride, K, form, act + r * ns);
     quant_rows(qk, w, act, n_rows, y, y_stride, 0, N, scratch.unpack_buffer(thread),

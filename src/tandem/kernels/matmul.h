@@ -35,7 +35,7 @@ constexpr int64_t kOwnActivationRows = 4;
 
 // Scratch for matmul, sized once for the widest matrix and the most rows (no allocation per call):
 // quantized activations [max_rows][super_count(max_cols)], per thread one unpacked weight row, one row in the
-// file's form and its own copy of the activations of up to kOwnActivationRows rows.
+// file's form and its own copy of the activations of up to kMaxWindowRows rows.
 class MatmulScratch {
  public:
   MatmulScratch() = default;
@@ -53,7 +53,8 @@ class MatmulScratch {
   uint8_t* file_row_buffer(int thread) {
     return file_rows_.data() + static_cast<size_t>(thread) * supers_ * kFileRowBytesPerSuper;
   }
-  // Thread `thread`'s own activations [kOwnActivationRows][super_count(max_cols)]. fill_own(thread, call)
+  // Thread `thread`'s own activations [kMaxWindowRows][super_count(max_cols)] (matmul_group fills up to
+  // kOwnActivationRows rows of them, matmul_on_thread up to kMaxWindowRows). fill_own(thread, call)
   // is true once per call number for each thread (the first time that thread asks): it then quantizes
   // them. Each thread touches only its own entry, a cache line apart from the others'.
   ActSuper* own_activations(int thread) { return own_[static_cast<size_t>(thread)].act.data(); }
@@ -129,9 +130,9 @@ void encoder_matmul(const MatrixView& w, const float* x, int64_t n_rows, float* 
 // matmul() gives it. w.cols <= scratch.max_cols() for quantized weights.
 // `call`: 0, or a number from scratch.next_call() (taken before the region) that the caller gives every task
 // of one input (the same x, rows and width, weights of one type and form; tasks of output-row ranges of one
-// matrix, or of several with that input): a thread then quantizes up to kOwnActivationRows rows of it once
-// for all its tasks with that number, not once per task. The input must not change while the number is in
-// use.
+// matrix, or of several with that input): a thread then quantizes up to kMaxWindowRows rows of it once for
+// all its tasks with that number, not once per task, and multiplies them in one pass as matmul() does. The
+// input must not change while the number is in use.
 void matmul_on_thread(const MatrixView& w, const float* x, int64_t x_stride, int64_t n_rows, float* y,
                       int64_t y_stride, MatmulScratch& scratch, int thread, uint64_t call = 0);
 

@@ -19,9 +19,13 @@ int64_t best_of(const float* v, const uint8_t* taken, int64_t n) {
   return best;
 }
 
-// Output rows per task unit of run_products: whole 16-row tiles, as row_range takes matrices in row tiles.
+// Output rows per task tile of run_products: whole 16-row tiles, as row_range takes matrices in row tiles.
 // (Results do not depend on it: every output row is computed alone.)
 constexpr int64_t kUnitRows = 16;
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 }  // namespace
 
@@ -103,7 +107,7 @@ MoeFfn::MoeFfn(const Config& c, int64_t max_rows) : m_(c.moe), n_embd_(c.n_embd)
   ye_.resize(rows * embd);
   slot_out_.resize(rows * k * embd);
   shared_out_.resize(rows * embd);
-  const auto few = static_cast<size_t>(std::min(max_rows, kernels::kOwnActivationRows));
+  const auto few = static_cast<size_t>(std::min(max_rows, kernels::kMaxWindowRows));
   const auto f = static_cast<size_t>(m.n_ff_expert);
   xs_.resize(few * k * embd);
   gs_.resize(few * k * f);
@@ -138,10 +142,12 @@ void MoeFfn::run(const MoeWeights& w, float* x, int64_t n, ThreadPool& pool, ker
   // A call of few rows gives each expert a row or two, so each expert's products are small: a parallel
   // region for each (a fork, a join and the activations quantized again) is paid twice per chosen expert and
   // twice for the shared one, each for little work. Run as tasks of two regions, they pay it twice a layer.
-  // Larger calls keep a region per expert: there an expert's rows are quantized once for all threads and
-  // meet the direct kernels' widest passes, where tasks would quantize them again for every task and take
-  // them four at a time (matmul_on_thread).
-  if (schedule_ == ExpertSchedule::kAuto && n <= kernels::kOwnActivationRows)
+  // That holds up to windows of kMaxWindowRows rows: 6 slots of each of 16 rows over 64 experts still leave
+  // each chosen expert a row or two. Prefill-sized calls keep a region per expert: there each expert gets
+  // enough rows for its own region to pay, its rows are quantized once for all threads and meet the direct
+  // kernels' widest passes, where tasks would quantize them again for every task and take them
+  // kOwnActivationRows at a time (matmul_on_thread).
+  if (schedule_ == ExpertSchedule::kAuto && n <= kernels::kMaxWindowRows)
     run_together(w, x, n, pool, scratch, residency, layer);
   else
     run_per_expert(w, x, n, pool, scratch, residency, layer);
@@ -246,35 +252,70 @@ void MoeFfn::run_together(const MoeWeights& w, const float* x, int64_t n, Thread
     std::copy_n(ys_.data() + p * D, D, slot_out_.data() + slots_[static_cast<size_t>(p)] * D);
 }
 
-void MoeFfn::run_products(ThreadPool& pool, kernels::MatmulScratch& scratch) {
-  // The output rows of all products end to end, in units of kUnitRows rows of one product, shared out as
-  // matmul_group shares its units: each thread streams a contiguous run of them, then steals from the
-  // others' tails. A task computes its rows of a product as a matrix of its own (row_range) on its thread;
-  // matmul_on_thread gives every row the bits matmul() gives it.
-  // Products of one input (an expert's gate and up) share a call number, so a thread quantizes each input
-  // once for all its tasks of it (matmul_on_thread).
+int64_t MoeFfn::weigh_products() {
   first_unit_.clear();
   int64_t units = 0;
+  for (const Product& p : products_) {
+    first_unit_.push_back(units);
+    units += ceil_div(p.w.rows, kUnitRows) * p.rows;
+  }
+  first_unit_.push_back(units);
+  return units;
+}
+
+MoeFfn::TileRange MoeFfn::tiles_starting_in(size_t i, int64_t u0, int64_t u1) const {
+  const int64_t first = first_unit_[i], rows = products_[i].rows;
+  // Tile t of product i starts at unit first + t * rows.
+  return {ceil_div(std::max(u0, first) - first, rows),
+          ceil_div(std::min(u1, first_unit_[i + 1]) - first, rows)};
+}
+
+void MoeFfn::run_products(ThreadPool& pool, kernels::MatmulScratch& scratch) {
+  // The tiles of kUnitRows output rows of all products end to end, each weighing its product's rows (a
+  // tile's multiply-adds are its output rows times its input rows: in a window the shared expert's tiles
+  // carry every row, a routed expert's a row or two), shared out as matmul_group shares its units: each
+  // thread streams a contiguous run of units, then steals from the others' tails, and runs the tiles that
+  // start in the units it takes. A task computes its tiles of a product as a matrix of its own (row_range)
+  // on its thread; matmul_on_thread gives every row the bits matmul() gives it.
+  // Products of one input (an expert's gate and up) share a call number, so a thread quantizes each input
+  // once for all its tasks of it (matmul_on_thread).
   const Product* prev = nullptr;
   for (Product& p : products_) {
     const bool same_input = prev && prev->x == p.x && prev->x_stride == p.x_stride && prev->rows == p.rows &&
                             prev->w.cols == p.w.cols && prev->w.type == p.w.type && prev->w.form == p.w.form;
     p.call = same_input ? prev->call : scratch.next_call();
     prev = &p;
-    first_unit_.push_back(units);
-    units += (p.w.rows + kUnitRows - 1) / kUnitRows;
   }
-  first_unit_.push_back(units);
+  const int64_t units = weigh_products();
   pool.parallel_for_stealing(units, 1, [&](int64_t u0, int64_t u1, int thread) {
-    for (size_t i = 0; i < products_.size(); ++i) {
-      const int64_t first = first_unit_[i], b = std::max(u0, first), e = std::min(u1, first_unit_[i + 1]);
-      if (b >= e) continue;
+    // The last product that starts at or before u0, then on while products start before u1.
+    auto i = static_cast<size_t>(std::upper_bound(first_unit_.begin(), first_unit_.end() - 1, u0) -
+                                 first_unit_.begin() - 1);
+    for (; i < products_.size() && first_unit_[i] < u1; ++i) {
+      const TileRange t = tiles_starting_in(i, u0, u1);
+      if (t.first >= t.last) continue;
       const Product& p = products_[i];
-      const int64_t o0 = (b - first) * kUnitRows, o1 = std::min(p.w.rows, (e - first) * kUnitRows);
+      const int64_t o0 = t.first * kUnitRows, o1 = std::min(p.w.rows, t.last * kUnitRows);
       kernels::matmul_on_thread(p.w.row_range(o0, o1 - o0), p.x, p.x_stride, p.rows, p.y + o0, p.y_stride,
                                 scratch, thread, p.call);
     }
   });
+}
+
+std::vector<int64_t> MoeFfn::initial_shares(int threads) const {
+  std::vector<int64_t> work(static_cast<size_t>(threads), 0);
+  const int64_t units = first_unit_.empty() ? 0 : first_unit_.back();
+  for (int t = 0; t < threads; ++t) {
+    // parallel_for_stealing's initial share of thread t.
+    const int64_t u0 = t * units / threads, u1 = (t + 1) * units / threads;
+    for (size_t i = 0; i < products_.size(); ++i) {
+      const TileRange r = tiles_starting_in(i, u0, u1);
+      const Product& p = products_[i];
+      for (int64_t k = r.first; k < r.last; ++k)
+        work[static_cast<size_t>(t)] += p.rows * (std::min(p.w.rows, (k + 1) * kUnitRows) - k * kUnitRows);
+    }
+  }
+  return work;
 }
 
 }  // namespace tandem::model

@@ -6,9 +6,10 @@
 // (kernels/matmul.h), and each row sums its experts' outputs in the order of its top-k slots, so a row gets
 // the same bits alone, in a verify window or in a prefill batch.
 //
-// Calls of few rows (decode, short windows) run the gate and up products of all chosen experts and of the
-// shared expert as tasks of one parallel region, then all down products in a second one; larger calls run
-// each expert's products in regions of their own (MoeFfn::run says why). Both give the same bits.
+// Calls of up to a verify window's rows (decode, windows) run the gate and up products of all chosen experts
+// and of the shared expert as tasks of one parallel region, then all down products in a second one;
+// prefill-sized calls run each expert's products in regions of their own (MoeFfn::run says why). Both give
+// the same bits.
 #pragma once
 
 #include <cstdint>
@@ -63,7 +64,7 @@ float route(const MoeConfig& m, const float* logits, const float* bias, int32_t*
 
 // How MoeFfn::run schedules the experts' products. The results are the same bits either way.
 enum class ExpertSchedule {
-  kAuto,       // calls of up to kernels::kOwnActivationRows rows in two regions per layer, larger per expert
+  kAuto,       // calls of up to kernels::kMaxWindowRows rows in two regions per layer, larger per expert
   kPerExpert,  // every call per expert (for tests that compare the two)
 };
 
@@ -87,6 +88,11 @@ class MoeFfn {
 
   void set_schedule(ExpertSchedule s) { schedule_ = s; }
 
+  // The work (input rows times output rows, summed over the tiles) in each of `threads` threads' initial
+  // shares of the last parallel region of the last two-region run, as ThreadPool::parallel_for_stealing
+  // deals them out before any stealing. For tests of the split.
+  std::vector<int64_t> initial_shares(int threads) const;
+
  private:
   // One product of a few-row call: y = x w^T over `rows` rows, run by output rows in tasks (run_products).
   struct Product {
@@ -98,8 +104,8 @@ class MoeFfn {
     int64_t y_stride;
     uint64_t call;  // matmul_on_thread's: shared by the products of one input (run_products)
   };
-  // The routed experts' and the shared expert's products of a call of at most kernels::kOwnActivationRows
-  // rows, in two parallel regions (gate and up, then down), into slot_out_ and shared_out_.
+  // The routed experts' and the shared expert's products of a call of at most kernels::kMaxWindowRows rows,
+  // in two parallel regions (gate and up, then down), into slot_out_ and shared_out_.
   void run_together(const MoeWeights& w, const float* x, int64_t n, ThreadPool& pool,
                     kernels::MatmulScratch& scratch, ExpertResidency* residency, int64_t layer);
   // The same, one expert at a time in regions of their own.
@@ -107,6 +113,14 @@ class MoeFfn {
                       kernels::MatmulScratch& scratch, ExpertResidency* residency, int64_t layer);
   // products_ as the tasks of one parallel region.
   void run_products(ThreadPool& pool, kernels::MatmulScratch& scratch);
+  // Fills first_unit_ for products_: each tile of kUnitRows output rows weighs its product's rows in units.
+  // Returns the units of all products.
+  int64_t weigh_products();
+  // The tiles [first, last) of product i whose first unit lies in [u0, u1).
+  struct TileRange {
+    int64_t first, last;
+  };
+  TileRange tiles_starting_in(size_t i, int64_t u0, int64_t u1) const;
 
   MoeConfig m_;
   ExpertSchedule schedule_ = ExpertSchedule::kAuto;
@@ -123,13 +137,13 @@ class MoeFfn {
   std::vector<float> ye_;          // [max_rows, n_embd] one expert's output rows
   std::vector<float> slot_out_;    // [max_rows * n_expert_used, n_embd] each slot's expert output
   std::vector<float> shared_out_;  // [max_rows, n_embd]
-  // run_together's, for few = min(max_rows, kOwnActivationRows) rows, each expert's rows at its entries of
+  // run_together's, for few = min(max_rows, kMaxWindowRows) rows, each expert's rows at its entries of
   // slots_:
   std::vector<float> xs_;            // [few * n_expert_used, n_embd] the routed rows
   std::vector<float> gs_, us_;       // [few * n_expert_used, n_ff_expert] their gate and up outputs
   std::vector<float> ys_;            // [few * n_expert_used, n_embd] their down outputs
   std::vector<Product> products_;    // one region's products (capacity reserved)
-  std::vector<int64_t> first_unit_;  // [products_.size() + 1] each product's first task unit
+  std::vector<int64_t> first_unit_;  // [products_.size() + 1] each product's first task unit (weigh_products)
 };
 
 }  // namespace tandem::model
