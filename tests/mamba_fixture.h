@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "greedy_fixture.h"
 #include "tandem/cache/recurrent.h"
 #include "tandem/engine/generate.h"
 #include "tandem/engine/generate_speculative.h"
@@ -26,12 +27,8 @@
 
 namespace tandem::mamba_fixture {
 
-inline std::vector<int32_t> random_tokens(std::mt19937& rng, size_t n, int32_t vocab) {
-  std::uniform_int_distribution<int32_t> d(3, vocab - 1);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = d(rng);
-  return t;
-}
+using greedy_fixture::plain_greedy;
+using greedy_fixture::random_tokens;
 
 // Every recurrent layer's conv and scan state after the sequence's current length (as a forward leaves it:
 // a rollback's state is rebuilt by the next forward).
@@ -149,19 +146,6 @@ inline void accept_reject_rounds_equal_plain(model::Session& spec, model::Sessio
   EXPECT_EQ(std::memcmp(from_spec.data(), b.data(), b.size() * sizeof(float)), 0);
 }
 
-inline std::vector<int32_t> plain_greedy(const model::Model& m, ThreadPool& pool,
-                                         const model::SessionOptions& options,
-                                         std::span<const int32_t> prompt, int64_t n) {
-  model::Session s(m, pool, options);
-  engine::GenerateOptions g;
-  g.max_tokens = n;
-  g.sampling.temperature = 0.0f;
-  std::vector<int32_t> out;
-  engine::generate(
-      s, prompt, g, [&](int32_t t) { return out.push_back(t), true; }, nullptr);
-  return out;
-}
-
 // Speculative greedy decoding of n tokens over `target` drafted by each of `draft` (another model), `ngram`
 // and `replay` (whose reference this sets to plain greedy output) at depths 1, 3 and 8 equals plain greedy
 // decoding, on three random prompts of `vocab` tokens that repeat themselves (for the n-gram drafter to
@@ -184,14 +168,7 @@ inline void expect_speculative_greedy_equals_plain(
       for (int depth : {1, 3, 8}) {
         model::Session s(target, pool, options);
         if (residency) s.forward().set_expert_residency(residency);
-        engine::SpecOptions o;
-        o.generate.max_tokens = n;
-        o.generate.sampling.temperature = 0.0f;
-        o.draft_max = depth;
-        o.use_gate = false;
-        std::vector<int32_t> out;
-        total.add(engine::generate_speculative(
-            s, *source, prompt, o, [&](int32_t t) { return out.push_back(t), true; }, nullptr));
+        const auto out = greedy_fixture::speculative_greedy(s, *source, prompt, n, depth, total);
         ASSERT_EQ(out, plain) << source->kind() << " depth " << depth;
         if (source == &replay) {
           EXPECT_EQ(s.cache().recurrent()->replayed_rows(), 0) << "depth " << depth;

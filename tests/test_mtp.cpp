@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "greedy_fixture.h"
 #include "tandem/cache/kv_cache.h"
 #include "tandem/engine/cache_pool.h"
 #include "tandem/engine/generate.h"
@@ -78,12 +79,7 @@ model::SessionOptions options(cache::KvType kv = cache::KvType::kF16) {
   return o;
 }
 
-std::vector<int32_t> random_tokens(std::mt19937& rng, size_t n, int32_t vocab) {
-  std::uniform_int_distribution<int32_t> d(3, vocab - 1);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = d(rng);
-  return t;
-}
+using greedy_fixture::random_tokens;
 
 // The main model's final hidden states (the last main layer's residual output, before the output norm) of
 // every token, [tokens, n_embd], evaluated in chunks of `chunk`.
@@ -263,14 +259,7 @@ TEST_F(Mtp, ProposalsAfterRejectionsEqualAFreshSource) {
 
 std::vector<int32_t> plain_greedy(const model::Model& m, ThreadPool& pool, std::span<const int32_t> prompt,
                                   int64_t n) {
-  model::Session s(m, pool, options());
-  engine::GenerateOptions g;
-  g.max_tokens = n;
-  g.sampling.temperature = 0.0f;
-  std::vector<int32_t> out;
-  engine::generate(
-      s, prompt, g, [&](int32_t t) { return out.push_back(t), true; }, nullptr);
-  return out;
+  return greedy_fixture::plain_greedy(m, pool, options(), prompt, n);
 }
 
 // Speculative greedy decoding drafted by the MTP layer equals plain greedy decoding, chained or not; the
@@ -287,14 +276,7 @@ TEST_F(Mtp, SpeculativeGreedyEqualsPlainGreedy) {
         const auto prompt = random_tokens(rng, 8, static_cast<int32_t>(m->config().n_vocab));
         const auto plain = plain_greedy(*m, pool, prompt, kTokens);
         model::Session s(*m, pool, options());
-        engine::SpecOptions o;
-        o.generate.max_tokens = kTokens;
-        o.generate.sampling.temperature = 0.0f;
-        o.draft_max = depth;
-        o.use_gate = false;
-        std::vector<int32_t> out;
-        total.add(engine::generate_speculative(
-            s, source, prompt, o, [&](int32_t t) { return out.push_back(t), true; }, nullptr));
+        const auto out = greedy_fixture::speculative_greedy(s, source, prompt, kTokens, depth, total);
         ASSERT_EQ(out, plain) << "depth " << depth;
       }
       EXPECT_GT(total.drafted, 0);

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "greedy_fixture.h"
 #include "tandem/engine/generate.h"
 #include "tandem/engine/generate_speculative.h"
 #include "tandem/model/model.h"
@@ -54,14 +55,7 @@ model::SessionOptions session_options() {
 
 std::vector<int32_t> plain_greedy(const model::Model& m, ThreadPool& pool, std::span<const int32_t> prompt,
                                   int64_t max_tokens) {
-  model::Session s(m, pool, session_options());
-  engine::GenerateOptions g;
-  g.max_tokens = max_tokens;
-  g.sampling.temperature = 0.0f;
-  std::vector<int32_t> out;
-  engine::generate(
-      s, prompt, g, [&](int32_t t) { return out.push_back(t), true; }, nullptr);
-  return out;
+  return greedy_fixture::plain_greedy(m, pool, session_options(), prompt, max_tokens);
 }
 
 std::vector<int32_t> spec_greedy(const model::Model& m, ThreadPool& pool, DraftSource& source,
