@@ -38,6 +38,17 @@ inline std::string private_temp_file(const std::string& name) {
   return ::testing::TempDir() + std::to_string(getpid()) + "_" + name;
 }
 
+// Records the target's fingerprint in a trained drafter's `info` and saves it, as `tandem train-drafter`
+// does, to the private temporary file `checkpoint_name`; returns the file's path.
+template <typename TrainResult>
+std::string save_trained(TrainResult& result, const std::string& checkpoint_name) {
+  result.info.target_file_hash = file_fingerprint(target_path());
+  const std::string path = private_temp_file(checkpoint_name);
+  std::vector<train::Param*> params = result.source->drafter().params();
+  train::save_drafter(path, result.info, params);
+  return path;
+}
+
 // The target, a pool, a drafter trained on them (its result: `info` and the drafting `source`) and the
 // checkpoint it was saved to.
 template <typename TrainResult>
@@ -56,10 +67,7 @@ Trained<TrainResult>* train_and_save(int threads, const std::string& checkpoint_
   r->target = model::Model::load(target_path());
   r->pool = std::make_unique<ThreadPool>(threads);
   r->result = train(*r->target, *r->pool);
-  r->result.info.target_file_hash = file_fingerprint(target_path());
-  r->checkpoint = private_temp_file(checkpoint_name);
-  std::vector<train::Param*> params = r->result.source->drafter().params();
-  train::save_drafter(r->checkpoint, r->result.info, params);
+  r->checkpoint = save_trained(r->result, checkpoint_name);
   return r;
 }
 

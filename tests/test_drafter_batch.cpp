@@ -6,7 +6,6 @@
 // (--tree-nodes), proposed by each sequence alone, the output is plain greedy output as well, and every
 // settled round leaves the drafter the taps a plain forward over the committed text gives.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "drafter_fixture.h"
 #include "tandem/engine/cache_pool.h"
 #include "tandem/engine/scheduler.h"
 #include "tandem/model/graph.h"
@@ -39,9 +39,7 @@ namespace {
 constexpr int64_t kCtx = 256;
 constexpr size_t kSequences = 3;
 
-std::string target_path() {
-  return testing::shared_path("models/stories260K.gguf");
-}
+using drafter_fixture::target_path;
 
 struct Fixture {
   Fixture() : target(model::Model::load(target_path())), pool(2) {}
@@ -373,10 +371,7 @@ const Drafters& drafters(const model::Model& target, ThreadPool& pool) {
     eo.unroll = 2;
     eo.seed = 3;
     EagleTrainResult eagle = train_eagle(target, pool, eo);
-    eagle.info.target_file_hash = r.target_hash;
-    r.eagle_file = ::testing::TempDir() + std::to_string(getpid()) + "_drafter_batch_eagle.gguf";
-    std::vector<train::Param*> params = eagle.source->drafter().params();
-    train::save_drafter(r.eagle_file, eagle.info, params);
+    r.eagle_file = drafter_fixture::save_trained(eagle, "drafter_batch_eagle.gguf");
     r.eagle = eagle.info;
 
     DflashTrainOptions dopt;
@@ -389,10 +384,7 @@ const Drafters& drafters(const model::Model& target, ThreadPool& pool) {
     dopt.block = 4;
     dopt.anchors = 8;
     DflashTrainResult dflash = train_dflash(target, pool, dopt);
-    dflash.info.target_file_hash = r.target_hash;
-    r.dflash_file = ::testing::TempDir() + std::to_string(getpid()) + "_drafter_batch_dflash.gguf";
-    params = dflash.source->drafter().params();
-    train::save_drafter(r.dflash_file, dflash.info, params);
+    r.dflash_file = drafter_fixture::save_trained(dflash, "drafter_batch_dflash.gguf");
     r.dflash = dflash.info;
     return r;
   }();
